@@ -1,0 +1,113 @@
+//! The compressed branch's `phi`: one key (value) per block of `l` raw tokens, stride `d`.
+
+use burn::module::{Module, Param};
+use burn::tensor::{backend::Backend, Int, Tensor, TensorData};
+
+use crate::config::Phi;
+
+/// `phi = mlp`: add a learned intra-block position embedding, flatten the block, map `l*h -> h`
+/// with one matrix shared by all heads.
+///
+/// Keys carry no position embedding: `(k + P) W = k W + P W` adds the same vector to every
+/// compressed key, which moves every logit of a query's softmax equally. Such a `P` changes
+/// neither the output nor the selection, and its gradient is exactly zero, so it is left out:
+/// the function computed is the spec's for any value of the key-side `P`.
+#[derive(Module, Debug)]
+pub struct MlpPhi<B: Backend> {
+    /// Intra-block position embedding `[l, h]`, initialised to zero; values only.
+    pub position: Option<Param<Tensor<B, 2>>>,
+    /// `[l*h, h]`, initialised to `1/l` on each of the `l` identity blocks, so the map starts
+    /// as the block mean (exactly `phi = avg`).
+    pub weight: Param<Tensor<B, 2>>,
+}
+
+impl<B: Backend> MlpPhi<B> {
+    pub fn new(l: usize, head_dim: usize, with_position: bool, device: &B::Device) -> Self {
+        let mut weight = vec![0.0f64; l * head_dim * head_dim];
+        for r in 0..l {
+            for a in 0..head_dim {
+                weight[(r * head_dim + a) * head_dim + a] = 1.0 / l as f64;
+            }
+        }
+        Self {
+            position: with_position.then(|| Param::from_tensor(Tensor::zeros([l, head_dim], device))),
+            weight: Param::from_tensor(Tensor::from_data(
+                TensorData::new(weight, [l * head_dim, head_dim]),
+                device,
+            )),
+        }
+    }
+
+    /// `blocks: [B, H, N, l, h]` -> `[B, H, N, h]`.
+    fn forward(&self, blocks: Tensor<B, 5>) -> Tensor<B, 4> {
+        let [b, h, n, l, d] = blocks.dims();
+        let shifted = match &self.position {
+            Some(position) => blocks + position.val().reshape([1, 1, 1, l, d]),
+            None => blocks,
+        };
+        shifted.reshape([b * h * n, l * d]).matmul(self.weight.val()).reshape([b, h, n, d])
+    }
+}
+
+/// Compresses rotated keys and values block by block.
+#[derive(Module, Debug)]
+pub struct Compressor<B: Backend> {
+    /// `None` means `phi = avg`.
+    key_phi: Option<MlpPhi<B>>,
+    value_phi: Option<MlpPhi<B>>,
+    l: usize,
+    d: usize,
+}
+
+impl<B: Backend> Compressor<B> {
+    pub fn new(phi: Phi, l: usize, d: usize, d_k: usize, d_v: usize, device: &B::Device) -> Self {
+        let mlp = |h, with_position| (phi == Phi::Mlp).then(|| MlpPhi::new(l, h, with_position, device));
+        Self { key_phi: mlp(d_k, false), value_phi: mlp(d_v, true), l, d }
+    }
+
+    /// The learned `phi` of keys and values (`None` for `phi = avg`).
+    pub fn mlp_phi(&self) -> (Option<&MlpPhi<B>>, Option<&MlpPhi<B>>) {
+        (self.key_phi.as_ref(), self.value_phi.as_ref())
+    }
+
+    /// Compressed blocks that exist in a sequence of `t` tokens.
+    pub fn num_blocks(&self, t: usize) -> usize {
+        if t < self.l {
+            0
+        } else {
+            (t - self.l) / self.d + 1
+        }
+    }
+
+    /// `k: [B, H, T, d_k]`, `v: [B, H, T, d_v]` -> compressed `[B, H, N, d_k]`, `[B, H, N, d_v]`,
+    /// or `None` when `T < l` (no block exists yet).
+    pub fn forward(&self, k: Tensor<B, 4>, v: Tensor<B, 4>) -> Option<(Tensor<B, 4>, Tensor<B, 4>)> {
+        let n = self.num_blocks(k.dims()[2]);
+        if n == 0 {
+            return None;
+        }
+        let device = k.device();
+        // Raw position of token r of block i: i*d + r, flattened block-major.
+        let starts = Tensor::<B, 1, Int>::arange(0..n as i64, &device).mul_scalar(self.d as i64);
+        let offsets = Tensor::<B, 1, Int>::arange(0..self.l as i64, &device);
+        let positions = (starts.reshape([n, 1]) + offsets.reshape([1, self.l])).reshape([n * self.l]);
+        let k_blocks = self.gather_blocks(k, positions.clone(), n);
+        let v_blocks = self.gather_blocks(v, positions, n);
+        Some((apply_phi(&self.key_phi, k_blocks), apply_phi(&self.value_phi, v_blocks)))
+    }
+
+    fn gather_blocks(&self, x: Tensor<B, 4>, positions: Tensor<B, 1, Int>, n: usize) -> Tensor<B, 5> {
+        let [b, h, _, d] = x.dims();
+        x.select(2, positions).reshape([b, h, n, self.l, d])
+    }
+}
+
+fn apply_phi<B: Backend>(phi: &Option<MlpPhi<B>>, blocks: Tensor<B, 5>) -> Tensor<B, 4> {
+    match phi {
+        Some(mlp) => mlp.forward(blocks),
+        None => {
+            let [b, h, n, _, d] = blocks.dims();
+            blocks.mean_dim(3).reshape([b, h, n, d])
+        }
+    }
+}

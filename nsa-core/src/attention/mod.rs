@@ -1,0 +1,12 @@
+//! Attention layers: NSA (three gated branches) and dense causal GQA.
+
+pub mod compress;
+pub mod dense;
+pub mod masks;
+pub mod nsa;
+pub mod projection;
+pub mod selection;
+pub mod softmax;
+
+pub use dense::DenseAttention;
+pub use nsa::{Branch, NsaAttention, NsaAux};

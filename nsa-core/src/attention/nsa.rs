@@ -1,0 +1,160 @@
+//! The NSA layer (reference path): exactly `shared/docs/nsa-spec.md`, as batched tensor code.
+//!
+//! Each branch is computed as masked dense attention over the full `T x T` (or `T x n_cmp`)
+//! score matrix. That is O(T^2) compute and memory: per layer and per call it materialises
+//! `B * H_q * T^2` scores and probabilities for each of the selected and window branches
+//! (at B=1, H_q=12, T=2048 in f32: 2 x 201 MB, kept for backward under autodiff), plus
+//! `B * H_kv * T * n_sel^2` booleans for the top-n. It is the reference the fused kernels of
+//! `nsa-kernels` are checked against, and it runs unchanged on every Burn backend.
+
+use burn::module::{Module, Param};
+use burn::nn::{Initializer, Linear, LinearConfig};
+use burn::tensor::{backend::Backend, Bool, Tensor};
+
+use super::compress::Compressor;
+use super::masks::{compressed_visible, selected_keys, sliding_window};
+use super::projection::{linear, merge_heads, split_heads, KvProjection};
+use super::selection::{group_scores, num_selection_blocks, select_top_n};
+use super::softmax::masked_attention;
+use crate::config::NsaConfig;
+use crate::rope::Rope;
+
+/// The three branches, in gate order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Branch {
+    Compressed = 0,
+    Selected = 1,
+    Window = 2,
+}
+
+/// What one forward pass computed besides its output, for tests and training metrics.
+#[derive(Debug, Clone)]
+pub struct NsaAux<B: Backend> {
+    /// Gate values `[B, T, 3, H_q]`, branch order [`Branch`].
+    pub gates: Tensor<B, 4>,
+    /// Selected blocks `[B, H_kv, T, ceil(T / l_sel)]`, shared by the heads of each group.
+    pub selected: Tensor<B, 4, Bool>,
+}
+
+#[derive(Module, Debug)]
+pub struct NsaAttention<B: Backend> {
+    /// `W_q`, shared by the three branches.
+    pub query: Linear<B>,
+    /// Per-branch K/V (`[cmp, slc, win]`), or one shared K/V when `shared_kv`.
+    pub kv: Vec<KvProjection<B>>,
+    pub compressor: Compressor<B>,
+    /// `dim -> 3 * H_q`, one sigmoid gate per branch and query head.
+    pub gate: Linear<B>,
+    /// `W_o`.
+    pub output: Linear<B>,
+    pub rope: Rope<B>,
+    #[module(skip)]
+    pub config: NsaConfig,
+}
+
+impl NsaConfig {
+    /// The layer with projections drawn from `N(0, std)` and the output projection from
+    /// `N(0, out_std)` (the model scales it down with depth). Positions up to `max_len`.
+    pub fn init_nsa<B: Backend>(&self, max_len: usize, std: f64, out_std: f64, device: &B::Device) -> NsaAttention<B> {
+        let c = self;
+        let kv_sets = if c.shared_kv { 1 } else { 3 };
+        let kv = (0..kv_sets).map(|_| KvProjection::new(c.dim, c.n_kv_heads, c.d_k, c.d_v, std, device)).collect();
+        NsaAttention {
+            query: linear(c.dim, c.n_heads * c.d_k, std, device),
+            kv,
+            compressor: Compressor::new(c.phi, c.l, c.d, c.d_k, c.d_v, device),
+            gate: gate_linear(c.dim, 3 * c.n_heads, c.gate_init, device),
+            output: linear(c.n_heads * c.d_v, c.dim, out_std, device),
+            rope: Rope::new(max_len, c.d_k, c.rope_base, device),
+            config: c.clone(),
+        }
+    }
+}
+
+/// Zero weights and a bias of `logit(init)`: every gate starts at exactly `init`.
+fn gate_linear<B: Backend>(d_in: usize, d_out: usize, init: f64, device: &B::Device) -> Linear<B> {
+    let mut gate = LinearConfig::new(d_in, d_out).with_initializer(Initializer::Zeros).init(device);
+    let logit = (init / (1.0 - init)).ln();
+    gate.bias = Some(Param::from_tensor(Tensor::full([d_out], logit, device)));
+    gate
+}
+
+/// `sigmoid(x) = (1 + tanh(x / 2)) / 2`: stable for any `x` and computed in the storage dtype
+/// (Burn's own sigmoid rounds through f32, which would cap the float64 reference checks).
+fn sigmoid<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
+    x.mul_scalar(0.5).tanh().add_scalar(1.0).mul_scalar(0.5)
+}
+
+impl<B: Backend> NsaAttention<B> {
+    /// `x: [B, T, dim]` -> `[B, T, dim]`.
+    pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+        self.forward_with_aux(x).0
+    }
+
+    /// The output and what the layer selected and gated.
+    pub fn forward_with_aux(&self, x: Tensor<B, 3>) -> (Tensor<B, 3>, NsaAux<B>) {
+        let c = &self.config;
+        let [b, t, _] = x.dims();
+        let (h_kv, g) = (c.n_kv_heads, c.group_size());
+        let q = self.rope.apply(split_heads(self.query.forward(x.clone()), c.n_heads));
+        let q = q.reshape([b, h_kv, g, t, c.d_k]);
+
+        let (o_cmp, p_cmp) = self.compressed_branch(q.clone(), x.clone());
+        let n_sel = num_selection_blocks(t, c.l_sel);
+        let scores = match p_cmp {
+            Some(p) => group_scores(p.detach(), n_sel, c.l, c.d, c.l_sel),
+            None => Tensor::zeros([b, h_kv, t, n_sel], &x.device()),
+        };
+        let selected = select_top_n(scores, c.l_sel, c.n);
+        let o_slc = self.selected_branch(q.clone(), x.clone(), selected.clone());
+        let o_win = self.window_branch(q, x.clone());
+
+        let gates = sigmoid(self.gate.forward(x)).reshape([b, t, 3, c.n_heads]);
+        let gate_of = |branch: Branch| {
+            gates.clone().narrow(2, branch as usize, 1).reshape([b, t, h_kv, g]).permute([0, 2, 3, 1]).reshape([b, h_kv, g, t, 1])
+        };
+        let mixed = o_cmp * gate_of(Branch::Compressed) + o_slc * gate_of(Branch::Selected) + o_win * gate_of(Branch::Window);
+        let out = self.output.forward(merge_heads(mixed.reshape([b, c.n_heads, t, c.d_v])));
+        (out, NsaAux { gates, selected })
+    }
+
+    fn kv(&self, branch: Branch) -> &KvProjection<B> {
+        &self.kv[if self.config.shared_kv { 0 } else { branch as usize }]
+    }
+
+    /// Output `[B, H_kv, g, T, d_v]` and, when a compressed block exists, its probabilities
+    /// `[B, H_kv, g, T, n_cmp]` (zero rows for queries that see no block yet).
+    fn compressed_branch(&self, q: Tensor<B, 5>, x: Tensor<B, 3>) -> (Tensor<B, 5>, Option<Tensor<B, 5>>) {
+        let c = &self.config;
+        let [b, h_kv, g, t, _] = q.dims();
+        let (k, v) = self.kv(Branch::Compressed).forward(x, &self.rope);
+        let Some((k_cmp, v_cmp)) = self.compressor.forward(k, v) else {
+            return (Tensor::zeros([b, h_kv, g, t, c.d_v], &q.device()), None);
+        };
+        let n_cmp = k_cmp.dims()[2];
+        let device = q.device();
+        let visible = compressed_visible::<B>(t, n_cmp, c.l, c.d, &device);
+        // Queries with no visible block (t + 1 < l) attend block 0 so their softmax row is
+        // finite, and are then zeroed: exactly zero output, and no gradient through them.
+        let sees_none = visible.clone().bool_not().all_dim(1); // [T, 1]
+        let first_block = super::masks::index_row::<B>(n_cmp, &device).equal_elem(0).expand([t, n_cmp]);
+        let allowed = visible.bool_or(first_block.bool_and(sees_none.clone().expand([t, n_cmp])));
+        let (out, probs) = masked_attention(q, k_cmp, v_cmp, allowed.reshape([1, 1, 1, t, n_cmp]));
+        let keep = sees_none.bool_not().float().reshape([1, 1, 1, t, 1]);
+        (out * keep.clone(), Some(probs * keep))
+    }
+
+    fn selected_branch(&self, q: Tensor<B, 5>, x: Tensor<B, 3>, selected: Tensor<B, 4, Bool>) -> Tensor<B, 5> {
+        let [b, h_kv, _, t, _] = q.dims();
+        let (k, v) = self.kv(Branch::Selected).forward(x, &self.rope);
+        let keys = selected_keys(selected, self.config.l_sel).reshape([b, h_kv, 1, t, t]);
+        masked_attention(q, k, v, keys).0
+    }
+
+    fn window_branch(&self, q: Tensor<B, 5>, x: Tensor<B, 3>) -> Tensor<B, 5> {
+        let t = q.dims()[3];
+        let (k, v) = self.kv(Branch::Window).forward(x, &self.rope);
+        let window = sliding_window::<B>(t, self.config.w, &q.device()).reshape([1, 1, 1, t, t]);
+        masked_attention(q, k, v, window).0
+    }
+}

@@ -1,0 +1,52 @@
+//! Linear projections into heads.
+
+use burn::module::Module;
+use burn::nn::{Initializer, Linear, LinearConfig};
+use burn::tensor::{backend::Backend, Tensor};
+
+use crate::rope::Rope;
+
+/// A bias-free linear layer drawn from `N(0, std)`.
+pub fn linear<B: Backend>(d_in: usize, d_out: usize, std: f64, device: &B::Device) -> Linear<B> {
+    LinearConfig::new(d_in, d_out)
+        .with_bias(false)
+        .with_initializer(Initializer::Normal { mean: 0.0, std })
+        .init(device)
+}
+
+/// `[B, T, H*d]` -> `[B, H, T, d]`.
+pub fn split_heads<B: Backend>(x: Tensor<B, 3>, heads: usize) -> Tensor<B, 4> {
+    let [b, t, hd] = x.dims();
+    x.reshape([b, t, heads, hd / heads]).swap_dims(1, 2)
+}
+
+/// `[B, H, T, d]` -> `[B, T, H*d]`.
+pub fn merge_heads<B: Backend>(x: Tensor<B, 4>) -> Tensor<B, 3> {
+    let [b, h, t, d] = x.dims();
+    x.swap_dims(1, 2).reshape([b, t, h * d])
+}
+
+/// One branch's key and value projections (`W^c_k`, `W^c_v`).
+#[derive(Module, Debug)]
+pub struct KvProjection<B: Backend> {
+    pub key: Linear<B>,
+    pub value: Linear<B>,
+    kv_heads: usize,
+}
+
+impl<B: Backend> KvProjection<B> {
+    pub fn new(dim: usize, kv_heads: usize, d_k: usize, d_v: usize, std: f64, device: &B::Device) -> Self {
+        Self {
+            key: linear(dim, kv_heads * d_k, std, device),
+            value: linear(dim, kv_heads * d_v, std, device),
+            kv_heads,
+        }
+    }
+
+    /// Keys rotated at their positions `[B, H_kv, T, d_k]` and values `[B, H_kv, T, d_v]`.
+    pub fn forward(&self, x: Tensor<B, 3>, rope: &Rope<B>) -> (Tensor<B, 4>, Tensor<B, 4>) {
+        let k = rope.apply(split_heads(self.key.forward(x.clone()), self.kv_heads));
+        let v = split_heads(self.value.forward(x), self.kv_heads);
+        (k, v)
+    }
+}

@@ -1,0 +1,98 @@
+//! Block selection: the spec's Eq. 9 score, Eq. 10 group sum, and the top-n with forced blocks
+//! and lower-index ties, all as batched tensor code (indices never leave the device).
+
+use burn::tensor::{backend::Backend, Bool, Int, Tensor};
+
+use super::masks::{index_row, query_positions};
+
+/// Selection blocks covering `t` tokens.
+pub fn num_selection_blocks(t: usize, l_sel: usize) -> usize {
+    t.div_ceil(l_sel)
+}
+
+/// Eq. 9 weights `[n_cmp, n_sel]`: the share of compressed block `i`'s `l` tokens that fall in
+/// selection block `j`, `|[i*d, i*d+l) ∩ [j*l_sel, (j+1)*l_sel)| / l`.
+pub fn overlap_weights<B: Backend>(
+    n_cmp: usize,
+    n_sel: usize,
+    l: usize,
+    d: usize,
+    l_sel: usize,
+    device: &B::Device,
+) -> Tensor<B, 2> {
+    let cmp_start = query_positions::<B>(n_cmp, device).mul_scalar(d as i64).expand([n_cmp, n_sel]);
+    let cmp_end = cmp_start.clone().add_scalar(l as i64);
+    let sel_start = index_row::<B>(n_sel, device).mul_scalar(l_sel as i64).expand([n_cmp, n_sel]);
+    let sel_end = sel_start.clone().add_scalar(l_sel as i64);
+    let overlap = cmp_end.min_pair(sel_end) - cmp_start.max_pair(sel_start);
+    overlap.clamp_min(0).float().div_scalar(l as f64)
+}
+
+/// Group selection scores `[B, H_kv, T, n_sel]` from the compressed branch's probabilities
+/// `p_cmp: [B, H_kv, g, T, n_cmp]` (Eq. 9 then the Eq. 10 sum over the group's heads).
+pub fn group_scores<B: Backend>(
+    p_cmp: Tensor<B, 5>,
+    n_sel: usize,
+    l: usize,
+    d: usize,
+    l_sel: usize,
+) -> Tensor<B, 4> {
+    let [b, h, _, t, n_cmp] = p_cmp.dims();
+    let weights = overlap_weights::<B>(n_cmp, n_sel, l, d, l_sel, &p_cmp.device());
+    p_cmp.sum_dim(2).reshape([b * h * t, n_cmp]).matmul(weights).reshape([b, h, t, n_sel])
+}
+
+/// The selected blocks `[B, H_kv, T, n_sel]` for scores `[B, H_kv, T, n_sel]`.
+///
+/// Block `j` is eligible for query `t` when `j * l_sel <= t`. Block 0 and the local blocks
+/// `t / l_sel` and `t / l_sel - 1` are always taken and count towards `n`; the rest of the `n`
+/// go to the eligible blocks with the highest score, ties to the lower index.
+///
+/// The top-n is a rank computed by pairwise comparison (`rank(j)` = number of candidates that
+/// beat `j`), exact and deterministic on every backend; it materialises `B*H_kv*T*n_sel^2`
+/// booleans, small next to the reference path's `T x T` scores.
+pub fn select_top_n<B: Backend>(scores: Tensor<B, 4>, l_sel: usize, n: usize) -> Tensor<B, 4, Bool> {
+    let [b, h, t, nb] = scores.dims();
+    let device = scores.device();
+    let query = query_positions::<B>(t, &device).expand([t, nb]);
+    let block = index_row::<B>(nb, &device).expand([t, nb]);
+    let current = query.clone().div_scalar(l_sel as i64);
+
+    let eligible = block.clone().mul_scalar(l_sel as i64).lower_equal(query);
+    let is_forced = block
+        .clone()
+        .equal_elem(0)
+        .bool_or(block.clone().equal(current.clone()))
+        .bool_or(block.add_scalar(1).equal(current.clone()));
+    let forced = eligible.clone().bool_and(is_forced.clone());
+    let candidate = eligible.bool_and(is_forced.bool_not());
+    // Distinct forced blocks: {0} for t < l_sel, {0, 1} in block 1, three from block 2 on.
+    let remaining = current.clamp_max(2).add_scalar(1).neg().add_scalar(n as i64);
+
+    let rank = candidate_rank(scores, candidate.clone());
+    let shape = [b, h, t, nb];
+    let wins = rank.lower(remaining.reshape([1, 1, t, nb]).expand(shape));
+    let chosen = wins.bool_and(candidate.reshape([1, 1, t, nb]).expand(shape));
+    chosen.bool_or(forced.reshape([1, 1, t, nb]).expand(shape))
+}
+
+/// For each block, how many candidate blocks beat it: a higher score, or an equal score and a
+/// lower index. `scores: [B, H, T, nb]`, `candidate: [T, nb]` -> `[B, H, T, nb]`.
+fn candidate_rank<B: Backend>(scores: Tensor<B, 4>, candidate: Tensor<B, 2, Bool>) -> Tensor<B, 4, Int> {
+    let [b, h, t, nb] = scores.dims();
+    let device = scores.device();
+    let pair = [b, h, t, nb, nb];
+    // Axis 3 is the block ranked, axis 4 the rival.
+    let own = scores.clone().reshape([b, h, t, nb, 1]).expand(pair);
+    let rival = scores.reshape([b, h, t, 1, nb]).expand(pair);
+    let rival_lower_index = index_row::<B>(nb, &device)
+        .reshape([1, 1, 1, 1, nb])
+        .expand(pair)
+        .lower(index_row::<B>(nb, &device).reshape([1, 1, 1, nb, 1]).expand(pair));
+    let beats = rival
+        .clone()
+        .greater(own.clone())
+        .bool_or(rival.equal(own).bool_and(rival_lower_index))
+        .bool_and(candidate.reshape([1, 1, t, 1, nb]).expand(pair));
+    beats.int().sum_dim(4).reshape([b, h, t, nb])
+}

@@ -1,0 +1,160 @@
+//! Typed configuration of the NSA attention layer, with the validity rules of the spec.
+
+use burn::config::Config;
+use serde::{Deserialize, Serialize};
+
+/// How the `l` keys (values) of a compression block become one compressed key (value).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Phi {
+    /// The mean of the block.
+    Avg,
+    /// Intra-block position embedding, flatten, one linear map `l*d -> d`; starts equal to `Avg`.
+    Mlp,
+}
+
+/// Which attention the model's blocks use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AttentionKind {
+    /// Native Sparse Attention: compressed, selected and sliding-window branches.
+    Nsa,
+    /// Full causal GQA attention, for A/B comparisons on the same model.
+    Dense,
+}
+
+/// One invalid configuration value. Displays as a single line naming the field.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigError {
+    /// Dotted path of the offending field, e.g. `model.attention.l`.
+    pub field: String,
+    /// What is wrong with it.
+    pub message: String,
+}
+
+impl ConfigError {
+    pub fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self { field: field.into(), message: message.into() }
+    }
+
+    /// The same error, with its field placed under `prefix` (e.g. `model.`).
+    pub fn under(mut self, prefix: &str) -> Self {
+        self.field = format!("{prefix}{}", self.field);
+        self
+    }
+}
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "invalid config `{}`: {}", self.field, self.message)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// The NSA attention layer. Field names follow the paper; the defaults are the production shape
+/// (`configs/nsa-125m.toml`).
+#[derive(Config, Debug, PartialEq)]
+pub struct NsaConfig {
+    /// Model (residual stream) width.
+    #[config(default = 768)]
+    pub dim: usize,
+    /// Query heads `H_q`.
+    #[config(default = 12)]
+    pub n_heads: usize,
+    /// Key/value heads `H_kv`; `n_heads / n_kv_heads` query heads share one selection.
+    #[config(default = 2)]
+    pub n_kv_heads: usize,
+    /// Query/key head dim `d_k` (even: RoPE rotates pairs).
+    #[config(default = 64)]
+    pub d_k: usize,
+    /// Value head dim `d_v`.
+    #[config(default = 64)]
+    pub d_v: usize,
+    /// Compression block length `l`.
+    #[config(default = 32)]
+    pub l: usize,
+    /// Compression stride `d`.
+    #[config(default = 16)]
+    pub d: usize,
+    /// Selection block length `l'`.
+    #[config(default = 64)]
+    pub l_sel: usize,
+    /// Selected blocks per query `n`, forced blocks included.
+    #[config(default = 16)]
+    pub n: usize,
+    /// Sliding window `w`.
+    #[config(default = 512)]
+    pub w: usize,
+    /// Compression function.
+    #[config(default = "Phi::Avg")]
+    pub phi: Phi,
+    /// One K/V projection for all three branches (what fla does) instead of one per branch.
+    #[config(default = false)]
+    pub shared_kv: bool,
+    /// RoPE base.
+    #[config(default = 10000.0)]
+    pub rope_base: f64,
+    /// Sparse (NSA) or dense attention.
+    #[config(default = "AttentionKind::Nsa")]
+    pub attention: AttentionKind,
+    /// Value every branch gate starts at (the gate bias is its logit, the gate weight zero).
+    #[config(default = 0.5)]
+    pub gate_init: f64,
+}
+
+impl NsaConfig {
+    /// Query heads per KV head.
+    pub fn group_size(&self) -> usize {
+        self.n_heads / self.n_kv_heads
+    }
+
+    /// Checks every rule of the spec; the first broken one is returned.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let rule = |ok: bool, field: &str, message: String| {
+            if ok {
+                Ok(())
+            } else {
+                Err(ConfigError::new(field, message))
+            }
+        };
+        rule(self.dim >= 1, "dim", format!("must be >= 1, got {}", self.dim))?;
+        rule(self.n_heads >= 1, "n_heads", format!("must be >= 1, got {}", self.n_heads))?;
+        rule(self.n_kv_heads >= 1, "n_kv_heads", format!("must be >= 1, got {}", self.n_kv_heads))?;
+        rule(
+            self.n_heads % self.n_kv_heads == 0,
+            "n_heads",
+            format!("{} must be a multiple of n_kv_heads = {}", self.n_heads, self.n_kv_heads),
+        )?;
+        rule(
+            self.d_k >= 2 && self.d_k % 2 == 0,
+            "d_k",
+            format!("must be even and >= 2 (RoPE rotates pairs), got {}", self.d_k),
+        )?;
+        rule(self.d_v >= 1, "d_v", format!("must be >= 1, got {}", self.d_v))?;
+        rule(
+            self.rope_base.is_finite() && self.rope_base > 1.0,
+            "rope_base",
+            format!("must be a finite number > 1, got {}", self.rope_base),
+        )?;
+        rule(
+            self.gate_init > 0.0 && self.gate_init < 1.0,
+            "gate_init",
+            format!("must lie strictly between 0 and 1, got {}", self.gate_init),
+        )?;
+        if self.attention == AttentionKind::Dense {
+            return Ok(());
+        }
+        rule(self.d >= 1, "d", format!("must be >= 1, got {}", self.d))?;
+        rule(self.l >= self.d, "l", format!("{} must be >= d = {}", self.l, self.d))?;
+        rule(self.l % self.d == 0, "l", format!("{} must be a multiple of d = {}", self.l, self.d))?;
+        rule(self.l_sel >= 1, "l_sel", format!("must be >= 1, got {}", self.l_sel))?;
+        rule(
+            self.l_sel % self.d == 0,
+            "l_sel",
+            format!("{} must be a multiple of d = {}", self.l_sel, self.d),
+        )?;
+        rule(self.n >= 3, "n", format!("must be >= 3 (block 0 and two local blocks are forced), got {}", self.n))?;
+        rule(self.w >= 1, "w", format!("must be >= 1, got {}", self.w))
+    }
+}

@@ -1,0 +1,192 @@
+//! `NsaLm`: token embedding, pre-norm blocks (attention, MLP), final norm, LM head.
+//!
+//! Initialisation (GPT-2 style, scaled with depth): embeddings, projections and the LM head are
+//! drawn from `N(0, init_std)` (0.02 by default; not the `N(0, 1)` embeddings the predecessor
+//! used, which start the residual stream 50x too loud). The two projections that write into the
+//! residual stream, attention `W_o` and the MLP's down projection, use
+//! `init_std / sqrt(2 * n_layers)`, so the stream's variance does not grow with depth. Norm gains
+//! start at 1, gates at `gate_init`, and `phi = mlp` starts equal to `avg`.
+
+use burn::config::Config;
+use burn::module::Module;
+use burn::nn::{Embedding, EmbeddingConfig, Initializer, Linear, RmsNorm, RmsNormConfig};
+use burn::tensor::{activation, backend::Backend, Int, Tensor};
+use serde::{Deserialize, Serialize};
+
+use crate::attention::projection::linear;
+use crate::attention::{DenseAttention, NsaAttention, NsaAux};
+use crate::config::{AttentionKind, ConfigError, NsaConfig};
+
+/// The feed-forward block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MlpKind {
+    /// `down(silu(up(x)))`, the production shape.
+    Silu,
+    /// `down(silu(gate(x)) * up(x))`.
+    Swiglu,
+}
+
+#[derive(Config, Debug, PartialEq)]
+pub struct NsaLmConfig {
+    /// Vocabulary size (256 for bytes).
+    #[config(default = 256)]
+    pub vocab_size: usize,
+    #[config(default = 12)]
+    pub n_layers: usize,
+    /// Longest sequence the model accepts (RoPE tables are built for it).
+    #[config(default = 2048)]
+    pub seq_len: usize,
+    #[config(default = "MlpKind::Silu")]
+    pub mlp: MlpKind,
+    /// MLP hidden width as a multiple of `dim`.
+    #[config(default = 4)]
+    pub mlp_ratio: usize,
+    #[config(default = 1e-6)]
+    pub norm_eps: f64,
+    /// Standard deviation of the initial weights (see the module docs).
+    #[config(default = 0.02)]
+    pub init_std: f64,
+    /// The attention layer; its `dim` is the model width.
+    #[config(default = "NsaConfig::new()")]
+    pub attention: NsaConfig,
+}
+
+impl NsaLmConfig {
+    pub fn dim(&self) -> usize {
+        self.attention.dim
+    }
+
+    /// Checks every field; the error names the first bad one.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let rule = |ok: bool, field: &str, message: String| if ok { Ok(()) } else { Err(ConfigError::new(field, message)) };
+        rule(self.vocab_size >= 1, "vocab_size", format!("must be >= 1, got {}", self.vocab_size))?;
+        rule(self.n_layers >= 1, "n_layers", format!("must be >= 1, got {}", self.n_layers))?;
+        rule(self.seq_len >= 1, "seq_len", format!("must be >= 1, got {}", self.seq_len))?;
+        rule(self.mlp_ratio >= 1, "mlp_ratio", format!("must be >= 1, got {}", self.mlp_ratio))?;
+        rule(self.norm_eps > 0.0, "norm_eps", format!("must be > 0, got {}", self.norm_eps))?;
+        rule(
+            self.init_std.is_finite() && self.init_std > 0.0,
+            "init_std",
+            format!("must be a finite number > 0, got {}", self.init_std),
+        )?;
+        self.attention.validate().map_err(|e| e.under("attention."))
+    }
+
+    /// The model on `device`. Call [`validate`](Self::validate) first: shapes are trusted here.
+    pub fn init<B: Backend>(&self, device: &B::Device) -> NsaLm<B> {
+        let dim = self.dim();
+        let out_std = self.init_std / (2.0 * self.n_layers as f64).sqrt();
+        let norm = || RmsNormConfig::new(dim).with_epsilon(self.norm_eps).init(device);
+        let blocks = (0..self.n_layers)
+            .map(|_| Block {
+                attention_norm: norm(),
+                attention: match self.attention.attention {
+                    AttentionKind::Nsa => Attention::Nsa(self.attention.init_nsa(self.seq_len, self.init_std, out_std, device)),
+                    AttentionKind::Dense => Attention::Dense(self.attention.init_dense(self.seq_len, self.init_std, out_std, device)),
+                },
+                mlp_norm: norm(),
+                mlp: Mlp::new(self.mlp, dim, dim * self.mlp_ratio, self.init_std, out_std, device),
+            })
+            .collect();
+        NsaLm {
+            embedding: EmbeddingConfig::new(self.vocab_size, dim)
+                .with_initializer(Initializer::Normal { mean: 0.0, std: self.init_std })
+                .init(device),
+            blocks,
+            norm: norm(),
+            lm_head: linear(dim, self.vocab_size, self.init_std, device),
+            seq_len: self.seq_len,
+        }
+    }
+}
+
+#[derive(Module, Debug)]
+pub enum Attention<B: Backend> {
+    Nsa(NsaAttention<B>),
+    Dense(DenseAttention<B>),
+}
+
+#[derive(Module, Debug)]
+pub struct Mlp<B: Backend> {
+    pub up: Linear<B>,
+    /// Present for SwiGLU.
+    pub gate: Option<Linear<B>>,
+    pub down: Linear<B>,
+}
+
+impl<B: Backend> Mlp<B> {
+    fn new(kind: MlpKind, dim: usize, hidden: usize, std: f64, out_std: f64, device: &B::Device) -> Self {
+        Self {
+            up: linear(dim, hidden, std, device),
+            gate: (kind == MlpKind::Swiglu).then(|| linear(dim, hidden, std, device)),
+            down: linear(hidden, dim, out_std, device),
+        }
+    }
+
+    pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+        let hidden = match &self.gate {
+            None => activation::silu(self.up.forward(x)),
+            Some(gate) => activation::silu(gate.forward(x.clone())) * self.up.forward(x),
+        };
+        self.down.forward(hidden)
+    }
+}
+
+#[derive(Module, Debug)]
+pub struct Block<B: Backend> {
+    pub attention_norm: RmsNorm<B>,
+    pub attention: Attention<B>,
+    pub mlp_norm: RmsNorm<B>,
+    pub mlp: Mlp<B>,
+}
+
+impl<B: Backend> Block<B> {
+    fn forward(&self, x: Tensor<B, 3>) -> (Tensor<B, 3>, Option<NsaAux<B>>) {
+        let normed = self.attention_norm.forward(x.clone());
+        let (attended, aux) = match &self.attention {
+            Attention::Nsa(nsa) => {
+                let (out, aux) = nsa.forward_with_aux(normed);
+                (out, Some(aux))
+            }
+            Attention::Dense(dense) => (dense.forward(normed), None),
+        };
+        let x = x + attended;
+        let x = x.clone() + self.mlp.forward(self.mlp_norm.forward(x));
+        (x, aux)
+    }
+}
+
+#[derive(Module, Debug)]
+pub struct NsaLm<B: Backend> {
+    pub embedding: Embedding<B>,
+    pub blocks: Vec<Block<B>>,
+    pub norm: RmsNorm<B>,
+    pub lm_head: Linear<B>,
+    seq_len: usize,
+}
+
+impl<B: Backend> NsaLm<B> {
+    /// `tokens: [B, T]` -> logits `[B, T, vocab]`.
+    pub fn forward(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 3> {
+        self.forward_with_aux(tokens).0
+    }
+
+    /// Logits and, per NSA layer, its gates and selection (empty for dense attention).
+    pub fn forward_with_aux(&self, tokens: Tensor<B, 2, Int>) -> (Tensor<B, 3>, Vec<NsaAux<B>>) {
+        let t = tokens.dims()[1];
+        assert!(t <= self.seq_len, "input of {t} tokens is longer than the model's seq_len {}", self.seq_len);
+        let mut x = self.embedding.forward(tokens);
+        let mut aux = Vec::new();
+        for block in &self.blocks {
+            let (next, layer_aux) = block.forward(x);
+            x = next;
+            aux.extend(layer_aux);
+        }
+        (self.lm_head.forward(self.norm.forward(x)), aux)
+    }
+
+    pub fn seq_len(&self) -> usize {
+        self.seq_len
+    }
+}

@@ -1,0 +1,57 @@
+//! Rotary position embedding on interleaved pairs `(2i, 2i+1)`.
+//!
+//! The cos/sin table is computed once on the host in f64 and stored in the module, so positions
+//! stay exact whatever the compute dtype (bf16 cannot even represent position 257 exactly).
+
+use burn::module::Module;
+use burn::tensor::{backend::Backend, Tensor, TensorData};
+
+#[derive(Module, Debug)]
+pub struct Rope<B: Backend> {
+    /// `cos(pos * theta_i)`, `[max_len, d/2]`.
+    cos: Tensor<B, 2>,
+    /// `sin(pos * theta_i)`, `[max_len, d/2]`.
+    sin: Tensor<B, 2>,
+}
+
+impl<B: Backend> Rope<B> {
+    /// Table for positions `0..max_len` of a head dim `head_dim` (even).
+    pub fn new(max_len: usize, head_dim: usize, base: f64, device: &B::Device) -> Self {
+        let half = head_dim / 2;
+        let mut cos = Vec::with_capacity(max_len * half);
+        let mut sin = Vec::with_capacity(max_len * half);
+        for pos in 0..max_len {
+            for i in 0..half {
+                let angle = pos as f64 * base.powf(-2.0 * i as f64 / head_dim as f64);
+                cos.push(angle.cos());
+                sin.push(angle.sin());
+            }
+        }
+        let table = |v: Vec<f64>| Tensor::from_data(TensorData::new(v, [max_len, half]), device);
+        Self { cos: table(cos), sin: table(sin) }
+    }
+
+    /// Longest sequence the table covers.
+    pub fn max_len(&self) -> usize {
+        self.cos.dims()[0]
+    }
+
+    /// Rotates `x: [B, H, T, d]` at positions `0..T`.
+    pub fn apply(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
+        let [b, h, t, d] = x.dims();
+        assert!(
+            t <= self.max_len(),
+            "sequence length {t} exceeds the model's RoPE table ({}); raise seq_len in the config",
+            self.max_len()
+        );
+        let half = d / 2;
+        let cos = self.cos.clone().narrow(0, 0, t).reshape([1, 1, t, half]);
+        let sin = self.sin.clone().narrow(0, 0, t).reshape([1, 1, t, half]);
+        let pairs = x.reshape([b, h, t, half, 2]);
+        let even = pairs.clone().narrow(4, 0, 1).reshape([b, h, t, half]);
+        let odd = pairs.narrow(4, 1, 1).reshape([b, h, t, half]);
+        let rot_even = even.clone() * cos.clone() - odd.clone() * sin.clone();
+        let rot_odd = even * sin + odd * cos;
+        Tensor::stack::<5>(vec![rot_even, rot_odd], 4).reshape([b, h, t, d])
+    }
+}

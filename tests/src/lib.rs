@@ -1,0 +1,108 @@
+//! Support code for the cross-crate tests: the float64 reference, random inputs and weights,
+//! and extraction of a layer's weights into plain matrices.
+
+pub mod reference;
+
+use burn::backend::{Autodiff, NdArray};
+use burn::module::{Module, ModuleMapper, Param};
+use burn::tensor::{backend::Backend, Tensor, TensorData};
+use nsa_core::attention::compress::MlpPhi;
+use nsa_core::NsaAttention;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use reference::{Mat, MlpPhiWeights, NsaWeights};
+
+/// Float64 CPU backend: parity tests run the layer in f64 so selection never flips on rounding.
+pub type B64 = NdArray<f64>;
+/// Float64 with autodiff, for gradient checks.
+pub type A64 = Autodiff<NdArray<f64>>;
+/// The default f32 CPU backend.
+pub type B32 = NdArray<f32>;
+
+/// A fresh seed per run (printed, so a failure can be replayed with [`rng_from`]).
+pub fn fresh_rng(test: &str) -> StdRng {
+    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
+    eprintln!("{test}: seed {seed}");
+    rng_from(seed)
+}
+
+pub fn rng_from(seed: u64) -> StdRng {
+    StdRng::seed_from_u64(seed)
+}
+
+/// Standard normal draws.
+pub fn normal(rng: &mut StdRng, n: usize, std: f64) -> Vec<f64> {
+    (0..n)
+        .map(|_| {
+            // Box-Muller: keeps the test crate free of distribution dependencies.
+            let u1: f64 = rng.random::<f64>().max(1e-300);
+            let u2: f64 = rng.random();
+            std * (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
+        })
+        .collect()
+}
+
+/// Replaces every float parameter of a module with `N(0, std)` draws, so parity tests do not
+/// lean on any structure of the initialisation (zero gates, identity `phi`).
+pub struct Randomize<'a> {
+    pub rng: &'a mut StdRng,
+    pub std: f64,
+}
+
+impl<B: Backend> ModuleMapper<B> for Randomize<'_> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        let (id, tensor, mapper) = param.consume();
+        let shape = tensor.shape();
+        let data = TensorData::new(normal(self.rng, shape.num_elements(), self.std), shape);
+        // A fresh tensor is a leaf without grad tracking: keep the original's flag.
+        let fresh = Tensor::from_data(data, &tensor.device()).set_require_grad(tensor.is_require_grad());
+        Param::from_mapped_value(id, fresh, mapper)
+    }
+}
+
+pub fn randomized<B: Backend, M: Module<B>>(module: M, rng: &mut StdRng, std: f64) -> M {
+    module.map(&mut Randomize { rng, std })
+}
+
+pub fn to_vec<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f64> {
+    t.into_data().convert::<f64>().to_vec::<f64>().unwrap()
+}
+
+fn mat<B: Backend>(t: Tensor<B, 2>) -> Mat {
+    let [rows, cols] = t.dims();
+    Mat { rows, cols, data: to_vec(t) }
+}
+
+fn phi_weights<B: Backend>(phi: &MlpPhi<B>) -> MlpPhiWeights {
+    MlpPhiWeights { position: phi.position.as_ref().map(|p| mat(p.val())), weight: mat(phi.weight.val()) }
+}
+
+/// Every weight of a layer, as plain matrices for the reference.
+pub fn weights_of<B: Backend>(layer: &NsaAttention<B>) -> NsaWeights {
+    let gate_bias = layer.gate.bias.as_ref().map(|b| to_vec(b.val())).unwrap_or_else(|| vec![0.0; layer.gate.weight.dims()[1]]);
+    let (phi_key, phi_value) = layer.compressor.mlp_phi();
+    NsaWeights {
+        query: mat(layer.query.weight.val()),
+        kv: layer.kv.iter().map(|kv| (mat(kv.key.weight.val()), mat(kv.value.weight.val()))).collect(),
+        phi_key: phi_key.map(phi_weights),
+        phi_value: phi_value.map(phi_weights),
+        gate: mat(layer.gate.weight.val()),
+        gate_bias,
+        output: mat(layer.output.weight.val()),
+    }
+}
+
+/// A random input `[B, T, dim]` as a tensor and as per-sequence flat vectors.
+pub fn random_input<B: Backend>(rng: &mut StdRng, b: usize, t: usize, dim: usize, device: &B::Device) -> (Tensor<B, 3>, Vec<Vec<f64>>) {
+    let rows: Vec<Vec<f64>> = (0..b).map(|_| normal(rng, t * dim, 1.0)).collect();
+    let flat: Vec<f64> = rows.concat();
+    (Tensor::from_data(TensorData::new(flat, [b, t, dim]), device), rows)
+}
+
+/// `max |a - b| / max |b|`: the error relative to the reference's scale.
+pub fn max_rel_err(a: &[f64], reference: &[f64]) -> f64 {
+    assert_eq!(a.len(), reference.len(), "length mismatch");
+    let scale = reference.iter().fold(0.0f64, |m, v| m.max(v.abs())).max(1e-12);
+    a.iter().zip(reference).fold(0.0f64, |m, (x, y)| m.max((x - y).abs())) / scale
+}
