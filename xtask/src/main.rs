@@ -1,9 +1,10 @@
 //! `cargo xtask`: the project's entry points. Each task is a thin wrapper over cargo, so the
 //! commands it runs are printed and can be copied.
 
+use std::path::Path;
 use std::process::{Command, ExitCode};
 
-use clap::{Parser, Subcommand};
+use clap::{Parser, Subcommand, ValueEnum};
 
 #[derive(Parser)]
 #[command(name = "cargo xtask", about = "NSA project tasks")]
@@ -20,12 +21,84 @@ enum Task {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Build and run `nsa train` for a backend (default: the best one this machine has).
+    Train {
+        #[arg(long, value_enum, default_value_t = Backend::Auto)]
+        backend: Backend,
+        /// Build with optimisations for our own crates too (dependencies are always optimised).
+        #[arg(long)]
+        release: bool,
+        /// Passed to `nsa train`: --config, --data, --resume, --steps, --out.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Build and run `nsa generate`: sample from a checkpoint.
+    Generate {
+        #[arg(long, value_enum, default_value_t = Backend::Auto)]
+        backend: Backend,
+        #[arg(long)]
+        release: bool,
+        /// Passed to `nsa generate`: --checkpoint, --prompt, --tokens, --temperature, --top-k.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Backend {
+    Auto,
+    Cuda,
+    Wgpu,
+    Cpu,
+}
+
+impl Backend {
+    fn name(self) -> &'static str {
+        match self {
+            Backend::Auto => "auto",
+            Backend::Cuda => "cuda",
+            Backend::Wgpu => "wgpu",
+            Backend::Cpu => "cpu",
+        }
+    }
+
+    /// `auto` becomes the best backend this machine has a driver for: an NVIDIA driver means
+    /// CUDA, a GPU render node (or macOS) means WGPU, else the CPU.
+    fn detect(self) -> Backend {
+        if self != Backend::Auto {
+            return self;
+        }
+        let nvidia = Path::new("/dev/nvidiactl").exists() || Path::new("/proc/driver/nvidia").exists();
+        let gpu_node = Path::new("/dev/dri/renderD128").exists() || cfg!(target_os = "macos");
+        if nvidia {
+            Backend::Cuda
+        } else if gpu_node {
+            Backend::Wgpu
+        } else {
+            Backend::Cpu
+        }
+    }
 }
 
 fn main() -> ExitCode {
     match Cli::parse().task {
         Task::Test { args } => run(Command::new(cargo()).args(["test", "--workspace"]).args(args)),
+        Task::Train { backend, release, args } => nsa("train", backend, release, args),
+        Task::Generate { backend, release, args } => nsa("generate", backend, release, args),
     }
+}
+
+/// `cargo run -p nsa-train --bin nsa` with the backend's feature (and the CPU as fallback).
+fn nsa(command: &str, backend: Backend, release: bool, args: Vec<String>) -> ExitCode {
+    let backend = backend.detect();
+    let features = if backend == Backend::Cpu { "cpu".to_string() } else { format!("{},cpu", backend.name()) };
+    let mut cmd = Command::new(cargo());
+    cmd.args(["run", "--quiet", "-p", "nsa-train", "--bin", "nsa", "--no-default-features", "--features", &features]);
+    if release {
+        cmd.arg("--release");
+    }
+    cmd.args(["--", command, "--backend", backend.name()]).args(args);
+    run(&mut cmd)
 }
 
 fn cargo() -> String {

@@ -1,0 +1,169 @@
+//! The run configuration: `[model]`, `[train]` and `[data]` tables of one TOML file, typed, with
+//! command-line flags laid over them.
+
+use std::path::Path;
+
+use burn::config::Config;
+use nsa_core::toml_config::{merge_over, read_table};
+use nsa_core::{ConfigError, NsaLmConfig};
+use serde::{Deserialize, Serialize};
+use toml::Value;
+
+use crate::data::synthetic::SyntheticTask;
+
+/// Compute backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendKind {
+    /// CUDA if a driver loads, else WGPU if an adapter exists, else CPU.
+    Auto,
+    Cuda,
+    Wgpu,
+    Cpu,
+}
+
+/// Storage precision of activations and weights used in compute.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    F32,
+    /// bf16 compute with f32 master weights and optimiser state (CUDA).
+    Bf16,
+}
+
+#[derive(Config, Debug, PartialEq)]
+pub struct TrainConfig {
+    /// Optimiser steps to run in total (a resumed run continues to this count).
+    #[config(default = 300)]
+    pub steps: usize,
+    /// Sequences per micro-batch.
+    #[config(default = 8)]
+    pub batch_size: usize,
+    /// Micro-batches accumulated into one optimiser step.
+    #[config(default = 1)]
+    pub grad_accumulation: usize,
+    /// Peak learning rate, reached after `warmup_steps`, then cosine decay to `lr * min_lr_ratio`.
+    #[config(default = 2e-3)]
+    pub lr: f64,
+    #[config(default = 0.1)]
+    pub min_lr_ratio: f64,
+    #[config(default = 30)]
+    pub warmup_steps: usize,
+    /// AdamW decoupled weight decay; not applied to norms, biases and embeddings.
+    #[config(default = 0.1)]
+    pub weight_decay: f64,
+    #[config(default = 0.9)]
+    pub beta1: f64,
+    #[config(default = 0.95)]
+    pub beta2: f64,
+    #[config(default = 1e-8)]
+    pub epsilon: f64,
+    /// Clip the global L2 norm of the gradient to this (0 disables).
+    #[config(default = 1.0)]
+    pub grad_clip: f64,
+    #[config(default = 42)]
+    pub seed: u64,
+    /// Write a checkpoint every this many steps (and at the end).
+    #[config(default = 100)]
+    pub checkpoint_every: usize,
+    /// Checkpoints kept; older ones are deleted.
+    #[config(default = 3)]
+    pub keep_checkpoints: usize,
+    /// Log (and record metrics) every this many steps.
+    #[config(default = 10)]
+    pub log_every: usize,
+    /// Validate every this many steps (0 disables).
+    #[config(default = 100)]
+    pub valid_every: usize,
+    #[config(default = 4)]
+    pub valid_batches: usize,
+    #[config(default = "BackendKind::Auto")]
+    pub backend: BackendKind,
+    #[config(default = "Precision::F32")]
+    pub precision: Precision,
+    /// Recompute activations in backward instead of storing them (Burn's balanced strategy).
+    #[config(default = false)]
+    pub activation_checkpointing: bool,
+    /// Run directory: config, metrics log and checkpoints.
+    #[config(default = "String::from(\"runs/default\")")]
+    pub out: String,
+}
+
+#[derive(Config, Debug, PartialEq)]
+pub struct DataConfig {
+    /// Files or directories of `.txt`, `.jsonl` (`text` field) or `.parquet` (`text` column).
+    #[config(default = "vec![String::from(\"data/corpus\")]")]
+    pub paths: Vec<String>,
+    /// `"bytes"` or the path of a Hugging Face `tokenizer.json`.
+    #[config(default = "String::from(\"bytes\")")]
+    pub tokenizer: String,
+    /// Documents (by text hash) held out for validation, per thousand.
+    #[config(default = 20)]
+    pub valid_permille: u32,
+    /// `"none"`, or a synthetic task to train on instead of `paths`.
+    #[config(default = "String::from(\"none\")")]
+    pub synthetic: String,
+}
+
+impl DataConfig {
+    pub fn synthetic_task(&self) -> Result<Option<SyntheticTask>, ConfigError> {
+        match self.synthetic.as_str() {
+            "none" => Ok(None),
+            "copy" => Ok(Some(SyntheticTask::Copy)),
+            "recall" => Ok(Some(SyntheticTask::Recall)),
+            other => Err(ConfigError::new("data.synthetic", format!("unknown task `{other}` (none, copy, recall)"))),
+        }
+    }
+}
+
+/// Everything a run needs, as saved in its run directory.
+#[derive(Config, Debug, PartialEq)]
+pub struct RunConfig {
+    #[config(default = "NsaLmConfig::new()")]
+    pub model: NsaLmConfig,
+    #[config(default = "TrainConfig::new()")]
+    pub train: TrainConfig,
+    #[config(default = "DataConfig::new()")]
+    pub data: DataConfig,
+}
+
+impl RunConfig {
+    /// Reads a TOML file; missing keys take their defaults, unknown keys are errors.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let table = read_table(path)?;
+        let model = NsaLmConfig::from_table(&table, &["train", "data"])?;
+        let section = |name: &str| match table.get(name) {
+            None => Ok(toml::Table::new()),
+            Some(Value::Table(t)) => Ok(t.clone()),
+            Some(other) => Err(ConfigError::new(name, format!("expected a table, found {}", other.type_str()))),
+        };
+        let train = merge_over(&TrainConfig::new(), &section("train")?, "train.")?;
+        let data = merge_over(&DataConfig::new(), &section("data")?, "data.")?;
+        let config = Self { model, train, data };
+        config.validate()?;
+        Ok(config)
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.model.validate().map_err(|e| e.under("model."))?;
+        let t = &self.train;
+        let rule = |ok: bool, field: &str, message: String| if ok { Ok(()) } else { Err(ConfigError::new(field, message)) };
+        rule(t.steps >= 1, "train.steps", format!("must be >= 1, got {}", t.steps))?;
+        rule(t.batch_size >= 1, "train.batch_size", format!("must be >= 1, got {}", t.batch_size))?;
+        rule(t.grad_accumulation >= 1, "train.grad_accumulation", format!("must be >= 1, got {}", t.grad_accumulation))?;
+        rule(t.lr.is_finite() && t.lr > 0.0, "train.lr", format!("must be a finite number > 0, got {}", t.lr))?;
+        rule((0.0..=1.0).contains(&t.min_lr_ratio), "train.min_lr_ratio", format!("must lie in [0, 1], got {}", t.min_lr_ratio))?;
+        rule(t.weight_decay >= 0.0, "train.weight_decay", format!("must be >= 0, got {}", t.weight_decay))?;
+        rule((0.0..1.0).contains(&t.beta1), "train.beta1", format!("must lie in [0, 1), got {}", t.beta1))?;
+        rule((0.0..1.0).contains(&t.beta2), "train.beta2", format!("must lie in [0, 1), got {}", t.beta2))?;
+        rule(t.epsilon > 0.0, "train.epsilon", format!("must be > 0, got {}", t.epsilon))?;
+        rule(t.grad_clip >= 0.0, "train.grad_clip", format!("must be >= 0, got {}", t.grad_clip))?;
+        rule(t.checkpoint_every >= 1, "train.checkpoint_every", format!("must be >= 1, got {}", t.checkpoint_every))?;
+        rule(t.keep_checkpoints >= 1, "train.keep_checkpoints", format!("must be >= 1, got {}", t.keep_checkpoints))?;
+        rule(t.log_every >= 1, "train.log_every", format!("must be >= 1, got {}", t.log_every))?;
+        rule(!t.out.is_empty(), "train.out", "must not be empty".into())?;
+        rule(self.data.valid_permille < 1000, "data.valid_permille", format!("must be < 1000, got {}", self.data.valid_permille))?;
+        self.data.synthetic_task()?;
+        Ok(())
+    }
+}

@@ -1,0 +1,47 @@
+//! Training data: documents from files, tokenised, packed into windows, split by document hash.
+
+pub mod corpus;
+pub mod sources;
+pub mod synthetic;
+pub mod tokenizer;
+
+use std::path::PathBuf;
+
+use corpus::{is_validation, PackedSplit};
+use sources::{read_documents, DataError};
+use tokenizer::Tokenizer;
+
+use crate::config::RunConfig;
+
+/// Train and validation splits for a run, and the tokenizer that made them.
+pub fn load_splits(cfg: &RunConfig, paths: &[PathBuf]) -> Result<(PackedSplit, PackedSplit, Tokenizer), DataError> {
+    let seq_len = cfg.model.seq_len;
+    let tokenizer = match cfg.data.tokenizer.as_str() {
+        "bytes" => Tokenizer::Bytes,
+        path => Tokenizer::load(Some(std::path::Path::new(path)))?,
+    };
+    if tokenizer.vocab_size() > cfg.model.vocab_size {
+        return Err(DataError(format!(
+            "the tokenizer has {} tokens but model.vocab_size is {}",
+            tokenizer.vocab_size(),
+            cfg.model.vocab_size
+        )));
+    }
+    if let Some(task) = cfg.data.synthetic_task().map_err(|e| DataError(e.to_string()))? {
+        let windows = (cfg.train.steps * cfg.train.batch_size * cfg.train.grad_accumulation).clamp(64, 1 << 16);
+        let (train, valid) = synthetic::splits(task, seq_len, windows, cfg.train.seed);
+        return Ok((train, valid, tokenizer));
+    }
+    let docs = read_documents(paths)?;
+    if docs.is_empty() {
+        return Err(DataError(format!("no documents found in {}", display(paths))));
+    }
+    let permille = cfg.data.valid_permille;
+    let train = PackedSplit::pack(docs.iter().filter(|d| !is_validation(d, permille)).map(String::as_str), &tokenizer, seq_len)?;
+    let valid = PackedSplit::pack(docs.iter().filter(|d| is_validation(d, permille)).map(String::as_str), &tokenizer, seq_len)?;
+    Ok((train, valid, tokenizer))
+}
+
+fn display(paths: &[PathBuf]) -> String {
+    paths.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+}

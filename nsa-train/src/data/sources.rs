@@ -1,0 +1,133 @@
+//! Reading documents from `.txt`, `.jsonl` (a `text` field) and `.parquet` (a `text` column, the
+//! FineWeb-Edu layout). Every failure is a one-line [`DataError`] naming the file.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+
+use arrow_array::{Array, LargeStringArray, StringArray, StringViewArray};
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+
+/// A data problem, displayed as one line that names the file (and line or row when known).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DataError(pub String);
+
+impl std::fmt::Display for DataError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for DataError {}
+
+fn fail(path: &Path, what: impl std::fmt::Display) -> DataError {
+    let what = what.to_string().split_whitespace().collect::<Vec<_>>().join(" ");
+    DataError(format!("{}: {what}", path.display()))
+}
+
+/// All documents of the given files and directories (directories are read recursively, in
+/// sorted order, keeping `.txt`, `.jsonl` and `.parquet` files).
+pub fn read_documents(paths: &[PathBuf]) -> Result<Vec<String>, DataError> {
+    let mut docs = Vec::new();
+    for file in expand(paths)? {
+        docs.extend(read_file(&file)?);
+    }
+    Ok(docs)
+}
+
+fn expand(paths: &[PathBuf]) -> Result<Vec<PathBuf>, DataError> {
+    let mut files = Vec::new();
+    for path in paths {
+        let meta = std::fs::metadata(path).map_err(|e| fail(path, format!("cannot open: {e}")))?;
+        if meta.is_dir() {
+            let mut entries: Vec<PathBuf> = std::fs::read_dir(path)
+                .map_err(|e| fail(path, format!("cannot list: {e}")))?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.is_dir() || kind(p).is_some())
+                .collect();
+            entries.sort();
+            files.extend(expand(&entries)?);
+        } else {
+            files.push(path.clone());
+        }
+    }
+    Ok(files)
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Kind {
+    Txt,
+    Jsonl,
+    Parquet,
+}
+
+fn kind(path: &Path) -> Option<Kind> {
+    match path.extension()?.to_str()? {
+        "txt" | "md" => Some(Kind::Txt),
+        "jsonl" => Some(Kind::Jsonl),
+        "parquet" => Some(Kind::Parquet),
+        _ => None,
+    }
+}
+
+/// The documents of one file. A `.txt` file is split into documents at blank-line runs of three
+/// or more newlines, so a book with chapters still packs as one stream per chapter group.
+pub fn read_file(path: &Path) -> Result<Vec<String>, DataError> {
+    let docs = match kind(path) {
+        Some(Kind::Txt) => read_txt(path)?,
+        Some(Kind::Jsonl) => read_jsonl(path)?,
+        Some(Kind::Parquet) => read_parquet(path)?,
+        None => return Err(fail(path, "unsupported file type (expected .txt, .md, .jsonl or .parquet)")),
+    };
+    Ok(docs.into_iter().filter(|d| !d.trim().is_empty()).collect())
+}
+
+fn read_txt(path: &Path) -> Result<Vec<String>, DataError> {
+    let bytes = std::fs::read(path).map_err(|e| fail(path, format!("cannot read: {e}")))?;
+    let text = String::from_utf8(bytes).map_err(|e| fail(path, format!("not UTF-8 text (byte {})", e.utf8_error().valid_up_to())))?;
+    Ok(text.split("\n\n\n").map(str::to_owned).collect())
+}
+
+fn read_jsonl(path: &Path) -> Result<Vec<String>, DataError> {
+    let file = File::open(path).map_err(|e| fail(path, format!("cannot open: {e}")))?;
+    let mut docs = Vec::new();
+    for (i, line) in BufReader::new(file).lines().enumerate() {
+        let line = line.map_err(|e| fail(path, format!("line {}: cannot read: {e}", i + 1)))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let value: serde_json::Value =
+            serde_json::from_str(&line).map_err(|e| fail(path, format!("line {}: invalid JSON: {e}", i + 1)))?;
+        match value.get("text") {
+            Some(serde_json::Value::String(text)) => docs.push(text.clone()),
+            Some(_) => return Err(fail(path, format!("line {}: field `text` is not a string", i + 1))),
+            None => return Err(fail(path, format!("line {}: no `text` field", i + 1))),
+        }
+    }
+    Ok(docs)
+}
+
+fn read_parquet(path: &Path) -> Result<Vec<String>, DataError> {
+    let file = File::open(path).map_err(|e| fail(path, format!("cannot open: {e}")))?;
+    let builder = ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| fail(path, format!("not a readable parquet file: {e}")))?;
+    let schema = builder.schema().clone();
+    let column = schema.index_of("text").map_err(|_| fail(path, "no `text` column"))?;
+    let mask = parquet::arrow::ProjectionMask::roots(builder.parquet_schema(), [column]);
+    let reader = builder.with_projection(mask).build().map_err(|e| fail(path, e))?;
+    let mut docs = Vec::new();
+    for batch in reader {
+        let batch = batch.map_err(|e| fail(path, format!("cannot decode: {e}")))?;
+        let array = batch.column(0);
+        let mut push = |v: Option<&str>| docs.extend(v.map(str::to_owned));
+        if let Some(a) = array.as_any().downcast_ref::<StringArray>() {
+            a.iter().for_each(&mut push);
+        } else if let Some(a) = array.as_any().downcast_ref::<LargeStringArray>() {
+            a.iter().for_each(&mut push);
+        } else if let Some(a) = array.as_any().downcast_ref::<StringViewArray>() {
+            a.iter().for_each(&mut push);
+        } else {
+            return Err(fail(path, format!("column `text` has type {}, expected strings", array.data_type())));
+        }
+    }
+    Ok(docs)
+}

@@ -1,0 +1,308 @@
+//! The training loop: micro-batches, accumulation, global-norm clipping, AdamW with decoupled
+//! decay on matrices only, warm-up + cosine schedule, metrics, checkpoints, and a stop on the
+//! first non-finite loss or gradient.
+//!
+//! Host reads: none inside a step. After step k is queued, the loss and gradient norm of step k-1
+//! (two floats) are read to catch non-finite values, so a bad step is caught at most one step
+//! late; log, validation and checkpoint steps read their own values, and a checkpoint is only
+//! written after its step was checked finite.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use burn::module::{AutodiffModule, Module, ParamId};
+use burn::optim::adaptor::OptimizerAdaptor;
+use burn::optim::{AdamW, AdamWConfig, GradientsAccumulator, GradientsParams, Optimizer};
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{activation, DType, ElementConversion, Int, Tensor, TensorData};
+use nsa_core::{NsaAux, NsaLm};
+
+use crate::checkpoint::{self, TrainState};
+use crate::config::RunConfig;
+use crate::data::corpus::{BatchOrder, DataCursor, PackedSplit};
+use crate::grads::{clip_global_norm, weight_decay_ids, DecayWeights};
+use crate::metrics::{MetricsLog, StepMetrics};
+use crate::schedule::learning_rate;
+
+/// Mean next-token cross-entropy, computed in f32 whatever the storage dtype.
+pub fn lm_loss<B: Backend>(logits: Tensor<B, 3>, targets: Tensor<B, 2, Int>) -> Tensor<B, 1> {
+    let [b, t, v] = logits.dims();
+    let logits = logits.reshape([b * t, v]);
+    let logits = if matches!(logits.dtype(), DType::F16 | DType::BF16) { logits.cast(DType::F32) } else { logits };
+    activation::log_softmax(logits, 1).gather(1, targets.reshape([b * t, 1])).mean().neg()
+}
+
+/// Inputs and next-token targets `[B, T]` for the given windows of a split.
+pub fn batch<B: Backend>(split: &PackedSplit, windows: &[usize], device: &B::Device) -> (Tensor<B, 2, Int>, Tensor<B, 2, Int>) {
+    let t = split.seq_len();
+    let mut inputs = Vec::with_capacity(windows.len() * t);
+    let mut targets = Vec::with_capacity(windows.len() * t);
+    for &w in windows {
+        let tokens = split.window(w);
+        inputs.extend(tokens[..t].iter().map(|&x| i64::from(x)));
+        targets.extend(tokens[1..].iter().map(|&x| i64::from(x)));
+    }
+    let shape = [windows.len(), t];
+    (
+        Tensor::from_data(TensorData::new(inputs, shape), device),
+        Tensor::from_data(TensorData::new(targets, shape), device),
+    )
+}
+
+/// Gate and selection statistics of one forward pass, averaged over layers, on the device:
+/// `[gate_cmp, gate_slc, gate_win, gate_entropy, selected_blocks_per_query]`.
+fn aux_stats<B: Backend>(aux: &[NsaAux<B>]) -> Option<Tensor<B, 1>> {
+    let per_layer: Vec<Tensor<B, 1>> = aux
+        .iter()
+        .map(|a| {
+            let gates = a.gates.clone(); // [B, T, 3, H]
+            let means = gates.clone().mean_dim(0).mean_dim(1).mean_dim(3).reshape([3]);
+            let shares = gates.clone() / gates.sum_dim(2);
+            let entropy = (shares.clone() * shares.clamp_min(1e-12).log()).sum_dim(2).mean().neg();
+            let selected = a.selected.clone().float().sum_dim(3).mean();
+            Tensor::cat(vec![means, entropy, selected], 0)
+        })
+        .collect();
+    let n = per_layer.len();
+    (n > 0).then(|| Tensor::stack::<2>(per_layer, 0).mean_dim(0).reshape([5]))
+}
+
+/// What one step queued on the device.
+struct PendingStep<B: AutodiffBackend> {
+    step: usize,
+    /// `[loss, grad_norm]`.
+    health: Tensor<B::InnerBackend, 1>,
+    stats: Option<Tensor<B::InnerBackend, 1>>,
+    lr: f64,
+}
+
+/// Why a run ended early.
+#[derive(Debug)]
+pub enum Stop {
+    /// A non-finite loss or gradient norm at `step`; `last_good` is the newest checkpoint kept.
+    NonFinite { step: usize, loss: f64, grad_norm: f64, last_good: Option<PathBuf> },
+    /// Any other failure (I/O, a checkpoint that does not load), as one line.
+    Error(String),
+}
+
+impl std::fmt::Display for Stop {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Stop::NonFinite { step, loss, grad_norm, last_good } => {
+                let good = last_good.as_ref().map_or("none".to_string(), |p| p.display().to_string());
+                write!(f, "non-finite value at step {step} (loss {loss}, grad norm {grad_norm}); stopped, last good checkpoint: {good}")
+            }
+            Stop::Error(e) => f.write_str(e),
+        }
+    }
+}
+
+type Adam<B> = OptimizerAdaptor<AdamW, NsaLm<B>, B>;
+
+pub struct Trainer<B: AutodiffBackend> {
+    pub cfg: RunConfig,
+    device: B::Device,
+    pub model: NsaLm<B>,
+    optim: Adam<B>,
+    decay_ids: HashSet<ParamId>,
+    /// Optimiser steps completed.
+    pub step: usize,
+    cursor: DataCursor,
+    order: BatchOrder,
+    train: PackedSplit,
+    valid: PackedSplit,
+    run_dir: PathBuf,
+    metrics: MetricsLog,
+    /// Test hook: make the loss of this step NaN.
+    pub fault_at_step: Option<usize>,
+}
+
+impl<B: AutodiffBackend> Trainer<B> {
+    /// A fresh run, or, with `resume`, the newest checkpoint of `cfg.train.out`.
+    pub fn new(cfg: RunConfig, train: PackedSplit, valid: PackedSplit, device: B::Device, resume: bool) -> Result<Self, String> {
+        let run_dir = PathBuf::from(&cfg.train.out);
+        let existing = checkpoint::latest(&run_dir);
+        if !resume && existing.is_some() {
+            return Err(format!("{} already holds checkpoints: pass --resume to continue it, or choose another --out", run_dir.display()));
+        }
+        if train.num_windows() == 0 {
+            return Err(format!("the training data holds {} tokens, fewer than one window of seq_len + 1 = {}", train.num_tokens(), train.seq_len() + 1));
+        }
+        std::fs::create_dir_all(&run_dir).map_err(|e| format!("{}: {e}", run_dir.display()))?;
+        let t = &cfg.train;
+        let optim = AdamWConfig::new()
+            .with_beta_1(t.beta1 as f32)
+            .with_beta_2(t.beta2 as f32)
+            .with_epsilon(t.epsilon as f32)
+            .with_weight_decay(0.0)
+            .init::<B, NsaLm<B>>();
+        let mut model = cfg.model.init::<B>(&device);
+        let decay_ids = weight_decay_ids::<B, _>(&model);
+        let mut this = Self {
+            order: BatchOrder::new(t.seed, train.num_windows()),
+            metrics: MetricsLog::open(&run_dir, resume)?,
+            cfg,
+            device,
+            model: model.clone(),
+            optim,
+            decay_ids,
+            step: 0,
+            cursor: DataCursor::default(),
+            train,
+            valid,
+            run_dir,
+            fault_at_step: None,
+        };
+        match existing.filter(|_| resume) {
+            Some((_, dir)) => {
+                let state = checkpoint::load_state(&dir)?;
+                model = checkpoint::load_model(&dir, model, &this.device)?;
+                this.optim = checkpoint::load_optimizer(&dir, this.optim, &this.device)?;
+                this.decay_ids = weight_decay_ids::<B, _>(&model);
+                this.model = model;
+                this.step = state.step;
+                this.cursor = state.cursor;
+                eprintln!("resumed from {} (step {})", dir.display(), state.step);
+            }
+            None if resume => return Err(format!("nothing to resume: {} holds no checkpoint", this.run_dir.display())),
+            None => {}
+        }
+        this.save_config()?;
+        Ok(this)
+    }
+
+    fn save_config(&self) -> Result<(), String> {
+        let text = toml::to_string(&self.cfg).map_err(|e| e.to_string())?;
+        let path = self.run_dir.join("config.toml");
+        std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))
+    }
+
+    pub fn run_dir(&self) -> &Path {
+        &self.run_dir
+    }
+
+    /// Queues one optimiser step (all micro-batches) and returns its device-side results.
+    fn queue_step(&mut self, with_stats: bool) -> PendingStep<B> {
+        let t = &self.cfg.train;
+        let lr = learning_rate(t, self.step);
+        let mut accumulator = GradientsAccumulator::<NsaLm<B>>::new();
+        let mut loss_sum: Option<Tensor<B::InnerBackend, 1>> = None;
+        let mut stats = None;
+        for micro in 0..t.grad_accumulation {
+            let windows = self.order.take(&mut self.cursor, t.batch_size);
+            let (inputs, targets) = batch::<B>(&self.train, &windows, &self.device);
+            let (logits, aux) = self.model.forward_with_aux(inputs);
+            if with_stats && micro == 0 {
+                stats = aux_stats(&aux).map(|s| s.inner());
+            }
+            let mut loss = lm_loss(logits, targets).div_scalar(t.grad_accumulation as f64);
+            if self.fault_at_step == Some(self.step + 1) {
+                loss = loss.mul_scalar(f64::NAN);
+            }
+            let detached = loss.clone().inner();
+            loss_sum = Some(match loss_sum.take() {
+                Some(s) => s + detached,
+                None => detached,
+            });
+            let grads = GradientsParams::from_grads(loss.backward(), &self.model);
+            accumulator.accumulate(&self.model, grads);
+        }
+        let mut grads = accumulator.grads();
+        let norm = clip_global_norm::<B, _>(&self.model, &mut grads, t.grad_clip, &self.device);
+        if t.weight_decay > 0.0 {
+            let mut decay = DecayWeights { ids: &self.decay_ids, factor: 1.0 - lr * t.weight_decay };
+            self.model = self.model.clone().map(&mut decay);
+        }
+        self.model = self.optim.step(lr, self.model.clone(), grads);
+        self.step += 1;
+        let health = Tensor::cat(vec![loss_sum.expect("at least one micro-batch"), norm], 0);
+        PendingStep { step: self.step, health, stats, lr }
+    }
+
+    /// Reads a queued step's loss and gradient norm; an error if either is not finite.
+    fn check(&self, pending: &PendingStep<B>) -> Result<(f64, f64), Stop> {
+        let v: Vec<f64> = pending.health.clone().into_data().convert::<f64>().to_vec().unwrap();
+        let (loss, grad_norm) = (v[0], v[1]);
+        if loss.is_finite() && grad_norm.is_finite() {
+            Ok((loss, grad_norm))
+        } else {
+            let last_good = checkpoint::latest(&self.run_dir).map(|(_, p)| p);
+            Err(Stop::NonFinite { step: pending.step, loss, grad_norm, last_good })
+        }
+    }
+
+    /// Mean loss over the first `valid_batches` batches of the validation split.
+    pub fn validate(&self) -> Option<f64> {
+        let t = &self.cfg.train;
+        let n = self.valid.num_windows();
+        if n == 0 || t.valid_batches == 0 {
+            return None;
+        }
+        let model = self.model.valid();
+        let mut total = 0.0;
+        let mut count = 0;
+        for chunk in (0..n).collect::<Vec<_>>().chunks(t.batch_size).take(t.valid_batches) {
+            let (inputs, targets) = batch::<B::InnerBackend>(&self.valid, chunk, &self.device);
+            let loss: f64 = lm_loss(model.forward(inputs), targets).into_scalar().elem::<f64>();
+            total += loss;
+            count += 1;
+        }
+        Some(total / count as f64)
+    }
+
+    fn save_checkpoint(&self) -> Result<PathBuf, Stop> {
+        let state = TrainState { step: self.step, cursor: self.cursor, seed: self.cfg.train.seed };
+        checkpoint::save::<B, _, _>(&self.run_dir, &self.model, &self.optim, &state, self.cfg.train.keep_checkpoints).map_err(Stop::Error)
+    }
+
+    /// Trains until `until` optimiser steps are done (or `cfg.train.steps`), calling `on_log`
+    /// with each logged step's metrics.
+    pub fn train_until(&mut self, until: usize, mut on_log: impl FnMut(&StepMetrics)) -> Result<(), Stop> {
+        let until = until.min(self.cfg.train.steps);
+        let t = self.cfg.train.clone();
+        let tokens_per_step = (t.batch_size * t.grad_accumulation * self.train.seq_len()) as f64;
+        let mut previous: Option<PendingStep<B>> = None;
+        let mut clock = Instant::now();
+        let mut steps_since_log = 0usize;
+        while self.step < until {
+            let step = self.step + 1;
+            let is_log = step % t.log_every == 0 || step == until;
+            let is_checkpoint = step % t.checkpoint_every == 0 || step == until;
+            let is_valid = t.valid_every > 0 && step % t.valid_every == 0;
+            let pending = self.queue_step(is_log);
+            steps_since_log += 1;
+            if let Some(prev) = previous.take() {
+                self.check(&prev)?;
+            }
+            if !(is_log || is_checkpoint || is_valid) {
+                previous = Some(pending);
+                continue;
+            }
+            let (loss, grad_norm) = self.check(&pending)?;
+            if is_log {
+                let elapsed = clock.elapsed().as_secs_f64();
+                let stats = pending.stats.as_ref().map(|s| s.clone().into_data().convert::<f64>().to_vec::<f64>().unwrap());
+                let metrics = StepMetrics::new(step, loss, grad_norm, pending.lr, tokens_per_step * steps_since_log as f64 / elapsed, stats, &self.cfg.model);
+                self.metrics.write(&metrics).map_err(Stop::Error)?;
+                on_log(&metrics);
+                clock = Instant::now();
+                steps_since_log = 0;
+            }
+            if is_valid {
+                if let Some(valid_loss) = self.validate() {
+                    self.metrics.write_valid(step, valid_loss).map_err(Stop::Error)?;
+                    eprintln!("step {step}: valid loss {valid_loss:.4} ppl {:.2}", valid_loss.exp());
+                }
+            }
+            if is_checkpoint {
+                let path = self.save_checkpoint()?;
+                eprintln!("step {step}: checkpoint {}", path.display());
+            }
+        }
+        if let Some(prev) = previous.take() {
+            self.check(&prev)?;
+        }
+        Ok(())
+    }
+}
