@@ -7,6 +7,22 @@ pub mod model;
 pub mod rope;
 pub mod toml_config;
 
+use burn::module::{Module, ModuleMapper};
+use burn::tensor::backend::Backend;
+
+/// The identity mapper: mapping a module through it draws every lazily initialised parameter.
+struct Materialize;
+
+impl<B: Backend> ModuleMapper<B> for Materialize {}
+
+/// Draws every parameter now. Burn initialises parameters lazily, and a clone taken before the
+/// first use initialises on its own, with different random values: a model cloned into an
+/// optimiser step and a checkpoint would silently diverge. Every `init` here returns a
+/// materialised module.
+pub fn materialize<B: Backend, M: Module<B>>(module: M) -> M {
+    module.map(&mut Materialize)
+}
+
 pub use attention::{Branch, DenseAttention, NsaAttention, NsaAux};
 pub use config::{AttentionKind, ConfigError, NsaConfig, Phi};
 pub use model::{MlpKind, NsaLm, NsaLmConfig};

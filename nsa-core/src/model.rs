@@ -89,7 +89,7 @@ impl NsaLmConfig {
                 mlp: Mlp::new(self.mlp, dim, dim * self.mlp_ratio, self.init_std, out_std, device),
             })
             .collect();
-        NsaLm {
+        crate::materialize(NsaLm {
             embedding: EmbeddingConfig::new(self.vocab_size, dim)
                 .with_initializer(Initializer::Normal { mean: 0.0, std: self.init_std })
                 .init(device),
@@ -97,7 +97,7 @@ impl NsaLmConfig {
             norm: norm(),
             lm_head: linear(dim, self.vocab_size, self.init_std, device),
             seq_len: self.seq_len,
-        }
+        })
     }
 }
 

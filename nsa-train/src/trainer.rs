@@ -137,6 +137,9 @@ impl<B: AutodiffBackend> Trainer<B> {
             .with_epsilon(t.epsilon as f32)
             .with_weight_decay(0.0)
             .init::<B, NsaLm<B>>();
+        // Seeded init: the same seed gives the same initial weights (Burn's RNG is per process,
+        // so concurrent inits in one process can still interleave).
+        B::seed(&device, t.seed);
         let mut model = cfg.model.init::<B>(&device);
         let decay_ids = weight_decay_ids::<B, _>(&model);
         let mut this = Self {
@@ -251,7 +254,8 @@ impl<B: AutodiffBackend> Trainer<B> {
         Some(total / count as f64)
     }
 
-    fn save_checkpoint(&self) -> Result<PathBuf, Stop> {
+    /// Writes a checkpoint of the current state now.
+    pub fn save_checkpoint(&self) -> Result<PathBuf, Stop> {
         let state = TrainState { step: self.step, cursor: self.cursor, seed: self.cfg.train.seed };
         checkpoint::save::<B, _, _>(&self.run_dir, &self.model, &self.optim, &state, self.cfg.train.keep_checkpoints).map_err(Stop::Error)
     }

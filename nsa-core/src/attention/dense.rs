@@ -23,13 +23,13 @@ pub struct DenseAttention<B: Backend> {
 impl NsaConfig {
     /// Dense causal attention with the head shape of this config.
     pub fn init_dense<B: Backend>(&self, max_len: usize, std: f64, out_std: f64, device: &B::Device) -> DenseAttention<B> {
-        DenseAttention {
+        crate::materialize(DenseAttention {
             query: linear(self.dim, self.n_heads * self.d_k, std, device),
             kv: KvProjection::new(self.dim, self.n_kv_heads, self.d_k, self.d_v, std, device),
             output: linear(self.n_heads * self.d_v, self.dim, out_std, device),
             rope: Rope::new(max_len, self.d_k, self.rope_base, device),
             config: self.clone(),
-        }
+        })
     }
 }
 

@@ -59,7 +59,7 @@ impl NsaConfig {
         let c = self;
         let kv_sets = if c.shared_kv { 1 } else { 3 };
         let kv = (0..kv_sets).map(|_| KvProjection::new(c.dim, c.n_kv_heads, c.d_k, c.d_v, std, device)).collect();
-        NsaAttention {
+        crate::materialize(NsaAttention {
             query: linear(c.dim, c.n_heads * c.d_k, std, device),
             kv,
             compressor: Compressor::new(c.phi, c.l, c.d, c.d_k, c.d_v, device),
@@ -67,7 +67,7 @@ impl NsaConfig {
             output: linear(c.n_heads * c.d_v, c.dim, out_std, device),
             rope: Rope::new(max_len, c.d_k, c.rope_base, device),
             config: c.clone(),
-        }
+        })
     }
 }
 

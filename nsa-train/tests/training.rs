@@ -1,0 +1,160 @@
+//! End-to-end training on the CPU: learning, exact resume, stop on NaN, activation checkpointing.
+
+mod common;
+
+use burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing;
+use burn::backend::{Autodiff, NdArray};
+use burn::module::{Module, ModuleVisitor, Param};
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{Int, Tensor, TensorData};
+use nsa_core::NsaLm;
+use nsa_train::checkpoint::{self, CheckpointRecorder};
+use nsa_train::config::RunConfig;
+use nsa_train::data::load_splits;
+use nsa_train::trainer::{lm_loss, Stop, Trainer};
+
+type B = Autodiff<NdArray>;
+
+fn trainer(cfg: RunConfig, resume: bool) -> Trainer<B> {
+    let (train, valid, _) = load_splits(&cfg, &[]).unwrap();
+    Trainer::<B>::new(cfg, train, valid, Default::default(), resume).unwrap()
+}
+
+fn losses(t: &mut Trainer<B>, until: usize) -> Vec<f64> {
+    let mut out = Vec::new();
+    t.train_until(until, |m| out.push(m.loss)).unwrap();
+    out
+}
+
+struct Flatten(Vec<f64>);
+impl<Bk: Backend> ModuleVisitor<Bk> for Flatten {
+    fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<Bk, D>>) {
+        self.0.extend(p.val().into_data().convert::<f64>().to_vec::<f64>().unwrap());
+    }
+}
+
+fn weights<Bk: Backend, M: Module<Bk>>(m: &M) -> Vec<f64> {
+    let mut f = Flatten(Vec::new());
+    m.visit(&mut f);
+    f.0
+}
+
+#[test]
+fn copy_task_loss_falls_below_half_its_start() {
+    let dir = common::scratch("learn");
+    let mut t = trainer(common::tiny_run(&dir, 160), false);
+    let l = losses(&mut t, 160);
+    let (start, end) = (l[0], l[l.len() - 5..].iter().sum::<f64>() / 5.0);
+    assert!(end < start / 2.0, "loss {start:.3} -> {end:.3}: not below half");
+}
+
+#[test]
+fn resume_gives_the_same_losses_and_weights_as_an_uninterrupted_run() {
+    let (n, dir_a, dir_b) = (6, common::scratch("resume-a"), common::scratch("resume-b"));
+    let cfg_a = common::tiny_run(&dir_a, 2 * n);
+    let cfg_a = cfg_a.clone().with_train(cfg_a.train.with_grad_accumulation(2).with_checkpoint_every(100));
+    let mut uninterrupted = trainer(cfg_a, false);
+    // Both runs start from the same weights: B resumes A's step-0 checkpoint.
+    let initial = uninterrupted.save_checkpoint().unwrap();
+    let expected = losses(&mut uninterrupted, 2 * n);
+
+    let cfg_b = common::tiny_run(&dir_b, 2 * n);
+    let cfg_b = cfg_b.clone().with_train(cfg_b.train.with_grad_accumulation(2).with_checkpoint_every(n));
+    let step0 = checkpoint::checkpoints_dir(&dir_b).join("step-00000000");
+    std::fs::create_dir_all(&step0).unwrap();
+    for file in std::fs::read_dir(&initial).unwrap() {
+        let file = file.unwrap().path();
+        std::fs::copy(&file, step0.join(file.file_name().unwrap())).unwrap();
+    }
+    let mut first = trainer(cfg_b.clone(), true);
+    assert_eq!(first.step, 0);
+    let mut got = losses(&mut first, n);
+    drop(first);
+    let mut second = trainer(cfg_b, true);
+    assert_eq!(second.step, n);
+    got.extend(losses(&mut second, 2 * n));
+
+    assert_eq!(got, expected, "losses differ after resume");
+    assert_eq!(weights(&second.model), weights(&uninterrupted.model), "weights differ after resume");
+}
+
+#[test]
+fn a_nan_at_step_k_stops_there_and_earlier_checkpoints_load() {
+    let dir = common::scratch("nan");
+    let cfg = common::tiny_run(&dir, 20);
+    let cfg = cfg.clone().with_train(cfg.train.with_checkpoint_every(2).with_keep_checkpoints(10).with_log_every(3));
+    let mut t = trainer(cfg.clone(), false);
+    t.fault_at_step = Some(7);
+    let err = t.train_until(20, |_| {}).expect_err("the run must stop");
+    match &err {
+        Stop::NonFinite { step, last_good, .. } => {
+            assert_eq!(*step, 7, "{err}");
+            assert!(last_good.as_ref().is_some_and(|p| p.ends_with("step-00000006")), "{err}");
+        }
+        other => panic!("unexpected stop: {other}"),
+    }
+    assert!(t.step <= 8, "ran {} steps past the fault", t.step - 7);
+    let kept: Vec<usize> = checkpoint::list(&dir).into_iter().map(|(s, _)| s).collect();
+    assert_eq!(kept, vec![2, 4, 6]);
+    for (_, path) in checkpoint::list(&dir) {
+        let model: NsaLm<NdArray> = checkpoint::load_model(&path, cfg.model.init(&Default::default()), &Default::default()).unwrap();
+        assert!(weights(&model).iter().all(|w| w.is_finite()));
+    }
+}
+
+#[test]
+fn checkpoints_keep_only_the_newest_k() {
+    let dir = common::scratch("keep");
+    let cfg = common::tiny_run(&dir, 9);
+    let cfg = cfg.clone().with_train(cfg.train.with_checkpoint_every(2).with_keep_checkpoints(2));
+    let mut t = trainer(cfg.clone(), false);
+    t.train_until(9, |_| {}).unwrap();
+    let kept: Vec<usize> = checkpoint::list(&dir).into_iter().map(|(s, _)| s).collect();
+    assert_eq!(kept, vec![8, 9]);
+    // A fresh run refuses to overwrite them.
+    let (train, valid, _) = load_splits(&cfg, &[]).unwrap();
+    let refused = Trainer::<B>::new(cfg, train, valid, Default::default(), false).err().unwrap();
+    assert!(refused.contains("--resume"), "{refused}");
+}
+
+/// One set of initial weights, shared by every backend of a test through a file.
+fn weights_file(cfg: &RunConfig) -> std::path::PathBuf {
+    static FILE: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    FILE.get_or_init(|| {
+        let path = common::scratch("shared-weights").join("model");
+        let model: NsaLm<NdArray> = cfg.model.init(&Default::default());
+        model.save_file(path.clone(), &CheckpointRecorder::new()).unwrap();
+        path
+    })
+    .clone()
+}
+
+fn gradients<A: AutodiffBackend>(cfg: &RunConfig) -> Vec<f64> {
+    let device = Default::default();
+    let model: NsaLm<A> = cfg.model.init(&device).load_file(weights_file(cfg), &CheckpointRecorder::new(), &device).unwrap();
+    let tokens: Vec<i64> = (0..2 * 64).map(|i| (i * 37 % 251) as i64).collect();
+    let x = Tensor::<A, 2, Int>::from_data(TensorData::new(tokens.clone(), [2, 64]), &device);
+    let y = Tensor::<A, 2, Int>::from_data(TensorData::new(tokens.iter().map(|t| (t + 1) % 256).collect::<Vec<_>>(), [2, 64]), &device);
+    let grads = lm_loss(model.forward(x), y).backward();
+    struct G<'a, A: AutodiffBackend>(&'a A::Gradients, Vec<f64>);
+    impl<A: AutodiffBackend> ModuleVisitor<A> for G<'_, A> {
+        fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<A, D>>) {
+            let g = p.val().grad(self.0).expect("every parameter has a gradient");
+            self.1.extend(g.into_data().convert::<f64>().to_vec::<f64>().unwrap());
+        }
+    }
+    let mut v = G::<A>(&grads, Vec::new());
+    model.visit(&mut v);
+    v.1
+}
+
+#[test]
+fn activation_checkpointing_gives_the_same_gradients() {
+    let cfg = common::tiny_run(&common::scratch("ckpt"), 1);
+    let plain = gradients::<Autodiff<NdArray>>(&cfg);
+    let recomputed = gradients::<Autodiff<NdArray, BalancedCheckpointing>>(&cfg);
+    assert_eq!(plain.len(), recomputed.len());
+    let max = plain.iter().zip(&recomputed).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+    assert!(max <= 1e-6, "gradients differ by {max:e}");
+    assert!(plain.iter().any(|g| *g != 0.0));
+}
