@@ -174,6 +174,9 @@ fn train(config: PathBuf, backend: Option<BackendArg>, data: Vec<PathBuf>, resum
         // A resumed run continues with the config it started with; only its length may change.
         let saved = PathBuf::from(&cfg.train.out).join("config.toml");
         let out = cfg.train.out.clone();
+        if !saved.exists() {
+            return Err(format!("nothing to resume: {out} holds no run (no config.toml)"));
+        }
         cfg = RunConfig::load(&saved).map_err(|e| e.to_string())?;
         cfg.train.out = out;
     }

@@ -1,0 +1,104 @@
+//! Data loading: the three file formats, bad inputs as one-line errors, packing and the split.
+
+mod common;
+
+use std::sync::Arc;
+
+use arrow_array::{ArrayRef, Int32Array, RecordBatch, StringArray};
+use nsa_train::data::corpus::{is_validation, BatchOrder, DataCursor, PackedSplit};
+use nsa_train::data::sources::{read_documents, read_file};
+use nsa_train::data::tokenizer::{Tokenizer, BYTE_EOD};
+use parquet::arrow::ArrowWriter;
+
+fn write_parquet(path: &std::path::Path, column: &str, texts: &[&str]) {
+    let array: ArrayRef = Arc::new(StringArray::from(texts.to_vec()));
+    let ids: ArrayRef = Arc::new(Int32Array::from((0..texts.len() as i32).collect::<Vec<_>>()));
+    let batch = RecordBatch::try_from_iter(vec![("id", ids), (column, array)]).unwrap();
+    let mut writer = ArrowWriter::try_new(std::fs::File::create(path).unwrap(), batch.schema(), None).unwrap();
+    writer.write(&batch).unwrap();
+    writer.close().unwrap();
+}
+
+#[test]
+fn txt_jsonl_and_parquet_documents_are_read() {
+    let dir = common::scratch("formats");
+    std::fs::write(dir.join("a.txt"), "first doc\nline two\n\n\n\nsecond doc").unwrap();
+    std::fs::write(dir.join("b.jsonl"), "{\"text\": \"json one\", \"id\": 1}\n\n{\"text\": \"json two\"}\n").unwrap();
+    write_parquet(&dir.join("c.parquet"), "text", &["pq one", "pq two", "pq three"]);
+    std::fs::write(dir.join("ignored.bin"), [0u8, 1, 2]).unwrap();
+
+    assert_eq!(read_file(&dir.join("a.txt")).unwrap(), vec!["first doc\nline two", "\nsecond doc"]);
+    assert_eq!(read_file(&dir.join("b.jsonl")).unwrap(), vec!["json one", "json two"]);
+    assert_eq!(read_file(&dir.join("c.parquet")).unwrap(), vec!["pq one", "pq two", "pq three"]);
+    // A directory: its supported files in name order.
+    let all = read_documents(&[dir.clone()]).unwrap();
+    assert_eq!(all.len(), 7);
+    assert_eq!(all[2], "json one");
+}
+
+fn one_line_error(result: Result<Vec<String>, nsa_train::data::sources::DataError>, needle: &str) {
+    let err = result.expect_err("should fail").to_string();
+    assert!(!err.contains('\n'), "not one line: {err}");
+    assert!(err.contains(needle), "`{err}` should mention `{needle}`");
+}
+
+#[test]
+fn bad_inputs_are_one_line_errors_naming_the_problem() {
+    let dir = common::scratch("bad");
+    one_line_error(read_documents(&[dir.join("missing.txt")]), "missing.txt: cannot open");
+    std::fs::write(dir.join("bad.jsonl"), "{\"text\": \"ok\"}\n{not json\n").unwrap();
+    one_line_error(read_file(&dir.join("bad.jsonl")), "bad.jsonl: line 2: invalid JSON");
+    std::fs::write(dir.join("notext.jsonl"), "{\"body\": \"x\"}\n").unwrap();
+    one_line_error(read_file(&dir.join("notext.jsonl")), "line 1: no `text` field");
+    std::fs::write(dir.join("num.jsonl"), "{\"text\": 5}\n").unwrap();
+    one_line_error(read_file(&dir.join("num.jsonl")), "`text` is not a string");
+    write_parquet(&dir.join("nocol.parquet"), "body", &["x"]);
+    one_line_error(read_file(&dir.join("nocol.parquet")), "no `text` column");
+    std::fs::write(dir.join("junk.parquet"), b"not parquet at all").unwrap();
+    one_line_error(read_file(&dir.join("junk.parquet")), "not a readable parquet file");
+    std::fs::write(dir.join("latin1.txt"), [b'c', b'a', 0xE9, b'\n']).unwrap();
+    one_line_error(read_file(&dir.join("latin1.txt")), "not UTF-8");
+    std::fs::write(dir.join("data.csv"), "a,b").unwrap();
+    one_line_error(read_file(&dir.join("data.csv")), "unsupported file type");
+}
+
+#[test]
+fn packing_puts_an_end_of_document_token_after_each_document() {
+    let split = PackedSplit::pack(["ab", "c\u{4}d"], &Tokenizer::Bytes, 3).unwrap();
+    // "ab" EOD "cd" EOD: the EOD byte inside a document is dropped.
+    let want = [b'a' as u32, b'b' as u32, BYTE_EOD, b'c' as u32, b'd' as u32, BYTE_EOD];
+    assert_eq!(split.num_windows(), 1);
+    assert_eq!(split.window(0), &want[..4]);
+}
+
+#[test]
+fn validation_split_is_by_document_hash_and_never_overlaps() {
+    let docs: Vec<String> = (0..2000).map(|i| format!("document number {i}")).collect();
+    let valid: Vec<&String> = docs.iter().filter(|d| is_validation(d, 50)).collect();
+    let share = valid.len() as f64 / docs.len() as f64;
+    assert!((0.03..0.07).contains(&share), "validation share {share}");
+    // Order-independent: the same text is always on the same side.
+    let mut reversed = docs.clone();
+    reversed.reverse();
+    let valid_rev: Vec<&String> = reversed.iter().filter(|d| is_validation(d, 50)).collect();
+    assert_eq!(valid.len(), valid_rev.len());
+    assert!(valid_rev.iter().all(|d| is_validation(d, 50)));
+}
+
+#[test]
+fn batch_order_is_seeded_covers_each_epoch_and_resumes_from_a_cursor() {
+    let mut order = BatchOrder::new(9, 10);
+    let mut cursor = DataCursor::default();
+    let first: Vec<usize> = order.take(&mut cursor, 10);
+    let mut sorted = first.clone();
+    sorted.sort();
+    assert_eq!(sorted, (0..10).collect::<Vec<_>>());
+    assert_ne!(first, (0..10).collect::<Vec<_>>(), "should be shuffled");
+    let next = order.take(&mut cursor, 4);
+    assert_eq!(cursor, DataCursor { epoch: 1, offset: 4 });
+    // A fresh order from the same seed and a saved cursor continues identically.
+    let mut again = BatchOrder::new(9, 10);
+    let mut saved = DataCursor { epoch: 1, offset: 2 };
+    assert_eq!(again.take(&mut saved, 2), next[2..].to_vec());
+    assert_ne!(BatchOrder::new(10, 10).take(&mut DataCursor::default(), 10), first);
+}
