@@ -60,3 +60,11 @@ fn train_then_generate_from_the_checkpoint() {
     let text = String::from_utf8_lossy(&output.stdout);
     assert!(text.starts_with("line 1") && text.trim_end().len() >= 6, "{text}");
 }
+
+#[test]
+fn shipped_configs_load_as_run_configs() {
+    for name in ["tiny.toml", "nsa-125m.toml", "nsa-125m-dense.toml"] {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs").join(name);
+        nsa_train::config::RunConfig::load(&path).unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
+}

@@ -64,7 +64,8 @@ fn partial_toml_keeps_defaults_and_integers_fill_floats() {
 
 fn shipped(name: &str) -> NsaLmConfig {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../configs/").to_string() + name;
-    NsaLmConfig::load_toml(&path).unwrap_or_else(|e| panic!("{name}: {e}"))
+    let table = nsa_core::toml_config::read_table(std::path::Path::new(&path)).unwrap();
+    NsaLmConfig::from_table(&table, &["train", "data"]).unwrap_or_else(|e| panic!("{name}: {e}"))
 }
 
 #[test]
