@@ -37,6 +37,15 @@ impl ConfigError {
         Self { field: field.into(), message: message.into() }
     }
 
+    /// `Ok` when `ok`, else this error: the one-line form every config rule uses.
+    pub fn ensure(ok: bool, field: &str, message: impl FnOnce() -> String) -> Result<(), ConfigError> {
+        if ok {
+            Ok(())
+        } else {
+            Err(ConfigError::new(field, message()))
+        }
+    }
+
     /// The same error, with its field placed under `prefix` (e.g. `model.`).
     pub fn under(mut self, prefix: &str) -> Self {
         self.field = format!("{prefix}{}", self.field);
@@ -111,50 +120,35 @@ impl NsaConfig {
 
     /// Checks every rule of the spec; the first broken one is returned.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let rule = |ok: bool, field: &str, message: String| {
-            if ok {
-                Ok(())
-            } else {
-                Err(ConfigError::new(field, message))
-            }
-        };
-        rule(self.dim >= 1, "dim", format!("must be >= 1, got {}", self.dim))?;
-        rule(self.n_heads >= 1, "n_heads", format!("must be >= 1, got {}", self.n_heads))?;
-        rule(self.n_kv_heads >= 1, "n_kv_heads", format!("must be >= 1, got {}", self.n_kv_heads))?;
-        rule(
-            self.n_heads % self.n_kv_heads == 0,
-            "n_heads",
-            format!("{} must be a multiple of n_kv_heads = {}", self.n_heads, self.n_kv_heads),
-        )?;
-        rule(
-            self.d_k >= 2 && self.d_k % 2 == 0,
-            "d_k",
-            format!("must be even and >= 2 (RoPE rotates pairs), got {}", self.d_k),
-        )?;
-        rule(self.d_v >= 1, "d_v", format!("must be >= 1, got {}", self.d_v))?;
-        rule(
-            self.rope_base.is_finite() && self.rope_base > 1.0,
-            "rope_base",
-            format!("must be a finite number > 1, got {}", self.rope_base),
-        )?;
-        rule(
-            self.gate_init > 0.0 && self.gate_init < 1.0,
-            "gate_init",
-            format!("must lie strictly between 0 and 1, got {}", self.gate_init),
-        )?;
+        ConfigError::ensure(self.dim >= 1, "dim", || format!("must be >= 1, got {}", self.dim))?;
+        ConfigError::ensure(self.n_heads >= 1, "n_heads", || format!("must be >= 1, got {}", self.n_heads))?;
+        ConfigError::ensure(self.n_kv_heads >= 1, "n_kv_heads", || format!("must be >= 1, got {}", self.n_kv_heads))?;
+        ConfigError::ensure(self.n_heads % self.n_kv_heads == 0, "n_heads", || {
+            format!("{} must be a multiple of n_kv_heads = {}", self.n_heads, self.n_kv_heads)
+        })?;
+        ConfigError::ensure(self.d_k >= 2 && self.d_k % 2 == 0, "d_k", || {
+            format!("must be even and >= 2 (RoPE rotates pairs), got {}", self.d_k)
+        })?;
+        ConfigError::ensure(self.d_v >= 1, "d_v", || format!("must be >= 1, got {}", self.d_v))?;
+        ConfigError::ensure(self.rope_base.is_finite() && self.rope_base > 1.0, "rope_base", || {
+            format!("must be a finite number > 1, got {}", self.rope_base)
+        })?;
+        ConfigError::ensure(self.gate_init > 0.0 && self.gate_init < 1.0, "gate_init", || {
+            format!("must lie strictly between 0 and 1, got {}", self.gate_init)
+        })?;
         if self.attention == AttentionKind::Dense {
             return Ok(());
         }
-        rule(self.d >= 1, "d", format!("must be >= 1, got {}", self.d))?;
-        rule(self.l >= self.d, "l", format!("{} must be >= d = {}", self.l, self.d))?;
-        rule(self.l % self.d == 0, "l", format!("{} must be a multiple of d = {}", self.l, self.d))?;
-        rule(self.l_sel >= 1, "l_sel", format!("must be >= 1, got {}", self.l_sel))?;
-        rule(
-            self.l_sel % self.d == 0,
-            "l_sel",
-            format!("{} must be a multiple of d = {}", self.l_sel, self.d),
-        )?;
-        rule(self.n >= 3, "n", format!("must be >= 3 (block 0 and two local blocks are forced), got {}", self.n))?;
-        rule(self.w >= 1, "w", format!("must be >= 1, got {}", self.w))
+        ConfigError::ensure(self.d >= 1, "d", || format!("must be >= 1, got {}", self.d))?;
+        ConfigError::ensure(self.l >= self.d, "l", || format!("{} must be >= d = {}", self.l, self.d))?;
+        ConfigError::ensure(self.l % self.d == 0, "l", || format!("{} must be a multiple of d = {}", self.l, self.d))?;
+        ConfigError::ensure(self.l_sel >= 1, "l_sel", || format!("must be >= 1, got {}", self.l_sel))?;
+        ConfigError::ensure(self.l_sel % self.d == 0, "l_sel", || {
+            format!("{} must be a multiple of d = {}", self.l_sel, self.d)
+        })?;
+        ConfigError::ensure(self.n >= 3, "n", || {
+            format!("must be >= 3 (block 0 and two local blocks are forced), got {}", self.n)
+        })?;
+        ConfigError::ensure(self.w >= 1, "w", || format!("must be >= 1, got {}", self.w))
     }
 }

@@ -59,17 +59,14 @@ impl NsaLmConfig {
 
     /// Checks every field; the error names the first bad one.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let rule = |ok: bool, field: &str, message: String| if ok { Ok(()) } else { Err(ConfigError::new(field, message)) };
-        rule(self.vocab_size >= 1, "vocab_size", format!("must be >= 1, got {}", self.vocab_size))?;
-        rule(self.n_layers >= 1, "n_layers", format!("must be >= 1, got {}", self.n_layers))?;
-        rule(self.seq_len >= 1, "seq_len", format!("must be >= 1, got {}", self.seq_len))?;
-        rule(self.mlp_ratio >= 1, "mlp_ratio", format!("must be >= 1, got {}", self.mlp_ratio))?;
-        rule(self.norm_eps > 0.0, "norm_eps", format!("must be > 0, got {}", self.norm_eps))?;
-        rule(
-            self.init_std.is_finite() && self.init_std > 0.0,
-            "init_std",
-            format!("must be a finite number > 0, got {}", self.init_std),
-        )?;
+        ConfigError::ensure(self.vocab_size >= 1, "vocab_size", || format!("must be >= 1, got {}", self.vocab_size))?;
+        ConfigError::ensure(self.n_layers >= 1, "n_layers", || format!("must be >= 1, got {}", self.n_layers))?;
+        ConfigError::ensure(self.seq_len >= 1, "seq_len", || format!("must be >= 1, got {}", self.seq_len))?;
+        ConfigError::ensure(self.mlp_ratio >= 1, "mlp_ratio", || format!("must be >= 1, got {}", self.mlp_ratio))?;
+        ConfigError::ensure(self.norm_eps > 0.0, "norm_eps", || format!("must be > 0, got {}", self.norm_eps))?;
+        ConfigError::ensure(self.init_std.is_finite() && self.init_std > 0.0, "init_std", || {
+            format!("must be a finite number > 0, got {}", self.init_std)
+        })?;
         self.attention.validate().map_err(|e| e.under("attention."))
     }
 
@@ -82,8 +79,12 @@ impl NsaLmConfig {
             .map(|_| Block {
                 attention_norm: norm(),
                 attention: match self.attention.attention {
-                    AttentionKind::Nsa => Attention::Nsa(self.attention.init_nsa(self.seq_len, self.init_std, out_std, device)),
-                    AttentionKind::Dense => Attention::Dense(self.attention.init_dense(self.seq_len, self.init_std, out_std, device)),
+                    AttentionKind::Nsa => {
+                        Attention::Nsa(self.attention.init_nsa(self.seq_len, self.init_std, out_std, device))
+                    }
+                    AttentionKind::Dense => {
+                        Attention::Dense(self.attention.init_dense(self.seq_len, self.init_std, out_std, device))
+                    }
                 },
                 mlp_norm: norm(),
                 mlp: Mlp::new(self.mlp, dim, dim * self.mlp_ratio, self.init_std, out_std, device),

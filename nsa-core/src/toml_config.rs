@@ -62,7 +62,9 @@ impl NsaLmConfig {
         let model = match table.get("model") {
             None => Table::new(),
             Some(Value::Table(model)) => model.clone(),
-            Some(other) => return Err(ConfigError::new("model", format!("expected a table, found {}", other.type_str()))),
+            Some(other) => {
+                return Err(ConfigError::new("model", format!("expected a table, found {}", other.type_str())))
+            }
         };
         let config = merge_over(&NsaLmConfig::new(), &model, "model.")?;
         config.validate().map_err(|e| e.under("model."))?;

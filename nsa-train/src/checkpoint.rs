@@ -96,7 +96,11 @@ pub fn load_state(dir: &Path) -> Result<TrainState, String> {
 }
 
 /// Loads a checkpoint's model weights into `model` (whose shapes must match).
-pub fn load_model<B: burn::tensor::backend::Backend, M: Module<B>>(dir: &Path, model: M, device: &B::Device) -> Result<M, String> {
+pub fn load_model<B: burn::tensor::backend::Backend, M: Module<B>>(
+    dir: &Path,
+    model: M,
+    device: &B::Device,
+) -> Result<M, String> {
     model.load_file(dir.join("model"), &CheckpointRecorder::new(), device).map_err(|e| io_err(dir, e))
 }
 

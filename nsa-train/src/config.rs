@@ -147,22 +147,39 @@ impl RunConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.model.validate().map_err(|e| e.under("model."))?;
         let t = &self.train;
-        let rule = |ok: bool, field: &str, message: String| if ok { Ok(()) } else { Err(ConfigError::new(field, message)) };
-        rule(t.steps >= 1, "train.steps", format!("must be >= 1, got {}", t.steps))?;
-        rule(t.batch_size >= 1, "train.batch_size", format!("must be >= 1, got {}", t.batch_size))?;
-        rule(t.grad_accumulation >= 1, "train.grad_accumulation", format!("must be >= 1, got {}", t.grad_accumulation))?;
-        rule(t.lr.is_finite() && t.lr > 0.0, "train.lr", format!("must be a finite number > 0, got {}", t.lr))?;
-        rule((0.0..=1.0).contains(&t.min_lr_ratio), "train.min_lr_ratio", format!("must lie in [0, 1], got {}", t.min_lr_ratio))?;
-        rule(t.weight_decay >= 0.0, "train.weight_decay", format!("must be >= 0, got {}", t.weight_decay))?;
-        rule((0.0..1.0).contains(&t.beta1), "train.beta1", format!("must lie in [0, 1), got {}", t.beta1))?;
-        rule((0.0..1.0).contains(&t.beta2), "train.beta2", format!("must lie in [0, 1), got {}", t.beta2))?;
-        rule(t.epsilon > 0.0, "train.epsilon", format!("must be > 0, got {}", t.epsilon))?;
-        rule(t.grad_clip >= 0.0, "train.grad_clip", format!("must be >= 0, got {}", t.grad_clip))?;
-        rule(t.checkpoint_every >= 1, "train.checkpoint_every", format!("must be >= 1, got {}", t.checkpoint_every))?;
-        rule(t.keep_checkpoints >= 1, "train.keep_checkpoints", format!("must be >= 1, got {}", t.keep_checkpoints))?;
-        rule(t.log_every >= 1, "train.log_every", format!("must be >= 1, got {}", t.log_every))?;
-        rule(!t.out.is_empty(), "train.out", "must not be empty".into())?;
-        rule(self.data.valid_permille < 1000, "data.valid_permille", format!("must be < 1000, got {}", self.data.valid_permille))?;
+        ConfigError::ensure(t.steps >= 1, "train.steps", || format!("must be >= 1, got {}", t.steps))?;
+        ConfigError::ensure(t.batch_size >= 1, "train.batch_size", || format!("must be >= 1, got {}", t.batch_size))?;
+        ConfigError::ensure(t.grad_accumulation >= 1, "train.grad_accumulation", || {
+            format!("must be >= 1, got {}", t.grad_accumulation)
+        })?;
+        ConfigError::ensure(t.lr.is_finite() && t.lr > 0.0, "train.lr", || {
+            format!("must be a finite number > 0, got {}", t.lr)
+        })?;
+        ConfigError::ensure((0.0..=1.0).contains(&t.min_lr_ratio), "train.min_lr_ratio", || {
+            format!("must lie in [0, 1], got {}", t.min_lr_ratio)
+        })?;
+        ConfigError::ensure(t.weight_decay >= 0.0, "train.weight_decay", || {
+            format!("must be >= 0, got {}", t.weight_decay)
+        })?;
+        ConfigError::ensure((0.0..1.0).contains(&t.beta1), "train.beta1", || {
+            format!("must lie in [0, 1), got {}", t.beta1)
+        })?;
+        ConfigError::ensure((0.0..1.0).contains(&t.beta2), "train.beta2", || {
+            format!("must lie in [0, 1), got {}", t.beta2)
+        })?;
+        ConfigError::ensure(t.epsilon > 0.0, "train.epsilon", || format!("must be > 0, got {}", t.epsilon))?;
+        ConfigError::ensure(t.grad_clip >= 0.0, "train.grad_clip", || format!("must be >= 0, got {}", t.grad_clip))?;
+        ConfigError::ensure(t.checkpoint_every >= 1, "train.checkpoint_every", || {
+            format!("must be >= 1, got {}", t.checkpoint_every)
+        })?;
+        ConfigError::ensure(t.keep_checkpoints >= 1, "train.keep_checkpoints", || {
+            format!("must be >= 1, got {}", t.keep_checkpoints)
+        })?;
+        ConfigError::ensure(t.log_every >= 1, "train.log_every", || format!("must be >= 1, got {}", t.log_every))?;
+        ConfigError::ensure(!t.out.is_empty(), "train.out", || "must not be empty".into())?;
+        ConfigError::ensure(self.data.valid_permille < 1000, "data.valid_permille", || {
+            format!("must be < 1000, got {}", self.data.valid_permille)
+        })?;
         self.data.synthetic_task()?;
         Ok(())
     }

@@ -73,7 +73,8 @@ impl<B: Backend> ModuleVisitor<B> for DecayIds {
         self.path.pop();
     }
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        let excluded = self.path.iter().any(|p| p.contains("norm") || p == "embedding") || self.path.last().is_some_and(|p| p == "bias");
+        let excluded = self.path.iter().any(|p| p.contains("norm") || p == "embedding")
+            || self.path.last().is_some_and(|p| p == "bias");
         if D >= 2 && !excluded {
             self.ids.insert(param.id);
         }

@@ -82,7 +82,9 @@ impl From<BackendArg> for BackendKind {
 
 fn main() -> ExitCode {
     let result = match Cli::parse().command {
-        Command::Train { config, backend, data, resume, steps, out } => train(config, backend, data, resume, steps, out),
+        Command::Train { config, backend, data, resume, steps, out } => {
+            train(config, backend, data, resume, steps, out)
+        }
         Command::Generate { checkpoint, prompt, tokens, temperature, top_k, seed, backend } => {
             let opts = SampleOptions { tokens, temperature, top_k, seed };
             generate(checkpoint, prompt, opts, backend)
@@ -110,7 +112,10 @@ fn resolve(kind: BackendKind) -> Result<BackendKind, String> {
             .into_iter()
             .find(|k| compiled(*k) && usable(*k))
             .ok_or_else(|| "no backend compiled in is usable here".to_string()),
-        k if !compiled(k) => Err(format!("this binary was built without the `{}` feature; run it through `cargo xtask train --backend {0}`", name(k))),
+        k if !compiled(k) => Err(format!(
+            "this binary was built without the `{}` feature; run it through `cargo xtask train --backend {0}`",
+            name(k)
+        )),
         k => Ok(k),
     }
 }
@@ -127,7 +132,10 @@ fn name(k: BackendKind) -> &'static str {
 /// Whether a backend can run a tiny op here (a missing driver panics inside Burn).
 fn usable(kind: BackendKind) -> bool {
     fn probe<B: Backend>(device: B::Device) -> bool {
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| burn::tensor::Tensor::<B, 1>::ones([1], &device).into_data())).is_ok()
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            burn::tensor::Tensor::<B, 1>::ones([1], &device).into_data()
+        }))
+        .is_ok()
     }
     let previous = std::panic::take_hook();
     std::panic::set_hook(Box::new(|_| {}));
@@ -149,23 +157,59 @@ macro_rules! with_backend {
     ($kind:expr, $checkpointing:expr, |$B:ident, $device:ident| $body:expr) => {
         match ($kind, $checkpointing) {
             #[cfg(feature = "cuda")]
-            (BackendKind::Cuda, false) => { type $B = Autodiff<burn::backend::Cuda>; let $device = Default::default(); $body }
+            (BackendKind::Cuda, false) => {
+                type $B = Autodiff<burn::backend::Cuda>;
+                let $device = Default::default();
+                $body
+            }
             #[cfg(feature = "cuda")]
-            (BackendKind::Cuda, true) => { type $B = Autodiff<burn::backend::Cuda, burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing>; let $device = Default::default(); $body }
+            (BackendKind::Cuda, true) => {
+                type $B =
+                    Autodiff<burn::backend::Cuda, burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing>;
+                let $device = Default::default();
+                $body
+            }
             #[cfg(feature = "wgpu")]
-            (BackendKind::Wgpu, false) => { type $B = Autodiff<burn::backend::Wgpu>; let $device = Default::default(); $body }
+            (BackendKind::Wgpu, false) => {
+                type $B = Autodiff<burn::backend::Wgpu>;
+                let $device = Default::default();
+                $body
+            }
             #[cfg(feature = "wgpu")]
-            (BackendKind::Wgpu, true) => { type $B = Autodiff<burn::backend::Wgpu, burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing>; let $device = Default::default(); $body }
+            (BackendKind::Wgpu, true) => {
+                type $B =
+                    Autodiff<burn::backend::Wgpu, burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing>;
+                let $device = Default::default();
+                $body
+            }
             #[cfg(feature = "cpu")]
-            (BackendKind::Cpu, false) => { type $B = Autodiff<burn::backend::NdArray>; let $device = Default::default(); $body }
+            (BackendKind::Cpu, false) => {
+                type $B = Autodiff<burn::backend::NdArray>;
+                let $device = Default::default();
+                $body
+            }
             #[cfg(feature = "cpu")]
-            (BackendKind::Cpu, true) => { type $B = Autodiff<burn::backend::NdArray, burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing>; let $device = Default::default(); $body }
+            (BackendKind::Cpu, true) => {
+                type $B = Autodiff<
+                    burn::backend::NdArray,
+                    burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing,
+                >;
+                let $device = Default::default();
+                $body
+            }
             (kind, _) => Err(format!("backend `{}` is not compiled in", name(kind))),
         }
     };
 }
 
-fn train(config: PathBuf, backend: Option<BackendArg>, data: Vec<PathBuf>, resume: bool, steps: Option<usize>, out: Option<String>) -> Result<(), String> {
+fn train(
+    config: PathBuf,
+    backend: Option<BackendArg>,
+    data: Vec<PathBuf>,
+    resume: bool,
+    steps: Option<usize>,
+    out: Option<String>,
+) -> Result<(), String> {
     let mut cfg = RunConfig::load(&config).map_err(|e| e.to_string())?;
     if let Some(out) = out {
         cfg.train.out = out;
@@ -191,7 +235,10 @@ fn train(config: PathBuf, backend: Option<BackendArg>, data: Vec<PathBuf>, resum
     }
     cfg.validate().map_err(|e| e.to_string())?;
     if cfg.train.precision == Precision::Bf16 {
-        return Err("train.precision = \"bf16\" (bf16 compute with f32 master weights) is not implemented yet; use \"f32\"".into());
+        return Err(
+            "train.precision = \"bf16\" (bf16 compute with f32 master weights) is not implemented yet; use \"f32\""
+                .into(),
+        );
     }
     let kind = resolve(cfg.train.backend)?;
     let paths: Vec<PathBuf> = cfg.data.paths.iter().map(PathBuf::from).collect();
@@ -204,15 +251,31 @@ fn train(config: PathBuf, backend: Option<BackendArg>, data: Vec<PathBuf>, resum
         valid_split.num_windows(),
         cfg.train.out
     );
-    with_backend!(kind, cfg.train.activation_checkpointing, |B, device| run::<B>(cfg, train_split, valid_split, device, resume))
+    with_backend!(kind, cfg.train.activation_checkpointing, |B, device| run::<B>(
+        cfg,
+        train_split,
+        valid_split,
+        device,
+        resume
+    ))
 }
 
-fn run<B: AutodiffBackend>(cfg: RunConfig, train: nsa_train::data::corpus::PackedSplit, valid: nsa_train::data::corpus::PackedSplit, device: B::Device, resume: bool) -> Result<(), String> {
+fn run<B: AutodiffBackend>(
+    cfg: RunConfig,
+    train: nsa_train::data::corpus::PackedSplit,
+    valid: nsa_train::data::corpus::PackedSplit,
+    device: B::Device,
+    resume: bool,
+) -> Result<(), String> {
     let total = cfg.train.steps;
     let mut trainer = Trainer::<B>::new(cfg, train, valid, device, resume)?;
     eprintln!("model: {} parameters", burn::module::Module::num_params(&trainer.model));
     trainer.train_until(total, |m| println!("{}", m.line(total))).map_err(|e| e.to_string())?;
-    eprintln!("done: {} steps, checkpoints in {}", trainer.step, checkpoint::checkpoints_dir(trainer.run_dir()).display());
+    eprintln!(
+        "done: {} steps, checkpoints in {}",
+        trainer.step,
+        checkpoint::checkpoints_dir(trainer.run_dir()).display()
+    );
     Ok(())
 }
 
@@ -220,8 +283,15 @@ fn generate(path: PathBuf, prompt: String, opts: SampleOptions, backend: Option<
     // Accept a run directory (newest checkpoint) or a checkpoint directory.
     let (run_dir, ckpt) = match checkpoint::latest(&path) {
         Some((_, dir)) => (path.clone(), dir),
-        None if path.join("model.mpk").exists() => (path.parent().and_then(|p| p.parent()).map(PathBuf::from).unwrap_or_default(), path.clone()),
-        None => return Err(format!("{}: no checkpoint found (expected a run directory or a checkpoint directory)", path.display())),
+        None if path.join("model.mpk").exists() => {
+            (path.parent().and_then(|p| p.parent()).map(PathBuf::from).unwrap_or_default(), path.clone())
+        }
+        None => {
+            return Err(format!(
+                "{}: no checkpoint found (expected a run directory or a checkpoint directory)",
+                path.display()
+            ))
+        }
     };
     let cfg = RunConfig::load(&run_dir.join("config.toml")).map_err(|e| e.to_string())?;
     let tokenizer = match cfg.data.tokenizer.as_str() {

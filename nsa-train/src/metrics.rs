@@ -36,7 +36,15 @@ fn mean_forced_blocks(model: &NsaLmConfig) -> f64 {
 }
 
 impl StepMetrics {
-    pub fn new(step: usize, loss: f64, grad_norm: f64, lr: f64, tokens_per_s: f64, stats: Option<Vec<f64>>, model: &NsaLmConfig) -> Self {
+    pub fn new(
+        step: usize,
+        loss: f64,
+        grad_norm: f64,
+        lr: f64,
+        tokens_per_s: f64,
+        stats: Option<Vec<f64>>,
+        model: &NsaLmConfig,
+    ) -> Self {
         let stat = |i: usize| stats.as_ref().map(|s| s[i]);
         let nsa = model.attention.attention == AttentionKind::Nsa;
         Self {
@@ -95,6 +103,7 @@ impl MetricsLog {
     }
 
     pub fn write_valid(&mut self, step: usize, loss: f64) -> Result<(), String> {
-        writeln!(self.file, "{{\"step\":{step},\"valid_loss\":{loss},\"valid_perplexity\":{}}}", loss.exp()).map_err(|e| e.to_string())
+        writeln!(self.file, "{{\"step\":{step},\"valid_loss\":{loss},\"valid_perplexity\":{}}}", loss.exp())
+            .map_err(|e| e.to_string())
     }
 }

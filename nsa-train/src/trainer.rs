@@ -34,7 +34,11 @@ pub fn lm_loss<B: Backend>(logits: Tensor<B, 3>, targets: Tensor<B, 2, Int>) -> 
 }
 
 /// Inputs and next-token targets `[B, T]` for the given windows of a split.
-pub fn batch<B: Backend>(split: &PackedSplit, windows: &[usize], device: &B::Device) -> (Tensor<B, 2, Int>, Tensor<B, 2, Int>) {
+pub fn batch<B: Backend>(
+    split: &PackedSplit,
+    windows: &[usize],
+    device: &B::Device,
+) -> (Tensor<B, 2, Int>, Tensor<B, 2, Int>) {
     let t = split.seq_len();
     let mut inputs = Vec::with_capacity(windows.len() * t);
     let mut targets = Vec::with_capacity(windows.len() * t);
@@ -120,14 +124,27 @@ pub struct Trainer<B: AutodiffBackend> {
 
 impl<B: AutodiffBackend> Trainer<B> {
     /// A fresh run, or, with `resume`, the newest checkpoint of `cfg.train.out`.
-    pub fn new(cfg: RunConfig, train: PackedSplit, valid: PackedSplit, device: B::Device, resume: bool) -> Result<Self, String> {
+    pub fn new(
+        cfg: RunConfig,
+        train: PackedSplit,
+        valid: PackedSplit,
+        device: B::Device,
+        resume: bool,
+    ) -> Result<Self, String> {
         let run_dir = PathBuf::from(&cfg.train.out);
         let existing = checkpoint::latest(&run_dir);
         if !resume && existing.is_some() {
-            return Err(format!("{} already holds checkpoints: pass --resume to continue it, or choose another --out", run_dir.display()));
+            return Err(format!(
+                "{} already holds checkpoints: pass --resume to continue it, or choose another --out",
+                run_dir.display()
+            ));
         }
         if train.num_windows() == 0 {
-            return Err(format!("the training data holds {} tokens, fewer than one window of seq_len + 1 = {}", train.num_tokens(), train.seq_len() + 1));
+            return Err(format!(
+                "the training data holds {} tokens, fewer than one window of seq_len + 1 = {}",
+                train.num_tokens(),
+                train.seq_len() + 1
+            ));
         }
         std::fs::create_dir_all(&run_dir).map_err(|e| format!("{}: {e}", run_dir.display()))?;
         let t = &cfg.train;
@@ -257,7 +274,8 @@ impl<B: AutodiffBackend> Trainer<B> {
     /// Writes a checkpoint of the current state now.
     pub fn save_checkpoint(&self) -> Result<PathBuf, Stop> {
         let state = TrainState { step: self.step, cursor: self.cursor, seed: self.cfg.train.seed };
-        checkpoint::save::<B, _, _>(&self.run_dir, &self.model, &self.optim, &state, self.cfg.train.keep_checkpoints).map_err(Stop::Error)
+        checkpoint::save::<B, _, _>(&self.run_dir, &self.model, &self.optim, &state, self.cfg.train.keep_checkpoints)
+            .map_err(Stop::Error)
     }
 
     /// Trains until `until` optimiser steps are done (or `cfg.train.steps`), calling `on_log`
@@ -286,8 +304,17 @@ impl<B: AutodiffBackend> Trainer<B> {
             let (loss, grad_norm) = self.check(&pending)?;
             if is_log {
                 let elapsed = clock.elapsed().as_secs_f64();
-                let stats = pending.stats.as_ref().map(|s| s.clone().into_data().convert::<f64>().to_vec::<f64>().unwrap());
-                let metrics = StepMetrics::new(step, loss, grad_norm, pending.lr, tokens_per_step * steps_since_log as f64 / elapsed, stats, &self.cfg.model);
+                let stats =
+                    pending.stats.as_ref().map(|s| s.clone().into_data().convert::<f64>().to_vec::<f64>().unwrap());
+                let metrics = StepMetrics::new(
+                    step,
+                    loss,
+                    grad_norm,
+                    pending.lr,
+                    tokens_per_step * steps_since_log as f64 / elapsed,
+                    stats,
+                    &self.cfg.model,
+                );
                 self.metrics.write(&metrics).map_err(Stop::Error)?;
                 on_log(&metrics);
                 clock = Instant::now();

@@ -13,7 +13,10 @@ fn assert_fails_with(args: &[&str], needle: &str) {
     let (ok, stderr) = nsa(args);
     assert!(!ok, "should fail: {args:?}");
     let last = stderr.trim_end().lines().last().unwrap_or_default();
-    assert!(last.starts_with("error: ") && last.contains(needle), "expected one error line with `{needle}`, got:\n{stderr}");
+    assert!(
+        last.starts_with("error: ") && last.contains(needle),
+        "expected one error line with `{needle}`, got:\n{stderr}"
+    );
 }
 
 #[test]
@@ -26,12 +29,18 @@ fn config_and_data_errors_are_one_line() {
     };
     assert_fails_with(&["train", "--config", "no/such/config.toml"], "config.toml`: cannot read");
     assert_fails_with(&["train", "--config", &cfg("a.toml", "[train]\nstepz = 3\n")], "`train.stepz`: unknown key");
-    assert_fails_with(&["train", "--config", &cfg("b.toml", "[train]\nsteps = \"many\"\n")], "`train.steps`: expected integer, found string");
+    assert_fails_with(
+        &["train", "--config", &cfg("b.toml", "[train]\nsteps = \"many\"\n")],
+        "`train.steps`: expected integer, found string",
+    );
     assert_fails_with(&["train", "--config", &cfg("c.toml", "[model.attention]\nl = 24\n")], "`model.attention.l`");
     assert_fails_with(&["train", "--config", &cfg("d.toml", "[data]\nsynthetic = \"sort\"\n")], "unknown task `sort`");
     let ok_cfg = cfg("e.toml", "[model]\nseq_len = 32\nn_layers = 1\n[model.attention]\ndim = 32\nn_heads = 2\nn_kv_heads = 1\nd_k = 8\nd_v = 8\nl = 8\nd = 4\nl_sel = 8\nn = 3\nw = 8\n");
     let out = dir.join("run").display().to_string();
-    assert_fails_with(&["train", "--config", &ok_cfg, "--data", "no/such/dir", "--out", &out], "no/such/dir: cannot open");
+    assert_fails_with(
+        &["train", "--config", &ok_cfg, "--data", "no/such/dir", "--out", &out],
+        "no/such/dir: cannot open",
+    );
     std::fs::write(dir.join("tiny.txt"), "too short").unwrap();
     let data = dir.join("tiny.txt").display().to_string();
     assert_fails_with(&["train", "--config", &ok_cfg, "--data", &data, "--out", &out], "fewer than one window");
@@ -47,7 +56,17 @@ fn train_then_generate_from_the_checkpoint() {
     let cfg = dir.join("run.toml");
     std::fs::write(&cfg, "[model]\nseq_len = 32\nn_layers = 1\n[model.attention]\ndim = 32\nn_heads = 2\nn_kv_heads = 1\nd_k = 8\nd_v = 8\nl = 8\nd = 4\nl_sel = 8\nn = 3\nw = 8\n[train]\nsteps = 4\nbatch_size = 2\nlog_every = 2\n").unwrap();
     let out = dir.join("run").display().to_string();
-    let (ok, stderr) = nsa(&["train", "--config", cfg.to_str().unwrap(), "--data", dir.join("corpus.txt").to_str().unwrap(), "--out", &out, "--backend", "cpu"]);
+    let (ok, stderr) = nsa(&[
+        "train",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--data",
+        dir.join("corpus.txt").to_str().unwrap(),
+        "--out",
+        &out,
+        "--backend",
+        "cpu",
+    ]);
     assert!(ok, "{stderr}");
     assert!(std::path::Path::new(&out).join("checkpoints/step-00000004/model.mpk").exists());
     let metrics = std::fs::read_to_string(std::path::Path::new(&out).join("metrics.jsonl")).unwrap();

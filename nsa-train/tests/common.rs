@@ -17,7 +17,17 @@ pub fn scratch(name: &str) -> PathBuf {
 /// A very small NSA model on the copy task.
 pub fn tiny_run(out: &std::path::Path, steps: usize) -> RunConfig {
     let model = NsaLmConfig::new().with_n_layers(2).with_seq_len(64).with_attention(
-        NsaConfig::new().with_dim(64).with_n_heads(4).with_n_kv_heads(2).with_d_k(16).with_d_v(16).with_l(8).with_d(4).with_l_sel(8).with_n(4).with_w(16),
+        NsaConfig::new()
+            .with_dim(64)
+            .with_n_heads(4)
+            .with_n_kv_heads(2)
+            .with_d_k(16)
+            .with_d_v(16)
+            .with_l(8)
+            .with_d(4)
+            .with_l_sel(8)
+            .with_n(4)
+            .with_w(16),
     );
     let train = TrainConfig::new()
         .with_steps(steps)

@@ -97,7 +97,8 @@ fn a_nan_at_step_k_stops_there_and_earlier_checkpoints_load() {
     let kept: Vec<usize> = checkpoint::list(&dir).into_iter().map(|(s, _)| s).collect();
     assert_eq!(kept, vec![2, 4, 6]);
     for (_, path) in checkpoint::list(&dir) {
-        let model: NsaLm<NdArray> = checkpoint::load_model(&path, cfg.model.init(&Default::default()), &Default::default()).unwrap();
+        let model: NsaLm<NdArray> =
+            checkpoint::load_model(&path, cfg.model.init(&Default::default()), &Default::default()).unwrap();
         assert!(weights(&model).iter().all(|w| w.is_finite()));
     }
 }
@@ -131,10 +132,14 @@ fn weights_file(cfg: &RunConfig) -> std::path::PathBuf {
 
 fn gradients<A: AutodiffBackend>(cfg: &RunConfig) -> Vec<f64> {
     let device = Default::default();
-    let model: NsaLm<A> = cfg.model.init(&device).load_file(weights_file(cfg), &CheckpointRecorder::new(), &device).unwrap();
+    let model: NsaLm<A> =
+        cfg.model.init(&device).load_file(weights_file(cfg), &CheckpointRecorder::new(), &device).unwrap();
     let tokens: Vec<i64> = (0..2 * 64).map(|i| (i * 37 % 251) as i64).collect();
     let x = Tensor::<A, 2, Int>::from_data(TensorData::new(tokens.clone(), [2, 64]), &device);
-    let y = Tensor::<A, 2, Int>::from_data(TensorData::new(tokens.iter().map(|t| (t + 1) % 256).collect::<Vec<_>>(), [2, 64]), &device);
+    let y = Tensor::<A, 2, Int>::from_data(
+        TensorData::new(tokens.iter().map(|t| (t + 1) % 256).collect::<Vec<_>>(), [2, 64]),
+        &device,
+    );
     let grads = lm_loss(model.forward(x), y).backward();
     struct G<'a, A: AutodiffBackend>(&'a A::Gradients, Vec<f64>);
     impl<A: AutodiffBackend> ModuleVisitor<A> for G<'_, A> {

@@ -80,7 +80,8 @@ fn phi_weights<B: Backend>(phi: &MlpPhi<B>) -> MlpPhiWeights {
 
 /// Every weight of a layer, as plain matrices for the reference.
 pub fn weights_of<B: Backend>(layer: &NsaAttention<B>) -> NsaWeights {
-    let gate_bias = layer.gate.bias.as_ref().map(|b| to_vec(b.val())).unwrap_or_else(|| vec![0.0; layer.gate.weight.dims()[1]]);
+    let gate_bias =
+        layer.gate.bias.as_ref().map(|b| to_vec(b.val())).unwrap_or_else(|| vec![0.0; layer.gate.weight.dims()[1]]);
     let (phi_key, phi_value) = layer.compressor.mlp_phi();
     NsaWeights {
         query: mat(layer.query.weight.val()),
@@ -94,7 +95,13 @@ pub fn weights_of<B: Backend>(layer: &NsaAttention<B>) -> NsaWeights {
 }
 
 /// A random input `[B, T, dim]` as a tensor and as per-sequence flat vectors.
-pub fn random_input<B: Backend>(rng: &mut StdRng, b: usize, t: usize, dim: usize, device: &B::Device) -> (Tensor<B, 3>, Vec<Vec<f64>>) {
+pub fn random_input<B: Backend>(
+    rng: &mut StdRng,
+    b: usize,
+    t: usize,
+    dim: usize,
+    device: &B::Device,
+) -> (Tensor<B, 3>, Vec<Vec<f64>>) {
     let rows: Vec<Vec<f64>> = (0..b).map(|_| normal(rng, t * dim, 1.0)).collect();
     let flat: Vec<f64> = rows.concat();
     (Tensor::from_data(TensorData::new(flat, [b, t, dim]), device), rows)

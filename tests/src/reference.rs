@@ -100,8 +100,11 @@ fn phi(block: &[&[f64]], mlp: &Option<MlpPhiWeights>) -> Vec<f64> {
     match mlp {
         None => (0..h).map(|a| block.iter().map(|r| r[a]).sum::<f64>() / block.len() as f64).collect(),
         Some(w) => {
-            let flat: Vec<f64> =
-                block.iter().enumerate().flat_map(|(r, row)| (0..h).map(move |a| row[a] + w.position.as_ref().map_or(0.0, |p| p.at(r, a)))).collect();
+            let flat: Vec<f64> = block
+                .iter()
+                .enumerate()
+                .flat_map(|(r, row)| (0..h).map(move |a| row[a] + w.position.as_ref().map_or(0.0, |p| p.at(r, a))))
+                .collect();
             w.weight.apply(&flat)
         }
     }
@@ -135,14 +138,32 @@ pub fn nsa_reference(c: &NsaConfig, w: &NsaWeights, x: &[Vec<f64>], t_len: usize
         let kv_of = |branch: usize| &w.kv[if c.shared_kv { 0 } else { branch }];
         // Queries and per-branch keys (rotated at their positions) and values: [T][H][d].
         let q: Vec<Vec<Vec<f64>>> = (0..t_len)
-            .map(|t| heads(w.query.apply(token(t)), hq).into_iter().map(|mut v| { rope(&mut v, t, c.rope_base); v }).collect())
+            .map(|t| {
+                heads(w.query.apply(token(t)), hq)
+                    .into_iter()
+                    .map(|mut v| {
+                        rope(&mut v, t, c.rope_base);
+                        v
+                    })
+                    .collect()
+            })
             .collect();
         let keys = |branch: usize| -> Vec<Vec<Vec<f64>>> {
             (0..t_len)
-                .map(|t| heads(kv_of(branch).0.apply(token(t)), hkv).into_iter().map(|mut v| { rope(&mut v, t, c.rope_base); v }).collect())
+                .map(|t| {
+                    heads(kv_of(branch).0.apply(token(t)), hkv)
+                        .into_iter()
+                        .map(|mut v| {
+                            rope(&mut v, t, c.rope_base);
+                            v
+                        })
+                        .collect()
+                })
                 .collect()
         };
-        let values = |branch: usize| -> Vec<Vec<Vec<f64>>> { (0..t_len).map(|t| heads(kv_of(branch).1.apply(token(t)), hkv)).collect() };
+        let values = |branch: usize| -> Vec<Vec<Vec<f64>>> {
+            (0..t_len).map(|t| heads(kv_of(branch).1.apply(token(t)), hkv)).collect()
+        };
         let (k_cmp_raw, v_cmp_raw) = (keys(0), values(0));
         let (k_slc, v_slc) = (keys(1), values(1));
         let (k_win, v_win) = (keys(2), values(2));
@@ -151,7 +172,11 @@ pub fn nsa_reference(c: &NsaConfig, w: &NsaWeights, x: &[Vec<f64>], t_len: usize
         let n_blocks = if t_len < c.l { 0 } else { (t_len - c.l) / c.d + 1 };
         let compress = |raw: &Vec<Vec<Vec<f64>>>, mlp: &Option<MlpPhiWeights>| -> Vec<Vec<Vec<f64>>> {
             (0..n_blocks)
-                .map(|i| (0..hkv).map(|h| phi(&(i * c.d..i * c.d + c.l).map(|p| raw[p][h].as_slice()).collect::<Vec<_>>(), mlp)).collect())
+                .map(|i| {
+                    (0..hkv)
+                        .map(|h| phi(&(i * c.d..i * c.d + c.l).map(|p| raw[p][h].as_slice()).collect::<Vec<_>>(), mlp))
+                        .collect()
+                })
                 .collect()
         };
         let k_cmp = compress(&k_cmp_raw, &w.phi_key);
@@ -162,7 +187,8 @@ pub fn nsa_reference(c: &NsaConfig, w: &NsaWeights, x: &[Vec<f64>], t_len: usize
         let mut selected_b = vec![Vec::new(); hkv];
         for t in 0..t_len {
             let n_cmp = if t + 1 < c.l { 0 } else { (t + 1 - c.l) / c.d + 1 };
-            let gates: Vec<f64> = w.gate.apply(token(t)).iter().zip(&w.gate_bias).map(|(a, b)| sigmoid(a + b)).collect();
+            let gates: Vec<f64> =
+                w.gate.apply(token(t)).iter().zip(&w.gate_bias).map(|(a, b)| sigmoid(a + b)).collect();
             let mut mixed = vec![0.0; hq * dv];
             for kh in 0..hkv {
                 // Compressed branch for each head of the group, and the group's block scores.
@@ -187,12 +213,15 @@ pub fn nsa_reference(c: &NsaConfig, w: &NsaWeights, x: &[Vec<f64>], t_len: usize
                     }
                 }
                 let chosen = select_blocks(t, &group_score, c.l_sel, c.n);
-                let sel_keys: Vec<usize> = chosen.iter().flat_map(|&j| j * c.l_sel..((j + 1) * c.l_sel).min(t + 1)).collect();
+                let sel_keys: Vec<usize> =
+                    chosen.iter().flat_map(|&j| j * c.l_sel..((j + 1) * c.l_sel).min(t + 1)).collect();
                 let win_keys: Vec<usize> = (t.saturating_sub(c.w - 1)..=t).collect();
                 selected_b[kh].push(chosen);
                 for gi in 0..g {
                     let h = kh * g + gi;
-                    let gather = |ks: &Vec<Vec<Vec<f64>>>, idx: &[usize]| idx.iter().map(|&p| ks[p][kh].clone()).collect::<Vec<_>>();
+                    let gather = |ks: &Vec<Vec<Vec<f64>>>, idx: &[usize]| {
+                        idx.iter().map(|&p| ks[p][kh].clone()).collect::<Vec<_>>()
+                    };
                     let (sk, sv) = (gather(&k_slc, &sel_keys), gather(&v_slc, &sel_keys));
                     let (wk, wv) = (gather(&k_win, &win_keys), gather(&v_win, &win_keys));
                     let (o_slc, _) = attend(&q[t][h], &slices(&sk), &slices(&sv), dv);

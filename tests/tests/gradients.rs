@@ -52,14 +52,26 @@ fn loss<B: Backend>(layer: &NsaAttention<B>, x: Tensor<B, 3>, weights: Tensor<B,
 
 #[test]
 fn autodiff_matches_finite_differences_and_every_parameter_learns() {
-    let cfg = NsaConfig::new().with_dim(8).with_n_heads(4).with_n_kv_heads(2).with_d_k(4).with_d_v(6).with_l(4).with_d(2).with_l_sel(4).with_n(3).with_w(5).with_phi(Phi::Mlp);
+    let cfg = NsaConfig::new()
+        .with_dim(8)
+        .with_n_heads(4)
+        .with_n_kv_heads(2)
+        .with_d_k(4)
+        .with_d_v(6)
+        .with_l(4)
+        .with_d(2)
+        .with_l_sel(4)
+        .with_n(3)
+        .with_w(5)
+        .with_phi(Phi::Mlp);
     cfg.validate().unwrap();
     let (t, b) = (19, 2);
     let device = Default::default();
     let mut rng = fresh_rng("gradients");
     let layer: NsaAttention<A64> = randomized(cfg.init_nsa(t, 0.02, 0.02, &device), &mut rng, 0.5);
     let (x, _) = random_input::<A64>(&mut rng, b, t, cfg.dim, &device);
-    let weights = Tensor::<A64, 3>::from_data(TensorData::new(normal(&mut rng, b * t * cfg.dim, 1.0), [b, t, cfg.dim]), &device);
+    let weights =
+        Tensor::<A64, 3>::from_data(TensorData::new(normal(&mut rng, b * t * cfg.dim, 1.0), [b, t, cfg.dim]), &device);
 
     let grads = loss(&layer, x.clone(), weights.clone()).backward();
     let mut collect = Collect { grads: &grads, path: Vec::new(), out: Vec::new() };
@@ -74,7 +86,9 @@ fn autodiff_matches_finite_differences_and_every_parameter_learns() {
         assert!(norm > 0.0, "parameter {name} {dims:?} receives no gradient");
         for _ in 0..4 {
             let index = rng.random_range(0..grad.len());
-            let at = |delta| to_vec(loss(&inner.clone().map(&mut Nudge { id: *id, index, delta }), x.clone(), weights.clone()))[0];
+            let at = |delta| {
+                to_vec(loss(&inner.clone().map(&mut Nudge { id: *id, index, delta }), x.clone(), weights.clone()))[0]
+            };
             let numeric = (at(h) - at(-h)) / (2.0 * h);
             let err = (numeric - grad[index]).abs();
             assert!(

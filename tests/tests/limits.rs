@@ -40,7 +40,15 @@ fn assert_equals_dense(name: &str, cfg: NsaConfig, t: usize, branch: Branch) {
 }
 
 fn base() -> NsaConfig {
-    NsaConfig::new().with_dim(24).with_n_heads(6).with_n_kv_heads(2).with_d_k(8).with_d_v(6).with_l(8).with_d(4).with_l_sel(8)
+    NsaConfig::new()
+        .with_dim(24)
+        .with_n_heads(6)
+        .with_n_kv_heads(2)
+        .with_d_k(8)
+        .with_d_v(6)
+        .with_l(8)
+        .with_d(4)
+        .with_l_sel(8)
 }
 
 #[test]

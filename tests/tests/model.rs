@@ -6,14 +6,20 @@ use nsa_tests::{fresh_rng, to_vec, B32};
 use rand::Rng;
 
 fn tiny(attention: AttentionKind, mlp: MlpKind) -> NsaLmConfig {
-    NsaLmConfig::new()
-        .with_vocab_size(64)
-        .with_n_layers(2)
-        .with_seq_len(48)
-        .with_mlp(mlp)
-        .with_attention(
-            NsaConfig::new().with_dim(32).with_n_heads(4).with_n_kv_heads(2).with_d_k(8).with_d_v(8).with_l(8).with_d(4).with_l_sel(8).with_n(3).with_w(12).with_attention(attention),
-        )
+    NsaLmConfig::new().with_vocab_size(64).with_n_layers(2).with_seq_len(48).with_mlp(mlp).with_attention(
+        NsaConfig::new()
+            .with_dim(32)
+            .with_n_heads(4)
+            .with_n_kv_heads(2)
+            .with_d_k(8)
+            .with_d_v(8)
+            .with_l(8)
+            .with_d(4)
+            .with_l_sel(8)
+            .with_n(3)
+            .with_w(12)
+            .with_attention(attention),
+    )
 }
 
 /// Changing tokens after position `t` never changes logits at positions `<= t`.
@@ -70,7 +76,10 @@ fn initial_loss_is_near_uniform() {
     let cfg = tiny(AttentionKind::Nsa, MlpKind::Silu);
     let device = Default::default();
     let model: NsaLm<B32> = cfg.init(&device);
-    let tokens = Tensor::<B32, 2, Int>::from_data(TensorData::new((0..48i64).map(|i| (i * 7) % 64).collect::<Vec<_>>(), [1, 48]), &device);
+    let tokens = Tensor::<B32, 2, Int>::from_data(
+        TensorData::new((0..48i64).map(|i| (i * 7) % 64).collect::<Vec<_>>(), [1, 48]),
+        &device,
+    );
     let logits = model.forward(tokens.clone()).reshape([48, 64]);
     let ce = burn::nn::loss::CrossEntropyLossConfig::new().init(&device).forward(logits, tokens.reshape([48]));
     let ce = to_vec(ce)[0];

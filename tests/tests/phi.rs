@@ -6,7 +6,17 @@ use nsa_tests::{fresh_rng, max_rel_err, random_input, randomized, to_vec, B64};
 
 #[test]
 fn mlp_phi_at_initialisation_equals_avg() {
-    let cfg = NsaConfig::new().with_dim(24).with_n_heads(4).with_n_kv_heads(2).with_d_k(8).with_d_v(12).with_l(8).with_d(4).with_l_sel(8).with_n(4).with_w(12);
+    let cfg = NsaConfig::new()
+        .with_dim(24)
+        .with_n_heads(4)
+        .with_n_kv_heads(2)
+        .with_d_k(8)
+        .with_d_v(12)
+        .with_l(8)
+        .with_d(4)
+        .with_l_sel(8)
+        .with_n(4)
+        .with_w(12);
     let (t, device) = (57, Default::default());
     let mut rng = fresh_rng("phi_init");
     // Random everything else, then the freshly initialised compressors of each kind.

@@ -14,7 +14,17 @@ fn selection_sets(mask: Tensor<B64, 4, burn::tensor::Bool>) -> Vec<Vec<usize>> {
 }
 
 fn cfg() -> NsaConfig {
-    NsaConfig::new().with_dim(24).with_n_heads(6).with_n_kv_heads(2).with_d_k(8).with_d_v(8).with_l(8).with_d(4).with_l_sel(8).with_n(5).with_w(8)
+    NsaConfig::new()
+        .with_dim(24)
+        .with_n_heads(6)
+        .with_n_kv_heads(2)
+        .with_d_k(8)
+        .with_d_v(8)
+        .with_l(8)
+        .with_d(4)
+        .with_l_sel(8)
+        .with_n(5)
+        .with_w(8)
 }
 
 /// Swaps query heads inside each KV group (W_q columns): per-head scores move between heads

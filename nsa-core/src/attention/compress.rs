@@ -31,10 +31,7 @@ impl<B: Backend> MlpPhi<B> {
         }
         Self {
             position: with_position.then(|| Param::from_tensor(Tensor::zeros([l, head_dim], device))),
-            weight: Param::from_tensor(Tensor::from_data(
-                TensorData::new(weight, [l * head_dim, head_dim]),
-                device,
-            )),
+            weight: Param::from_tensor(Tensor::from_data(TensorData::new(weight, [l * head_dim, head_dim]), device)),
         }
     }
 

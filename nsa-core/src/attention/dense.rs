@@ -22,7 +22,13 @@ pub struct DenseAttention<B: Backend> {
 
 impl NsaConfig {
     /// Dense causal attention with the head shape of this config.
-    pub fn init_dense<B: Backend>(&self, max_len: usize, std: f64, out_std: f64, device: &B::Device) -> DenseAttention<B> {
+    pub fn init_dense<B: Backend>(
+        &self,
+        max_len: usize,
+        std: f64,
+        out_std: f64,
+        device: &B::Device,
+    ) -> DenseAttention<B> {
         crate::materialize(DenseAttention {
             query: linear(self.dim, self.n_heads * self.d_k, std, device),
             kv: KvProjection::new(self.dim, self.n_kv_heads, self.d_k, self.d_v, std, device),

@@ -111,9 +111,15 @@ impl<B: Backend> NsaAttention<B> {
 
         let gates = sigmoid(self.gate.forward(x)).reshape([b, t, 3, c.n_heads]);
         let gate_of = |branch: Branch| {
-            gates.clone().narrow(2, branch as usize, 1).reshape([b, t, h_kv, g]).permute([0, 2, 3, 1]).reshape([b, h_kv, g, t, 1])
+            gates
+                .clone()
+                .narrow(2, branch as usize, 1)
+                .reshape([b, t, h_kv, g])
+                .permute([0, 2, 3, 1])
+                .reshape([b, h_kv, g, t, 1])
         };
-        let mixed = o_cmp * gate_of(Branch::Compressed) + o_slc * gate_of(Branch::Selected) + o_win * gate_of(Branch::Window);
+        let mixed =
+            o_cmp * gate_of(Branch::Compressed) + o_slc * gate_of(Branch::Selected) + o_win * gate_of(Branch::Window);
         let out = self.output.forward(merge_heads(mixed.reshape([b, c.n_heads, t, c.d_v])));
         (out, NsaAux { gates, selected })
     }

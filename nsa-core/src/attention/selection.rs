@@ -30,13 +30,7 @@ pub fn overlap_weights<B: Backend>(
 
 /// Group selection scores `[B, H_kv, T, n_sel]` from the compressed branch's probabilities
 /// `p_cmp: [B, H_kv, g, T, n_cmp]` (Eq. 9 then the Eq. 10 sum over the group's heads).
-pub fn group_scores<B: Backend>(
-    p_cmp: Tensor<B, 5>,
-    n_sel: usize,
-    l: usize,
-    d: usize,
-    l_sel: usize,
-) -> Tensor<B, 4> {
+pub fn group_scores<B: Backend>(p_cmp: Tensor<B, 5>, n_sel: usize, l: usize, d: usize, l_sel: usize) -> Tensor<B, 4> {
     let [b, h, _, t, n_cmp] = p_cmp.dims();
     let weights = overlap_weights::<B>(n_cmp, n_sel, l, d, l_sel, &p_cmp.device());
     p_cmp.sum_dim(2).reshape([b * h * t, n_cmp]).matmul(weights).reshape([b, h, t, n_sel])

@@ -20,11 +20,7 @@ pub fn masked_attention<B: Backend>(
     let s = k.dims()[2];
     let d_v = v.dims()[3];
     let scale = 1.0 / (d_k as f64).sqrt();
-    let scores = q
-        .reshape([b, h, g * t, d_k])
-        .matmul(k.swap_dims(2, 3))
-        .reshape([b, h, g, t, s])
-        .mul_scalar(scale);
+    let scores = q.reshape([b, h, g * t, d_k]).matmul(k.swap_dims(2, 3)).reshape([b, h, g, t, s]).mul_scalar(scale);
     let blocked = allowed.bool_not().expand([b, h, g, t, s]);
     let probs = softmax_f32(scores.mask_fill(blocked, f32::NEG_INFINITY), 4);
     let out = probs.clone().reshape([b, h, g * t, s]).matmul(v).reshape([b, h, g, t, d_v]);

@@ -28,7 +28,11 @@ pub struct PackedSplit {
 }
 
 impl PackedSplit {
-    pub fn pack<'a>(docs: impl IntoIterator<Item = &'a str>, tokenizer: &Tokenizer, seq_len: usize) -> Result<Self, DataError> {
+    pub fn pack<'a>(
+        docs: impl IntoIterator<Item = &'a str>,
+        tokenizer: &Tokenizer,
+        seq_len: usize,
+    ) -> Result<Self, DataError> {
         let mut tokens = Vec::new();
         for doc in docs {
             tokens.extend(tokenizer.encode(doc)?);

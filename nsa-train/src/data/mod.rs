@@ -37,8 +37,13 @@ pub fn load_splits(cfg: &RunConfig, paths: &[PathBuf]) -> Result<(PackedSplit, P
         return Err(DataError(format!("no documents found in {}", display(paths))));
     }
     let permille = cfg.data.valid_permille;
-    let train = PackedSplit::pack(docs.iter().filter(|d| !is_validation(d, permille)).map(String::as_str), &tokenizer, seq_len)?;
-    let valid = PackedSplit::pack(docs.iter().filter(|d| is_validation(d, permille)).map(String::as_str), &tokenizer, seq_len)?;
+    let train = PackedSplit::pack(
+        docs.iter().filter(|d| !is_validation(d, permille)).map(String::as_str),
+        &tokenizer,
+        seq_len,
+    )?;
+    let valid =
+        PackedSplit::pack(docs.iter().filter(|d| is_validation(d, permille)).map(String::as_str), &tokenizer, seq_len)?;
     Ok((train, valid, tokenizer))
 }
 

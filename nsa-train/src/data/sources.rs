@@ -84,7 +84,8 @@ pub fn read_file(path: &Path) -> Result<Vec<String>, DataError> {
 
 fn read_txt(path: &Path) -> Result<Vec<String>, DataError> {
     let bytes = std::fs::read(path).map_err(|e| fail(path, format!("cannot read: {e}")))?;
-    let text = String::from_utf8(bytes).map_err(|e| fail(path, format!("not UTF-8 text (byte {})", e.utf8_error().valid_up_to())))?;
+    let text = String::from_utf8(bytes)
+        .map_err(|e| fail(path, format!("not UTF-8 text (byte {})", e.utf8_error().valid_up_to())))?;
     Ok(text.split("\n\n\n").map(str::to_owned).collect())
 }
 
@@ -109,7 +110,8 @@ fn read_jsonl(path: &Path) -> Result<Vec<String>, DataError> {
 
 fn read_parquet(path: &Path) -> Result<Vec<String>, DataError> {
     let file = File::open(path).map_err(|e| fail(path, format!("cannot open: {e}")))?;
-    let builder = ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| fail(path, format!("not a readable parquet file: {e}")))?;
+    let builder = ParquetRecordBatchReaderBuilder::try_new(file)
+        .map_err(|e| fail(path, format!("not a readable parquet file: {e}")))?;
     let schema = builder.schema().clone();
     let column = schema.index_of("text").map_err(|_| fail(path, "no `text` column"))?;
     let mask = parquet::arrow::ProjectionMask::roots(builder.parquet_schema(), [column]);

@@ -55,6 +55,7 @@ pub fn generate(task: SyntheticTask, num_tokens: usize, span: usize, seed: u64) 
 /// Train and validation splits of a task, from disjoint seeds.
 pub fn splits(task: SyntheticTask, seq_len: usize, train_windows: usize, seed: u64) -> (PackedSplit, PackedSplit) {
     let span = (seq_len / 8).clamp(2, ALPHABET as usize);
-    let make = |windows: usize, seed| PackedSplit::from_tokens(generate(task, windows * seq_len + 1, span, seed), seq_len);
+    let make =
+        |windows: usize, seed| PackedSplit::from_tokens(generate(task, windows * seq_len + 1, span, seed), seq_len);
     (make(train_windows, seed), make((train_windows / 10).max(4), seed ^ 0x5eed))
 }
