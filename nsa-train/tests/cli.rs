@@ -82,7 +82,9 @@ fn train_then_generate_from_the_checkpoint() {
 
 #[test]
 fn shipped_configs_load_as_run_configs() {
-    for name in ["tiny.toml", "nsa-125m.toml", "nsa-125m-dense.toml", "bench/nsa-125m-b1.toml", "bench/dense-125m-b1.toml"] {
+    for name in
+        ["tiny.toml", "nsa-125m.toml", "nsa-125m-dense.toml", "bench/nsa-125m-b1.toml", "bench/dense-125m-b1.toml"]
+    {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs").join(name);
         nsa_train::config::RunConfig::load(&path).unwrap_or_else(|e| panic!("{name}: {e}"));
     }

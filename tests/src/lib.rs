@@ -20,6 +20,22 @@ pub type A64 = Autodiff<NdArray<f64>>;
 /// The default f32 CPU backend.
 pub type B32 = NdArray<f32>;
 
+/// The small shape most tests start from: dim 24, 4 query heads on 2 KV heads, `d_k = d_v = 8`,
+/// `l = 8, d = 4, l_sel = 8, n = 4, w = 16`.
+pub fn small_config() -> nsa_core::NsaConfig {
+    nsa_core::NsaConfig::new()
+        .with_dim(24)
+        .with_n_heads(4)
+        .with_n_kv_heads(2)
+        .with_d_k(8)
+        .with_d_v(8)
+        .with_l(8)
+        .with_d(4)
+        .with_l_sel(8)
+        .with_n(4)
+        .with_w(16)
+}
+
 /// A fresh seed per run (printed, so a failure can be replayed with [`rng_from`]).
 pub fn fresh_rng(test: &str) -> StdRng {
     let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;

@@ -1,25 +1,17 @@
 //! The whole model: causality, shapes, both attention kinds and both MLPs.
 
 use burn::tensor::{Int, Tensor, TensorData};
-use nsa_core::{AttentionKind, MlpKind, NsaConfig, NsaLm, NsaLmConfig};
-use nsa_tests::{fresh_rng, to_vec, B32};
+use nsa_core::{AttentionKind, MlpKind, NsaLm, NsaLmConfig};
+use nsa_tests::{fresh_rng, small_config, to_vec, B32};
 use rand::Rng;
 
 fn tiny(attention: AttentionKind, mlp: MlpKind) -> NsaLmConfig {
-    NsaLmConfig::new().with_vocab_size(64).with_n_layers(2).with_seq_len(48).with_mlp(mlp).with_attention(
-        NsaConfig::new()
-            .with_dim(32)
-            .with_n_heads(4)
-            .with_n_kv_heads(2)
-            .with_d_k(8)
-            .with_d_v(8)
-            .with_l(8)
-            .with_d(4)
-            .with_l_sel(8)
-            .with_n(3)
-            .with_w(12)
-            .with_attention(attention),
-    )
+    NsaLmConfig::new()
+        .with_vocab_size(64)
+        .with_n_layers(2)
+        .with_seq_len(48)
+        .with_mlp(mlp)
+        .with_attention(small_config().with_dim(32).with_n(3).with_w(12).with_attention(attention))
 }
 
 /// Changing tokens after position `t` never changes logits at positions `<= t`.

@@ -2,21 +2,11 @@
 
 use nsa_core::{NsaConfig, Phi};
 use nsa_tests::reference::nsa_reference;
-use nsa_tests::{fresh_rng, max_rel_err, random_input, randomized, to_vec, weights_of, B64};
+use nsa_tests::{fresh_rng, max_rel_err, random_input, randomized, small_config, to_vec, weights_of, B64};
 
 /// Small-shape base: l=8, d=4, l_sel=8, n=4, w=16.
 fn base() -> NsaConfig {
-    NsaConfig::new()
-        .with_dim(24)
-        .with_n_heads(4)
-        .with_n_kv_heads(2)
-        .with_d_k(8)
-        .with_d_v(8)
-        .with_l(8)
-        .with_d(4)
-        .with_l_sel(8)
-        .with_n(4)
-        .with_w(16)
+    small_config()
 }
 
 /// Runs layer and reference on fresh random weights and inputs; returns how many queries had a

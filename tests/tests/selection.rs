@@ -5,7 +5,7 @@ use burn::tensor::{Tensor, TensorData};
 use nsa_core::attention::selection::select_top_n;
 use nsa_core::{NsaAttention, NsaConfig};
 use nsa_tests::reference::select_blocks;
-use nsa_tests::{fresh_rng, normal, random_input, randomized, to_vec, B64};
+use nsa_tests::{fresh_rng, normal, random_input, randomized, small_config, to_vec, B64};
 
 fn selection_sets(mask: Tensor<B64, 4, burn::tensor::Bool>) -> Vec<Vec<usize>> {
     let [_, _, _, nb] = mask.dims();
@@ -14,17 +14,7 @@ fn selection_sets(mask: Tensor<B64, 4, burn::tensor::Bool>) -> Vec<Vec<usize>> {
 }
 
 fn cfg() -> NsaConfig {
-    NsaConfig::new()
-        .with_dim(24)
-        .with_n_heads(6)
-        .with_n_kv_heads(2)
-        .with_d_k(8)
-        .with_d_v(8)
-        .with_l(8)
-        .with_d(4)
-        .with_l_sel(8)
-        .with_n(5)
-        .with_w(8)
+    small_config().with_n_heads(6).with_n(5).with_w(8)
 }
 
 /// Swaps query heads inside each KV group (W_q columns): per-head scores move between heads
