@@ -22,26 +22,23 @@ enum Task {
         args: Vec<String>,
     },
     /// Build and run `nsa train` for a backend (default: the best one this machine has).
-    Train {
-        #[arg(long, value_enum, default_value_t = Backend::Auto)]
-        backend: Backend,
-        /// Build with optimisations for our own crates too (dependencies are always optimised).
-        #[arg(long)]
-        release: bool,
-        /// Passed to `nsa train`: --config, --data, --resume, --steps, --out.
-        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-        args: Vec<String>,
-    },
+    /// Arguments after `--` go to `nsa train`: --config, --data, --resume, --steps, --out.
+    Train(NsaArgs),
     /// Build and run `nsa generate`: sample from a checkpoint.
-    Generate {
-        #[arg(long, value_enum, default_value_t = Backend::Auto)]
-        backend: Backend,
-        #[arg(long)]
-        release: bool,
-        /// Passed to `nsa generate`: --checkpoint, --prompt, --tokens, --temperature, --top-k.
-        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-        args: Vec<String>,
-    },
+    /// Arguments after `--` go to `nsa generate`: --checkpoint, --prompt, --tokens, --temperature, --top-k.
+    Generate(NsaArgs),
+}
+
+/// How to build `nsa`, and the arguments passed on to it.
+#[derive(clap::Args)]
+struct NsaArgs {
+    #[arg(long, value_enum, default_value_t = Backend::Auto)]
+    backend: Backend,
+    /// Build with optimisations for our own crates too (dependencies are always optimised).
+    #[arg(long)]
+    release: bool,
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+    args: Vec<String>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -83,13 +80,13 @@ impl Backend {
 fn main() -> ExitCode {
     match Cli::parse().task {
         Task::Test { args } => run(Command::new(cargo()).args(["test", "--workspace"]).args(args)),
-        Task::Train { backend, release, args } => nsa("train", backend, release, args),
-        Task::Generate { backend, release, args } => nsa("generate", backend, release, args),
+        Task::Train(a) => nsa("train", a),
+        Task::Generate(a) => nsa("generate", a),
     }
 }
 
 /// `cargo run -p nsa-train --bin nsa` with the backend's feature (and the CPU as fallback).
-fn nsa(command: &str, backend: Backend, release: bool, args: Vec<String>) -> ExitCode {
+fn nsa(command: &str, NsaArgs { backend, release, args }: NsaArgs) -> ExitCode {
     let backend = backend.detect();
     let features = if backend == Backend::Cpu { "cpu".to_string() } else { format!("{},cpu", backend.name()) };
     let mut cmd = Command::new(cargo());
