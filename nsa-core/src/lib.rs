@@ -4,6 +4,7 @@
 pub mod attention;
 pub mod config;
 pub mod model;
+pub mod precision;
 pub mod rope;
 pub mod toml_config;
 
@@ -26,3 +27,4 @@ pub fn materialize<B: Backend, M: Module<B>>(module: M) -> M {
 pub use attention::{Branch, DenseAttention, NsaAttention, NsaAux};
 pub use config::{AttentionKind, ConfigError, NsaConfig, Phi};
 pub use model::{MlpKind, NsaLm, NsaLmConfig};
+pub use precision::cast_params;

@@ -108,6 +108,16 @@ pub enum Attention<B: Backend> {
     Dense(DenseAttention<B>),
 }
 
+impl<B: Backend> Attention<B> {
+    /// `x: [B, T, dim]` -> `[B, T, dim]`.
+    pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+        match self {
+            Attention::Nsa(nsa) => nsa.forward(x),
+            Attention::Dense(dense) => dense.forward(x),
+        }
+    }
+}
+
 #[derive(Module, Debug)]
 pub struct Mlp<B: Backend> {
     pub up: Linear<B>,

@@ -45,8 +45,11 @@ impl<B: Backend> Rope<B> {
             self.max_len()
         );
         let half = d / 2;
-        let cos = self.cos.clone().narrow(0, 0, t).reshape([1, 1, t, half]);
-        let sin = self.sin.clone().narrow(0, 0, t).reshape([1, 1, t, half]);
+        // The table is stored at the model's default dtype; a mixed-precision forward rotates in
+        // its compute dtype (Burn's binary ops do not promote mismatched dtypes).
+        let dtype = x.dtype();
+        let cos = self.cos.clone().narrow(0, 0, t).cast(dtype).reshape([1, 1, t, half]);
+        let sin = self.sin.clone().narrow(0, 0, t).cast(dtype).reshape([1, 1, t, half]);
         let pairs = x.reshape([b, h, t, half, 2]);
         let even = pairs.clone().narrow(4, 0, 1).reshape([b, h, t, half]);
         let odd = pairs.narrow(4, 1, 1).reshape([b, h, t, half]);

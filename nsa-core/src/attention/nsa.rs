@@ -103,7 +103,7 @@ impl<B: Backend> NsaAttention<B> {
         let n_sel = num_selection_blocks(t, c.l_sel);
         let scores = match p_cmp {
             Some(p) => group_scores(p.detach(), n_sel, c.l, c.d, c.l_sel),
-            None => Tensor::zeros([b, h_kv, t, n_sel], &x.device()),
+            None => Tensor::zeros([b, h_kv, t, n_sel], (&x.device(), x.dtype())),
         };
         let selected = select_top_n(scores, c.l_sel, c.n);
         let o_slc = self.selected_branch(q.clone(), x.clone(), selected.clone());
@@ -135,7 +135,7 @@ impl<B: Backend> NsaAttention<B> {
         let [b, h_kv, g, t, _] = q.dims();
         let (k, v) = self.kv(Branch::Compressed).forward(x, &self.rope);
         let Some((k_cmp, v_cmp)) = self.compressor.forward(k, v) else {
-            return (Tensor::zeros([b, h_kv, g, t, c.d_v], &q.device()), None);
+            return (Tensor::zeros([b, h_kv, g, t, c.d_v], (&q.device(), q.dtype())), None);
         };
         let n_cmp = k_cmp.dims()[2];
         let device = q.device();
@@ -146,7 +146,7 @@ impl<B: Backend> NsaAttention<B> {
         let first_block = super::masks::index_row::<B>(n_cmp, &device).equal_elem(0).expand([t, n_cmp]);
         let allowed = visible.bool_or(first_block.bool_and(sees_none.clone().expand([t, n_cmp])));
         let (out, probs) = masked_attention(q, k_cmp, v_cmp, allowed.reshape([1, 1, 1, t, n_cmp]));
-        let keep = sees_none.bool_not().float().reshape([1, 1, 1, t, 1]);
+        let keep = sees_none.bool_not().float().cast(out.dtype()).reshape([1, 1, 1, t, 1]);
         (out * keep.clone(), Some(probs * keep))
     }
 

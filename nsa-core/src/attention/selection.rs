@@ -33,7 +33,9 @@ pub fn overlap_weights<B: Backend>(
 pub fn group_scores<B: Backend>(p_cmp: Tensor<B, 5>, n_sel: usize, l: usize, d: usize, l_sel: usize) -> Tensor<B, 4> {
     let [b, h, _, t, n_cmp] = p_cmp.dims();
     let weights = overlap_weights::<B>(n_cmp, n_sel, l, d, l_sel, &p_cmp.device());
-    p_cmp.sum_dim(2).reshape([b * h * t, n_cmp]).matmul(weights).reshape([b, h, t, n_sel])
+    // Scores are ranked in the default (master) float dtype: a bf16 forward would otherwise turn
+    // near-equal block scores into ties and change which blocks are selected.
+    p_cmp.cast(weights.dtype()).sum_dim(2).reshape([b * h * t, n_cmp]).matmul(weights).reshape([b, h, t, n_sel])
 }
 
 /// The selected blocks `[B, H_kv, T, n_sel]` for scores `[B, H_kv, T, n_sel]`.
