@@ -23,7 +23,7 @@ pub enum BackendKind {
 }
 
 /// Storage precision of activations and weights used in compute.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum Precision {
     F32,
@@ -81,9 +81,17 @@ pub struct TrainConfig {
     pub backend: BackendKind,
     #[config(default = "Precision::F32")]
     pub precision: Precision,
+    /// burn-train's terminal dashboard when stdout is a terminal (plain lines otherwise).
+    #[config(default = true)]
+    pub dashboard: bool,
     /// Recompute activations in backward instead of storing them (Burn's balanced strategy).
     #[config(default = false)]
     pub activation_checkpointing: bool,
+    /// Where CUDA/WGPU keep compiled kernels and autotune results between runs (`~` expands to
+    /// the home directory; empty: CubeCL's defaults, no compiled-kernel cache). Without it every
+    /// run on a fresh process recompiles and re-autotunes: minutes for the 125M model on an H100.
+    #[config(default = "String::from(\"~/.cache/nsa/kernels\")")]
+    pub kernel_cache: String,
     /// Run directory: config, metrics log and checkpoints.
     #[config(default = "String::from(\"runs/default\")")]
     pub out: String,

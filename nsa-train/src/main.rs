@@ -11,8 +11,12 @@ use nsa_train::checkpoint;
 use nsa_train::config::{BackendKind, Precision, RunConfig};
 use nsa_train::data::load_splits;
 use nsa_train::data::tokenizer::Tokenizer;
+use nsa_train::dashboard::reporter;
 use nsa_train::generate::{sample, SampleOptions};
-use nsa_train::trainer::Trainer;
+use nsa_train::metrics::MemoryProbe;
+#[cfg(any(feature = "cuda", feature = "wgpu"))]
+use nsa_train::metrics::DeviceMemory;
+use nsa_train::trainer::{Finish, Trainer};
 
 #[derive(Parser)]
 #[command(name = "nsa", about = "Native Sparse Attention language models")]
@@ -21,26 +25,87 @@ struct Cli {
     command: Command,
 }
 
+/// What selects and overrides a run's configuration: shared by `train` and `profile`.
+#[derive(clap::Args)]
+struct RunArgs {
+    #[arg(long, default_value = "configs/tiny.toml")]
+    config: PathBuf,
+    #[arg(long, value_enum)]
+    backend: Option<BackendArg>,
+    /// Training data (files or directories); repeatable. Overrides `data.paths`.
+    #[arg(long)]
+    data: Vec<PathBuf>,
+    /// Overrides `train.precision` (bf16: bf16 compute with f32 master weights; CUDA).
+    #[arg(long, value_enum)]
+    precision: Option<Precision>,
+    /// Overrides `train.batch_size` (sequences per micro-batch).
+    #[arg(long)]
+    batch_size: Option<usize>,
+    /// Overrides `train.kernel_cache` (compiled kernels and autotune results; "" disables).
+    #[arg(long)]
+    kernel_cache: Option<String>,
+}
+
+impl RunArgs {
+    /// Applies the flags to `cfg` (loaded from `--config`, or from a run being resumed).
+    fn apply(&self, cfg: &mut RunConfig) {
+        if let Some(b) = self.backend {
+            cfg.train.backend = b.into();
+        }
+        if !self.data.is_empty() {
+            cfg.data.paths = self.data.iter().map(|p| p.display().to_string()).collect();
+        }
+        if let Some(p) = self.precision {
+            cfg.train.precision = p;
+        }
+        if let Some(b) = self.batch_size {
+            cfg.train.batch_size = b;
+        }
+        if let Some(dir) = &self.kernel_cache {
+            cfg.train.kernel_cache = dir.clone();
+        }
+    }
+}
+
+#[derive(clap::Args)]
+struct TrainArgs {
+    #[command(flatten)]
+    run: RunArgs,
+    /// Continue the newest checkpoint of the run directory.
+    #[arg(long)]
+    resume: bool,
+    #[arg(long)]
+    steps: Option<usize>,
+    /// Run directory (config, metrics.jsonl, checkpoints).
+    #[arg(long)]
+    out: Option<String>,
+    /// Plain log lines even on a terminal (sets `train.dashboard = false`).
+    #[arg(long)]
+    no_dashboard: bool,
+}
+
+#[derive(clap::Args)]
+struct ProfileArgs {
+    #[command(flatten)]
+    run: RunArgs,
+    /// Timed runs per phase (the median is reported).
+    #[arg(long, default_value_t = 10)]
+    iters: usize,
+    /// Untimed runs first (kernel compilation, autotuning).
+    #[arg(long, default_value_t = 3)]
+    warmup: usize,
+    /// Also write the table as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Train a model. Flags override the config file.
-    Train {
-        #[arg(long, default_value = "configs/tiny.toml")]
-        config: PathBuf,
-        #[arg(long, value_enum)]
-        backend: Option<BackendArg>,
-        /// Training data (files or directories); repeatable. Overrides `data.paths`.
-        #[arg(long)]
-        data: Vec<PathBuf>,
-        /// Continue the newest checkpoint of the run directory.
-        #[arg(long)]
-        resume: bool,
-        #[arg(long)]
-        steps: Option<usize>,
-        /// Run directory (config, metrics.jsonl, checkpoints).
-        #[arg(long)]
-        out: Option<String>,
-    },
+    Train(TrainArgs),
+    /// Time each phase of a training step (data, forward/backward, attention, MLP, matmuls,
+    /// optimiser) on the config's shapes.
+    Profile(ProfileArgs),
     /// Sample text from a checkpoint.
     Generate {
         /// A run directory (its newest checkpoint) or one checkpoint directory.
@@ -82,9 +147,8 @@ impl From<BackendArg> for BackendKind {
 
 fn main() -> ExitCode {
     let result = match Cli::parse().command {
-        Command::Train { config, backend, data, resume, steps, out } => {
-            train(config, backend, data, resume, steps, out)
-        }
+        Command::Train(args) => train(args),
+        Command::Profile(args) => profile(args),
         Command::Generate { checkpoint, prompt, tokens, temperature, top_k, seed, backend } => {
             let opts = SampleOptions { tokens, temperature, top_k, seed };
             generate(checkpoint, prompt, opts, backend)
@@ -96,6 +160,28 @@ fn main() -> ExitCode {
             eprintln!("error: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Points CubeCL's kernel and autotune caches at `setting` (`train.kernel_cache`). Runs before
+/// the first GPU operation, the backend probe included.
+fn use_kernel_cache(setting: &str) -> Result<Option<PathBuf>, String> {
+    #[cfg(any(feature = "cuda", feature = "wgpu"))]
+    if let Some(dir) = nsa_train::kernel_cache::resolve(setting) {
+        nsa_train::kernel_cache::install(&dir)?;
+        return Ok(Some(dir));
+    }
+    let _ = setting;
+    Ok(None)
+}
+
+/// Says where GPU kernels are cached, since a new machine's first steps are slow.
+fn announce_kernel_cache(kind: BackendKind, dir: Option<PathBuf>) {
+    if let (BackendKind::Cuda | BackendKind::Wgpu, Some(dir)) = (kind, dir) {
+        eprintln!(
+            "GPU kernels are cached in {}; on a new machine the first steps compile and autotune them (minutes)",
+            dir.display()
+        );
     }
 }
 
@@ -152,14 +238,25 @@ fn usable(kind: BackendKind) -> bool {
     ok
 }
 
+/// A probe of the allocator of a CubeCL runtime's device, as seen from the calling thread.
+#[cfg(any(feature = "cuda", feature = "wgpu"))]
+fn cubecl_memory<R: burn::cubecl::Runtime>(device: &R::Device) -> Option<MemoryProbe> {
+    let device = device.clone();
+    Some(Box::new(move || {
+        let usage = R::client(&device).memory_usage().ok()?;
+        Some(DeviceMemory { in_use: usage.bytes_in_use, reserved: usage.bytes_reserved })
+    }))
+}
+
 /// Runs `$body` with `$B` bound to the autodiff backend of `$kind`.
 macro_rules! with_backend {
-    ($kind:expr, $checkpointing:expr, |$B:ident, $device:ident| $body:expr) => {
+    ($kind:expr, $checkpointing:expr, |$B:ident, $device:ident, $memory:ident| $body:expr) => {
         match ($kind, $checkpointing) {
             #[cfg(feature = "cuda")]
             (BackendKind::Cuda, false) => {
                 type $B = Autodiff<burn::backend::Cuda>;
                 let $device = Default::default();
+                let $memory = cubecl_memory::<burn::cubecl::cuda::CudaRuntime>(&$device);
                 $body
             }
             #[cfg(feature = "cuda")]
@@ -167,12 +264,14 @@ macro_rules! with_backend {
                 type $B =
                     Autodiff<burn::backend::Cuda, burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing>;
                 let $device = Default::default();
+                let $memory = cubecl_memory::<burn::cubecl::cuda::CudaRuntime>(&$device);
                 $body
             }
             #[cfg(feature = "wgpu")]
             (BackendKind::Wgpu, false) => {
                 type $B = Autodiff<burn::backend::Wgpu>;
                 let $device = Default::default();
+                let $memory = cubecl_memory::<burn::cubecl::wgpu::WgpuRuntime>(&$device);
                 $body
             }
             #[cfg(feature = "wgpu")]
@@ -180,12 +279,14 @@ macro_rules! with_backend {
                 type $B =
                     Autodiff<burn::backend::Wgpu, burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing>;
                 let $device = Default::default();
+                let $memory = cubecl_memory::<burn::cubecl::wgpu::WgpuRuntime>(&$device);
                 $body
             }
             #[cfg(feature = "cpu")]
             (BackendKind::Cpu, false) => {
                 type $B = Autodiff<burn::backend::NdArray>;
                 let $device = Default::default();
+                let $memory: Option<MemoryProbe> = None;
                 $body
             }
             #[cfg(feature = "cpu")]
@@ -195,6 +296,7 @@ macro_rules! with_backend {
                     burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing,
                 >;
                 let $device = Default::default();
+                let $memory: Option<MemoryProbe> = None;
                 $body
             }
             (kind, _) => Err(format!("backend `{}` is not compiled in", name(kind))),
@@ -202,20 +304,13 @@ macro_rules! with_backend {
     };
 }
 
-fn train(
-    config: PathBuf,
-    backend: Option<BackendArg>,
-    data: Vec<PathBuf>,
-    resume: bool,
-    steps: Option<usize>,
-    out: Option<String>,
-) -> Result<(), String> {
-    let mut cfg = RunConfig::load(&config).map_err(|e| e.to_string())?;
-    if let Some(out) = out {
+fn train(args: TrainArgs) -> Result<(), String> {
+    let mut cfg = RunConfig::load(&args.run.config).map_err(|e| e.to_string())?;
+    if let Some(out) = args.out {
         cfg.train.out = out;
     }
-    if resume {
-        // A resumed run continues with the config it started with; only its length may change.
+    if args.resume {
+        // A resumed run continues with the config it started with; flags still override it.
         let saved = PathBuf::from(&cfg.train.out).join("config.toml");
         let out = cfg.train.out.clone();
         if !saved.exists() {
@@ -224,23 +319,18 @@ fn train(
         cfg = RunConfig::load(&saved).map_err(|e| e.to_string())?;
         cfg.train.out = out;
     }
-    if let Some(b) = backend {
-        cfg.train.backend = b.into();
-    }
-    if let Some(steps) = steps {
+    args.run.apply(&mut cfg);
+    if let Some(steps) = args.steps {
         cfg.train.steps = steps;
     }
-    if !data.is_empty() {
-        cfg.data.paths = data.iter().map(|p| p.display().to_string()).collect();
+    if args.no_dashboard {
+        cfg.train.dashboard = false;
     }
     cfg.validate().map_err(|e| e.to_string())?;
-    if cfg.train.precision == Precision::Bf16 {
-        return Err(
-            "train.precision = \"bf16\" (bf16 compute with f32 master weights) is not implemented yet; use \"f32\""
-                .into(),
-        );
-    }
+    let cache = use_kernel_cache(&cfg.train.kernel_cache)?;
     let kind = resolve(cfg.train.backend)?;
+    announce_kernel_cache(kind, cache);
+    check_precision(&cfg, kind)?;
     let paths: Vec<PathBuf> = cfg.data.paths.iter().map(PathBuf::from).collect();
     let (train_split, valid_split, _) = load_splits(&cfg, &paths).map_err(|e| e.to_string())?;
     eprintln!(
@@ -251,13 +341,25 @@ fn train(
         valid_split.num_windows(),
         cfg.train.out
     );
-    with_backend!(kind, cfg.train.activation_checkpointing, |B, device| run::<B>(
+    with_backend!(kind, cfg.train.activation_checkpointing, |B, device, memory| run::<B>(
         cfg,
         train_split,
         valid_split,
         device,
-        resume
+        memory,
+        args.resume
     ))
+}
+
+/// bf16 compute runs on CUDA only (the CPU backend has no bf16; WGPU devices rarely do).
+fn check_precision(cfg: &RunConfig, kind: BackendKind) -> Result<(), String> {
+    if cfg.train.precision == Precision::Bf16 && kind != BackendKind::Cuda {
+        return Err(format!(
+            "train.precision = \"bf16\" needs the cuda backend (this run resolved to {}); use \"f32\"",
+            name(kind)
+        ));
+    }
+    Ok(())
 }
 
 fn run<B: AutodiffBackend>(
@@ -265,17 +367,64 @@ fn run<B: AutodiffBackend>(
     train: nsa_train::data::corpus::PackedSplit,
     valid: nsa_train::data::corpus::PackedSplit,
     device: B::Device,
+    memory: Option<MemoryProbe>,
     resume: bool,
 ) -> Result<(), String> {
     let total = cfg.train.steps;
+    let dashboard = cfg.train.dashboard;
     let mut trainer = Trainer::<B>::new(cfg, train, valid, device, resume)?;
+    trainer.memory = memory;
+    if let Some(dir) = &trainer.resumed_from {
+        eprintln!("resumed from {} (step {})", dir.display(), trainer.step);
+    }
     eprintln!("model: {} parameters", burn::module::Module::num_params(&trainer.model));
-    trainer.train_until(total, |m| println!("{}", m.line(total))).map_err(|e| e.to_string())?;
+    // The dashboard is dropped (and the terminal restored) before the result is printed.
+    let finish = {
+        let mut reporter = reporter(dashboard, total);
+        trainer.train_until(total, reporter.as_mut())
+    };
+    match finish.map_err(|e| e.to_string())? {
+        Finish::Completed => eprintln!(
+            "done: {} steps, checkpoints in {}",
+            trainer.step,
+            checkpoint::checkpoints_dir(trainer.run_dir()).display()
+        ),
+        Finish::Interrupted { step, checkpoint } => eprintln!(
+            "stopped at step {step} on request; checkpoint {} (continue with --resume)",
+            checkpoint.display()
+        ),
+    }
+    Ok(())
+}
+
+fn profile(args: ProfileArgs) -> Result<(), String> {
+    let mut cfg = RunConfig::load(&args.run.config).map_err(|e| e.to_string())?;
+    args.run.apply(&mut cfg);
+    cfg.validate().map_err(|e| e.to_string())?;
+    let cache = use_kernel_cache(&cfg.train.kernel_cache)?;
+    let kind = resolve(cfg.train.backend)?;
+    announce_kernel_cache(kind, cache);
+    check_precision(&cfg, kind)?;
+    let (iters, warmup) = (args.iters.max(1), args.warmup);
+    let paths: Vec<PathBuf> = cfg.data.paths.iter().map(PathBuf::from).collect();
+    let (train_split, valid_split, _) = load_splits(&cfg, &paths).map_err(|e| e.to_string())?;
+    let scratch = std::env::temp_dir().join(format!("nsa-profile-{}", std::process::id()));
     eprintln!(
-        "done: {} steps, checkpoints in {}",
-        trainer.step,
-        checkpoint::checkpoints_dir(trainer.run_dir()).display()
+        "profiling {} on {} ({warmup} warm-up + {iters} timed runs per phase)",
+        args.run.config.display(),
+        name(kind)
     );
+    let phases = with_backend!(kind, cfg.train.activation_checkpointing, |B, device, _memory| {
+        nsa_train::profile::profile::<B>(&cfg, train_split, valid_split, &device, &scratch, warmup, iters)
+    });
+    let _ = std::fs::remove_dir_all(&scratch);
+    let phases = phases?;
+    let dtype = (cfg.train.precision == Precision::Bf16).then_some(burn::tensor::FloatDType::BF16);
+    print!("{}", nsa_train::profile::table(&phases, dtype));
+    if let Some(path) = args.json {
+        let text = serde_json::to_string_pretty(&phases).expect("phases serialise");
+        std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
     Ok(())
 }
 
@@ -298,8 +447,9 @@ fn generate(path: PathBuf, prompt: String, opts: SampleOptions, backend: Option<
         "bytes" => Tokenizer::Bytes,
         p => Tokenizer::load(Some(std::path::Path::new(p))).map_err(|e| e.to_string())?,
     };
+    let _ = use_kernel_cache(&cfg.train.kernel_cache)?;
     let kind = resolve(backend.map(Into::into).unwrap_or(cfg.train.backend))?;
-    with_backend!(kind, false, |B, device| {
+    with_backend!(kind, false, |B, device, _memory| {
         let model: NsaLm<<B as AutodiffBackend>::InnerBackend> = cfg.model.init(&device);
         let model = checkpoint::load_model(&ckpt, model, &device)?;
         let prompt_ids = tokenizer.encode(&prompt).map_err(|e| e.to_string())?;

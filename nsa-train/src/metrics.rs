@@ -26,7 +26,23 @@ pub struct StepMetrics {
     pub sel_blocks_per_query: Option<f64>,
     /// Share of the selected blocks that are forced (block 0 and the two local blocks).
     pub sel_forced_share: Option<f64>,
+    /// Device memory held by live tensors, and reserved by the allocator (GPU backends).
+    pub memory_in_use_gib: Option<f64>,
+    pub memory_reserved_gib: Option<f64>,
 }
+
+/// Device memory as the backend's allocator reports it, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DeviceMemory {
+    pub in_use: u64,
+    pub reserved: u64,
+}
+
+/// Reads the device memory of the calling thread's stream (CubeCL tracks it per stream, so it is
+/// called from the training thread).
+pub type MemoryProbe = Box<dyn Fn() -> Option<DeviceMemory>>;
+
+const GIB: f64 = (1u64 << 30) as f64;
 
 /// Mean number of forced blocks per query over positions `0..seq_len`.
 fn mean_forced_blocks(model: &NsaLmConfig) -> f64 {
@@ -43,6 +59,7 @@ impl StepMetrics {
         lr: f64,
         tokens_per_s: f64,
         stats: Option<Vec<f64>>,
+        memory: Option<DeviceMemory>,
         model: &NsaLmConfig,
     ) -> Self {
         let stat = |i: usize| stats.as_ref().map(|s| s[i]);
@@ -60,6 +77,8 @@ impl StepMetrics {
             gate_entropy: stat(3),
             sel_blocks_per_query: stat(4),
             sel_forced_share: stat(4).filter(|_| nsa).map(|s| mean_forced_blocks(model) / s),
+            memory_in_use_gib: memory.map(|m| m.in_use as f64 / GIB),
+            memory_reserved_gib: memory.map(|m| m.reserved as f64 / GIB),
         }
     }
 
@@ -74,6 +93,9 @@ impl StepMetrics {
         }
         if let (Some(b), Some(f)) = (self.sel_blocks_per_query, self.sel_forced_share) {
             line += &format!(" | selected {b:.2} blocks/query, {:.0}% forced", 100.0 * f);
+        }
+        if let (Some(used), Some(reserved)) = (self.memory_in_use_gib, self.memory_reserved_gib) {
+            line += &format!(" | memory {used:.2} GiB in use, {reserved:.2} GiB reserved");
         }
         line
     }

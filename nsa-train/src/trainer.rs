@@ -15,14 +15,15 @@ use burn::module::{AutodiffModule, Module, ParamId};
 use burn::optim::adaptor::OptimizerAdaptor;
 use burn::optim::{AdamW, AdamWConfig, GradientsAccumulator, GradientsParams, Optimizer};
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::{activation, DType, ElementConversion, Int, Tensor, TensorData};
-use nsa_core::{NsaAux, NsaLm};
+use burn::tensor::{activation, DType, ElementConversion, FloatDType, Int, Tensor, TensorData};
+use nsa_core::{cast_params, NsaAux, NsaLm};
 
 use crate::checkpoint::{self, TrainState};
-use crate::config::RunConfig;
+use crate::config::{Precision, RunConfig};
+use crate::dashboard::Reporter;
 use crate::data::corpus::{BatchOrder, DataCursor, PackedSplit};
 use crate::grads::{clip_global_norm, weight_decay_ids, DecayWeights};
-use crate::metrics::{MetricsLog, StepMetrics};
+use crate::metrics::{MemoryProbe, MetricsLog, StepMetrics};
 use crate::schedule::learning_rate;
 
 /// Mean next-token cross-entropy, computed in f32 whatever the storage dtype.
@@ -60,11 +61,11 @@ fn aux_stats<B: Backend>(aux: &[NsaAux<B>]) -> Option<Tensor<B, 1>> {
     let per_layer: Vec<Tensor<B, 1>> = aux
         .iter()
         .map(|a| {
-            let gates = a.gates.clone(); // [B, T, 3, H]
+            let gates = a.gates.clone().cast(DType::F32); // [B, T, 3, H]
             let means = gates.clone().mean_dim(0).mean_dim(1).mean_dim(3).reshape([3]);
             let shares = gates.clone() / gates.sum_dim(2);
             let entropy = (shares.clone() * shares.clamp_min(1e-12).log()).sum_dim(2).mean().neg();
-            let selected = a.selected.clone().float().sum_dim(3).mean();
+            let selected = a.selected.clone().float().cast(DType::F32).sum_dim(3).mean();
             Tensor::cat(vec![means, entropy, selected], 0)
         })
         .collect();
@@ -79,6 +80,15 @@ struct PendingStep<B: AutodiffBackend> {
     health: Tensor<B::InnerBackend, 1>,
     stats: Option<Tensor<B::InnerBackend, 1>>,
     lr: f64,
+}
+
+/// How a run that did not fail ended.
+#[derive(Debug, PartialEq)]
+pub enum Finish {
+    /// Reached its step count.
+    Completed,
+    /// Stopped on the user's request (the dashboard's `q`, `s`) after writing this checkpoint.
+    Interrupted { step: usize, checkpoint: PathBuf },
 }
 
 /// Why a run ended early.
@@ -118,8 +128,14 @@ pub struct Trainer<B: AutodiffBackend> {
     valid: PackedSplit,
     run_dir: PathBuf,
     metrics: MetricsLog,
+    /// The checkpoint this run continued from.
+    pub resumed_from: Option<PathBuf>,
     /// Test hook: make the loss of this step NaN.
     pub fault_at_step: Option<usize>,
+    /// The dtype forward passes run in (`train.precision`); `None` runs in the parameters' dtype.
+    pub compute_dtype: Option<FloatDType>,
+    /// Device memory, reported with each logged step where the backend has it.
+    pub memory: Option<MemoryProbe>,
 }
 
 impl<B: AutodiffBackend> Trainer<B> {
@@ -172,7 +188,14 @@ impl<B: AutodiffBackend> Trainer<B> {
             train,
             valid,
             run_dir,
+            resumed_from: None,
             fault_at_step: None,
+            compute_dtype: None,
+            memory: None,
+        };
+        this.compute_dtype = match this.cfg.train.precision {
+            Precision::F32 => None,
+            Precision::Bf16 => Some(FloatDType::BF16),
         };
         match existing.filter(|_| resume) {
             Some((_, dir)) => {
@@ -183,7 +206,7 @@ impl<B: AutodiffBackend> Trainer<B> {
                 this.model = model;
                 this.step = state.step;
                 this.cursor = state.cursor;
-                eprintln!("resumed from {} (step {})", dir.display(), state.step);
+                this.resumed_from = Some(dir);
             }
             None if resume => return Err(format!("nothing to resume: {} holds no checkpoint", this.run_dir.display())),
             None => {}
@@ -202,6 +225,15 @@ impl<B: AutodiffBackend> Trainer<B> {
         &self.run_dir
     }
 
+    /// The model a forward pass runs: the master weights, or a copy in the compute dtype whose
+    /// gradients flow back to them in their own dtype.
+    fn compute_model<M: Module<C>, C: Backend>(&self, model: M) -> M {
+        match self.compute_dtype {
+            Some(dtype) => cast_params(model, dtype),
+            None => model,
+        }
+    }
+
     /// Queues one optimiser step (all micro-batches) and returns its device-side results.
     fn queue_step(&mut self, with_stats: bool) -> PendingStep<B> {
         let t = &self.cfg.train;
@@ -212,7 +244,7 @@ impl<B: AutodiffBackend> Trainer<B> {
         for micro in 0..t.grad_accumulation {
             let windows = self.order.take(&mut self.cursor, t.batch_size);
             let (inputs, targets) = batch::<B>(&self.train, &windows, &self.device);
-            let (logits, aux) = self.model.forward_with_aux(inputs);
+            let (logits, aux) = self.compute_model(self.model.clone()).forward_with_aux(inputs);
             if with_stats && micro == 0 {
                 stats = aux_stats(&aux).map(|s| s.inner());
             }
@@ -236,8 +268,15 @@ impl<B: AutodiffBackend> Trainer<B> {
         }
         self.model = self.optim.step(lr, self.model.clone(), grads);
         self.step += 1;
-        let health = Tensor::cat(vec![loss_sum.expect("at least one micro-batch"), norm], 0);
+        // The loss comes out in the compute dtype, the norm in the master dtype.
+        let loss_sum = loss_sum.expect("at least one micro-batch").cast(norm.dtype());
+        let health = Tensor::cat(vec![loss_sum, norm], 0);
         PendingStep { step: self.step, health, stats, lr }
+    }
+
+    /// Queues one optimiser step and drops its results (for profiling: no checks, no metrics).
+    pub fn step_once(&mut self) {
+        let _ = self.queue_step(false);
     }
 
     /// Reads a queued step's loss and gradient norm; an error if either is not finite.
@@ -259,7 +298,7 @@ impl<B: AutodiffBackend> Trainer<B> {
         if n == 0 || t.valid_batches == 0 {
             return None;
         }
-        let model = self.model.valid();
+        let model = self.compute_model(self.model.valid());
         let mut total = 0.0;
         let mut count = 0;
         for chunk in (0..n).collect::<Vec<_>>().chunks(t.batch_size).take(t.valid_batches) {
@@ -278,9 +317,10 @@ impl<B: AutodiffBackend> Trainer<B> {
             .map_err(Stop::Error)
     }
 
-    /// Trains until `until` optimiser steps are done (or `cfg.train.steps`), calling `on_log`
-    /// with each logged step's metrics.
-    pub fn train_until(&mut self, until: usize, mut on_log: impl FnMut(&StepMetrics)) -> Result<(), Stop> {
+    /// Trains until `until` optimiser steps are done (or `cfg.train.steps`), reporting logged
+    /// steps, validations and checkpoints to `reporter`; stops early, after a checkpoint, when the
+    /// reporter asks to.
+    pub fn train_until(&mut self, until: usize, reporter: &mut dyn Reporter) -> Result<Finish, Stop> {
         let until = until.min(self.cfg.train.steps);
         let t = self.cfg.train.clone();
         let tokens_per_step = (t.batch_size * t.grad_accumulation * self.train.seq_len()) as f64;
@@ -289,8 +329,9 @@ impl<B: AutodiffBackend> Trainer<B> {
         let mut steps_since_log = 0usize;
         while self.step < until {
             let step = self.step + 1;
+            let interrupted = reporter.stop_requested();
             let is_log = step % t.log_every == 0 || step == until;
-            let is_checkpoint = step % t.checkpoint_every == 0 || step == until;
+            let is_checkpoint = step % t.checkpoint_every == 0 || step == until || interrupted;
             let is_valid = t.valid_every > 0 && step % t.valid_every == 0;
             let pending = self.queue_step(is_log);
             steps_since_log += 1;
@@ -306,6 +347,7 @@ impl<B: AutodiffBackend> Trainer<B> {
                 let elapsed = clock.elapsed().as_secs_f64();
                 let stats =
                     pending.stats.as_ref().map(|s| s.clone().into_data().convert::<f64>().to_vec::<f64>().unwrap());
+                let memory = self.memory.as_ref().and_then(|probe| probe());
                 let metrics = StepMetrics::new(
                     step,
                     loss,
@@ -313,27 +355,31 @@ impl<B: AutodiffBackend> Trainer<B> {
                     pending.lr,
                     tokens_per_step * steps_since_log as f64 / elapsed,
                     stats,
+                    memory,
                     &self.cfg.model,
                 );
                 self.metrics.write(&metrics).map_err(Stop::Error)?;
-                on_log(&metrics);
+                reporter.step(&metrics);
                 clock = Instant::now();
                 steps_since_log = 0;
             }
             if is_valid {
                 if let Some(valid_loss) = self.validate() {
                     self.metrics.write_valid(step, valid_loss).map_err(Stop::Error)?;
-                    eprintln!("step {step}: valid loss {valid_loss:.4} ppl {:.2}", valid_loss.exp());
+                    reporter.valid(step, valid_loss);
                 }
             }
             if is_checkpoint {
                 let path = self.save_checkpoint()?;
-                eprintln!("step {step}: checkpoint {}", path.display());
+                reporter.event(&format!("step {step}: checkpoint {}", path.display()));
+                if interrupted {
+                    return Ok(Finish::Interrupted { step, checkpoint: path });
+                }
             }
         }
         if let Some(prev) = previous.take() {
             self.check(&prev)?;
         }
-        Ok(())
+        Ok(Finish::Completed)
     }
 }

@@ -11,7 +11,9 @@ use nsa_core::NsaLm;
 use nsa_train::checkpoint::{self, CheckpointRecorder};
 use nsa_train::config::RunConfig;
 use nsa_train::data::load_splits;
-use nsa_train::trainer::{lm_loss, Stop, Trainer};
+use nsa_train::dashboard::{Collect, Reporter};
+use nsa_train::metrics::StepMetrics;
+use nsa_train::trainer::{lm_loss, Finish, Stop, Trainer};
 
 type B = Autodiff<NdArray>;
 
@@ -21,9 +23,9 @@ fn trainer(cfg: RunConfig, resume: bool) -> Trainer<B> {
 }
 
 fn losses(t: &mut Trainer<B>, until: usize) -> Vec<f64> {
-    let mut out = Vec::new();
-    t.train_until(until, |m| out.push(m.loss)).unwrap();
-    out
+    let mut seen = Collect::default();
+    t.train_until(until, &mut seen).unwrap();
+    seen.steps.iter().map(|m| m.loss).collect()
 }
 
 struct Flatten(Vec<f64>);
@@ -85,7 +87,7 @@ fn a_nan_at_step_k_stops_there_and_earlier_checkpoints_load() {
     let cfg = cfg.clone().with_train(cfg.train.with_checkpoint_every(2).with_keep_checkpoints(10).with_log_every(3));
     let mut t = trainer(cfg.clone(), false);
     t.fault_at_step = Some(7);
-    let err = t.train_until(20, |_| {}).expect_err("the run must stop");
+    let err = t.train_until(20, &mut Collect::default()).expect_err("the run must stop");
     match &err {
         Stop::NonFinite { step, last_good, .. } => {
             assert_eq!(*step, 7, "{err}");
@@ -109,7 +111,7 @@ fn checkpoints_keep_only_the_newest_k() {
     let cfg = common::tiny_run(&dir, 9);
     let cfg = cfg.clone().with_train(cfg.train.with_checkpoint_every(2).with_keep_checkpoints(2));
     let mut t = trainer(cfg.clone(), false);
-    t.train_until(9, |_| {}).unwrap();
+    t.train_until(9, &mut Collect::default()).unwrap();
     let kept: Vec<usize> = checkpoint::list(&dir).into_iter().map(|(s, _)| s).collect();
     assert_eq!(kept, vec![8, 9]);
     // A fresh run refuses to overwrite them.
@@ -162,4 +164,43 @@ fn activation_checkpointing_gives_the_same_gradients() {
     let max = plain.iter().zip(&recomputed).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
     assert!(max <= 1e-6, "gradients differ by {max:e}");
     assert!(plain.iter().any(|g| *g != 0.0));
+}
+
+/// Asks to stop once it has seen `after` logged steps, as the dashboard's `q` does.
+struct StopAfter {
+    after: usize,
+    seen: Collect,
+}
+
+impl Reporter for StopAfter {
+    fn step(&mut self, m: &StepMetrics) {
+        self.seen.step(m);
+    }
+    fn valid(&mut self, step: usize, loss: f64) {
+        self.seen.valid(step, loss);
+    }
+    fn event(&mut self, message: &str) {
+        self.seen.event(message);
+    }
+    fn stop_requested(&self) -> bool {
+        self.seen.steps.len() >= self.after
+    }
+}
+
+#[test]
+fn a_stop_request_checkpoints_the_current_step_and_the_run_resumes_from_it() {
+    let dir = common::scratch("interrupt");
+    let cfg = common::tiny_run(&dir, 12);
+    let cfg = cfg.clone().with_train(cfg.train.with_checkpoint_every(100).with_log_every(1));
+    let mut t = trainer(cfg.clone(), false);
+    let mut reporter = StopAfter { after: 3, seen: Collect::default() };
+    let finish = t.train_until(12, &mut reporter).unwrap();
+    // The request is seen before step 4 is queued: step 4 runs, is checkpointed, and the run ends.
+    let Finish::Interrupted { step, checkpoint } = finish else { panic!("expected an interruption, got {finish:?}") };
+    assert_eq!(step, 4);
+    assert!(checkpoint.ends_with("step-00000004"), "{}", checkpoint.display());
+    let mut resumed = trainer(cfg, true);
+    assert_eq!(resumed.step, 4);
+    assert_eq!(resumed.train_until(12, &mut Collect::default()).unwrap(), Finish::Completed);
+    assert_eq!(resumed.step, 12);
 }

@@ -24,6 +24,9 @@ enum Task {
     /// Build and run `nsa train` for a backend (default: the best one this machine has).
     /// Arguments after `--` go to `nsa train`: --config, --data, --resume, --steps, --out.
     Train(NsaArgs),
+    /// Build and run `nsa profile`: time each phase of a training step on a config's shapes.
+    /// Arguments after `--` go to `nsa profile`: --config, --iters, --warmup, --json, --precision.
+    Profile(NsaArgs),
     /// Build and run `nsa generate`: sample from a checkpoint.
     /// Arguments after `--` go to `nsa generate`: --checkpoint, --prompt, --tokens, --temperature, --top-k.
     Generate(NsaArgs),
@@ -82,6 +85,7 @@ fn main() -> ExitCode {
         Task::Test { args } => run(Command::new(cargo()).args(["test", "--workspace"]).args(args)),
         Task::Train(a) => nsa("train", a),
         Task::Generate(a) => nsa("generate", a),
+        Task::Profile(a) => nsa("profile", a),
     }
 }
 

@@ -1,0 +1,251 @@
+//! Where a training step's time goes: each phase timed on its own, synchronised, median of
+//! several runs after a warm-up (which also absorbs kernel compilation and autotuning).
+//!
+//! Phases: the whole step as the trainer runs it; data (batch assembly and upload); forward +
+//! backward; optimiser (global clip, decay, AdamW); inside forward + backward, the attention
+//! layers, the MLPs, the output head and loss; and, across all of them, the dense matmuls of the
+//! linear layers (projections, MLP, head) alone. What the parts do not explain is reported as a
+//! remainder, not hidden.
+
+use std::time::Instant;
+
+use burn::module::{Module, ModuleVisitor, Param};
+use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{Distribution, FloatDType, Tensor};
+use nsa_core::{cast_params, NsaLm};
+use serde::Serialize;
+
+use crate::config::RunConfig;
+use crate::data::corpus::PackedSplit;
+use crate::grads::clip_global_norm;
+use crate::trainer::{batch, lm_loss, Trainer};
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Phase {
+    pub name: String,
+    /// Median milliseconds per training step spent in this phase.
+    pub ms: f64,
+    /// Share of the whole step.
+    pub share: f64,
+    /// Achieved TFLOP/s, for phases whose FLOPs are known.
+    pub tflops: Option<f64>,
+}
+
+/// Median wall time in ms of `f`, each run followed by a device sync.
+fn time<B: Backend>(device: &B::Device, warmup: usize, iters: usize, mut f: impl FnMut()) -> f64 {
+    time_with::<B, ()>(device, warmup, iters, || (), |()| f())
+}
+
+/// Median time of `f` on a fresh input from `prepare` each run; making the input is not timed
+/// (random tensors are slow to draw on the CPU backend, and were once most of a "phase").
+fn time_with<B: Backend, I>(
+    device: &B::Device,
+    warmup: usize,
+    iters: usize,
+    mut prepare: impl FnMut() -> I,
+    mut f: impl FnMut(I),
+) -> f64 {
+    let mut run = || {
+        let input = prepare();
+        B::sync(device).expect("device sync");
+        let start = Instant::now();
+        f(input);
+        B::sync(device).expect("device sync");
+        start.elapsed().as_secs_f64() * 1e3
+    };
+    for _ in 0..warmup {
+        run();
+    }
+    let mut samples: Vec<f64> = (0..iters).map(|_| run()).collect();
+    samples.sort_by(f64::total_cmp);
+    samples[samples.len() / 2]
+}
+
+/// Shapes `[in, out]` of the linear layers' weights (a `Linear`'s `weight` field).
+struct LinearShapes(Vec<[usize; 2]>, Vec<String>);
+
+impl<B: Backend> ModuleVisitor<B> for LinearShapes {
+    fn enter_module(&mut self, _: &str, container: &str) {
+        self.1.push(container.to_string());
+    }
+    fn exit_module(&mut self, _: &str, _: &str) {
+        self.1.pop();
+    }
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        // Burn's derive enters each field with its struct's name as the container: a Linear's
+        // `weight` is visited with `Struct:Linear` on top of the stack (its bias is 1-D).
+        let in_linear = self.1.last().is_some_and(|c| c == "Struct:Linear");
+        if D == 2 && in_linear {
+            let dims = param.val().dims();
+            self.0.push([dims[0], dims[1]]);
+        }
+    }
+}
+
+fn linear_shapes<B: Backend, M: Module<B>>(module: &M) -> Vec<[usize; 2]> {
+    let mut visitor = LinearShapes(Vec::new(), Vec::new());
+    module.visit(&mut visitor);
+    visitor.0
+}
+
+/// Profiles `cfg` on `device`. `scratch` is an empty directory for the trainer's run files.
+pub fn profile<B: AutodiffBackend>(
+    cfg: &RunConfig,
+    train: PackedSplit,
+    valid: PackedSplit,
+    device: &B::Device,
+    scratch: &std::path::Path,
+    warmup: usize,
+    iters: usize,
+) -> Result<Vec<Phase>, String> {
+    let mut cfg = cfg.clone();
+    cfg.train.out = scratch.display().to_string();
+    cfg.train.steps = usize::MAX / 2;
+    let t = cfg.train.clone();
+    let (b, seq) = (t.batch_size, cfg.model.seq_len);
+    let dim = cfg.model.attention.dim;
+    let layers = cfg.model.n_layers;
+    let windows: Vec<usize> = (0..b).map(|i| i % train.num_windows().max(1)).collect();
+    let data = train.clone();
+
+    let mut trainer = Trainer::<B>::new(cfg.clone(), train, valid, device.clone(), false)?;
+    let compute = trainer.compute_dtype;
+    let cast = |m: NsaLm<B>| match compute {
+        Some(d) => cast_params(m, d),
+        None => m,
+    };
+    let mut phases: Vec<(String, f64, Option<f64>)> = Vec::new();
+
+    // The step as the trainer runs it, accumulation included.
+    let step = time::<B>(device, warmup, iters, || trainer.step_once());
+    let micro = t.grad_accumulation as f64;
+
+    let data_ms = time::<B>(device, warmup, iters, || {
+        let _ = batch::<B>(&data, &windows, device);
+    }) * micro;
+    phases.push(("data (batch assembly + upload)".into(), data_ms, None));
+
+    let model = trainer.model.clone();
+    let (inputs, targets) = batch::<B>(&data, &windows, device);
+    let fb = time::<B>(device, warmup, iters, || {
+        let loss = lm_loss(cast(model.clone()).forward(inputs.clone()), targets.clone());
+        let _ = loss.backward();
+    }) * micro;
+    phases.push(("forward + backward".into(), fb, None));
+
+    // Optimiser: clip + AdamW on fresh gradients each time (the gradients are made untimed).
+    let mut optim = AdamWConfig::new().with_weight_decay(0.0).init::<B, NsaLm<B>>();
+    let mut opt_model = model.clone();
+    let mut samples = Vec::new();
+    for i in 0..warmup + iters {
+        let loss = lm_loss(cast(opt_model.clone()).forward(inputs.clone()), targets.clone());
+        let mut grads = GradientsParams::from_grads(loss.backward(), &opt_model);
+        B::sync(device).map_err(|e| format!("{e:?}"))?;
+        let start = Instant::now();
+        let _ = clip_global_norm::<B, _>(&opt_model, &mut grads, t.grad_clip, device);
+        opt_model = optim.step(1e-6, opt_model, grads);
+        B::sync(device).map_err(|e| format!("{e:?}"))?;
+        if i >= warmup {
+            samples.push(start.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+    samples.sort_by(f64::total_cmp);
+    let opt_ms = samples[samples.len() / 2];
+    phases.push(("optimiser (clip + AdamW)".into(), opt_ms, None));
+    phases.push(("rest of the step (host, launches, accumulation)".into(), step - data_ms - fb - opt_ms, None));
+
+    // Inside forward + backward, per component, on random activations of the real shape.
+    let block = {
+        let mut cast_model = cast(model.clone());
+        cast_model.blocks.swap_remove(0)
+    };
+    let x = || {
+        let x = Tensor::<B, 3>::random([b, seq, dim], Distribution::Normal(0.0, 1.0), device);
+        match compute {
+            Some(d) => x.cast(d),
+            None => x,
+        }
+        .require_grad()
+    };
+    let attn = time_with::<B, _>(device, warmup, iters, x, |x| {
+        let _ = block.attention.forward(x).sum().backward();
+    }) * layers as f64
+        * micro;
+    phases.push((format!("  attention ({layers} layers)"), attn, None));
+    let mlp = time_with::<B, _>(device, warmup, iters, x, |x| {
+        let _ = block.mlp.forward(x).sum().backward();
+    }) * layers as f64
+        * micro;
+    phases.push((format!("  MLP ({layers} layers)"), mlp, None));
+    let head_model = cast(model.clone());
+    let head = time_with::<B, _>(device, warmup, iters, x, |x| {
+        let logits = head_model.lm_head.forward(head_model.norm.forward(x));
+        let _ = lm_loss(logits, targets.clone()).backward();
+    }) * micro;
+    phases.push(("  output head + loss".into(), head, None));
+    phases.push(("  rest of forward + backward (embedding, norms, residuals, casts)".into(), fb - attn - mlp - head, None));
+
+    // The linear layers' matmuls alone (forward, and backward's two), all layers and the head.
+    let mut shapes: Vec<[usize; 2]> = linear_shapes::<B, _>(&model.blocks[0]).into_iter().flat_map(|s| vec![s; layers]).collect();
+    shapes.extend(linear_shapes::<B, _>(&model.lm_head));
+    let rows = b * seq;
+    let mut matmul_ms = 0.0;
+    let mut matmul_flops = 0.0;
+    let mut unique: Vec<([usize; 2], usize)> = Vec::new();
+    for s in shapes {
+        match unique.iter_mut().find(|(u, _)| *u == s) {
+            Some((_, n)) => *n += 1,
+            None => unique.push((s, 1)),
+        }
+    }
+    for ([d_in, d_out], count) in unique {
+        let w = {
+            let w = Tensor::<B, 2>::random([d_in, d_out], Distribution::Normal(0.0, 0.02), device);
+            match compute {
+                Some(d) => w.cast(d),
+                None => w,
+            }
+            .require_grad()
+        };
+        let activations = || {
+            let a = Tensor::<B, 2>::random([rows, d_in], Distribution::Normal(0.0, 1.0), device);
+            match compute {
+                Some(d) => a.cast(d),
+                None => a,
+            }
+            .require_grad()
+        };
+        let ms = time_with::<B, _>(device, warmup, iters, activations, |a| {
+            let _ = a.matmul(w.clone()).sum().backward();
+        });
+        matmul_ms += ms * count as f64 * micro;
+        matmul_flops += 6.0 * (rows * d_in * d_out) as f64 * count as f64 * micro;
+    }
+    phases.push((
+        "linear-layer matmuls alone (within the above)".into(),
+        matmul_ms,
+        Some(matmul_flops / (matmul_ms * 1e-3) / 1e12),
+    ));
+
+    let mut out = vec![Phase { name: "whole step".into(), ms: step, share: 1.0, tflops: None }];
+    out.extend(phases.into_iter().map(|(name, ms, tflops)| Phase { name, ms, share: ms / step, tflops }));
+    Ok(out)
+}
+
+/// The profile as a table.
+pub fn table(phases: &[Phase], dtype: Option<FloatDType>) -> String {
+    let mut s = format!("compute dtype: {}\n", dtype.map_or("f32".to_string(), |d| format!("{d:?}").to_lowercase()));
+    s += &format!("{:<70} {:>10} {:>7} {:>9}\n", "phase", "ms/step", "share", "TFLOP/s");
+    for p in phases {
+        let tflops = p.tflops.map_or(String::new(), |t| format!("{t:.3}"));
+        s += &format!("{:<70} {:>10.2} {:>6.1}% {:>9}\n", p.name, p.ms, 100.0 * p.share, tflops);
+    }
+    // Components are timed apart from the step; where they overshoot it, say so rather than let
+    // a negative remainder pass for a measurement.
+    if phases.iter().any(|p| p.share < -0.1 || p.share > 1.1) {
+        s += "note: phases timed apart do not add up to the whole step here (on fusion backends they fuse\n\
+               differently); trust the whole-step, data and optimiser rows, and see docs/training.md\n";
+    }
+    s
+}
