@@ -1,3 +1,23 @@
-//! Fused CubeCL kernels for NSA (selected-block and sliding-window attention, forward and
-//! backward) as a Burn backend extension. Not written yet: the fused-kernel issue fills this
-//! crate; until then every backend runs `nsa-core`'s reference path.
+//! Fused attention kernels for NSA's selected-block and sliding-window branches, as a Burn
+//! backend extension ([`SparseAttentionBackend`]).
+//!
+//! One op, [`sparse_attention`], computes `softmax(q k^T / sqrt(d_k)) v` for every query row over
+//! the keys a [`Keys`] names (a causal window, or a list of selected blocks), and returns the
+//! per-row log-sum-exp with it. On `CubeBackend` (CUDA, WGPU) it runs the CubeCL kernels of
+//! [`kernel`] forward and backward (the backward recomputes probabilities from the saved
+//! log-sum-exp, as flash attention does: no `T x T` matrix exists at any point). Every other
+//! backend runs [`reference`], masked dense attention in Burn tensor ops, which autodiff
+//! differentiates by itself.
+
+mod api;
+mod autodiff;
+pub mod reference;
+
+#[cfg(feature = "cube")]
+mod cube;
+#[cfg(feature = "fusion")]
+mod fusion;
+#[cfg(feature = "cube")]
+pub mod kernel;
+
+pub use api::{sparse_attention, Keys, SparseAttentionBackend, SparseAttentionGrads};

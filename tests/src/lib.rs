@@ -1,6 +1,7 @@
 //! Support code for the cross-crate tests: the float64 reference, random inputs and weights,
 //! and extraction of a layer's weights into plain matrices.
 
+pub mod attention;
 pub mod reference;
 
 use burn::backend::{Autodiff, NdArray};

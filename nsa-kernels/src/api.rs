@@ -1,0 +1,110 @@
+//! The backend extension: what a backend must provide, with the reference as the default.
+
+use burn::tensor::ops::{FloatTensor, IntTensor};
+use burn::tensor::{backend::Backend, Int, Tensor, TensorPrimitive};
+
+use crate::reference;
+
+/// Which keys each query row `t` attends. Every row must attend at least one key (its own
+/// position is always among them in NSA).
+#[derive(Clone, Debug)]
+pub enum Keys<B: Backend> {
+    /// The causal window `[t + 1 - w, t]`.
+    Window { w: usize },
+    /// The union of blocks `[j * block_size, (j + 1) * block_size)` listed for the row, clamped
+    /// causally to `t`. `blocks: [B, T, H_kv, n]`, shared by the query heads of a KV head;
+    /// negative entries are unused slots. Listed blocks must be distinct.
+    Selected { blocks: IntTensor<B>, block_size: usize },
+}
+
+impl<B: Backend> Keys<B> {
+    /// Selected blocks from a tensor `[B, T, H_kv, n]`.
+    pub fn selected(blocks: Tensor<B, 4, Int>, block_size: usize) -> Self {
+        Keys::Selected { blocks: blocks.into_primitive(), block_size }
+    }
+}
+
+/// Gradients of the query, key and value tensors.
+pub struct SparseAttentionGrads<B: Backend> {
+    pub q: FloatTensor<B>,
+    pub k: FloatTensor<B>,
+    pub v: FloatTensor<B>,
+}
+
+/// A backend that can run NSA's sparse attention. The defaults are the reference path; a
+/// backend with fused kernels overrides all three.
+///
+/// Shapes: `q [B, T, H_q, d_k]`, `k [B, T, H_kv, d_k]`, `v [B, T, H_kv, d_v]` with
+/// `H_q = g * H_kv`; query head `h` reads KV head `h / g`. Output `[B, T, H_q, d_v]` in the
+/// storage dtype and log-sum-exp `[B, T, H_q]` in f32 (f64 when the storage is f64).
+pub trait SparseAttentionBackend: Backend {
+    /// Whether [`Self::sparse_attention`] is a fused kernel with a matching fused backward.
+    /// When false, autodiff differentiates the reference's tensor ops instead.
+    fn has_fused_sparse_attention() -> bool {
+        false
+    }
+
+    /// Attention output and per-row log-sum-exp of the scaled scores.
+    fn sparse_attention(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        keys: &Keys<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let (out, lse) = reference::forward::<Self>(
+            Tensor::from_primitive(TensorPrimitive::Float(q)),
+            Tensor::from_primitive(TensorPrimitive::Float(k)),
+            Tensor::from_primitive(TensorPrimitive::Float(v)),
+            keys,
+        );
+        (out.into_primitive().tensor(), lse.into_primitive().tensor())
+    }
+
+    /// Gradients of `q`, `k`, `v` given the forward's output, its log-sum-exp and the output's
+    /// gradient.
+    fn sparse_attention_backward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        out: FloatTensor<Self>,
+        lse: FloatTensor<Self>,
+        grad_out: FloatTensor<Self>,
+        keys: &Keys<Self>,
+    ) -> SparseAttentionGrads<Self> {
+        let f = |t| Tensor::<Self, 4>::from_primitive(TensorPrimitive::Float(t));
+        let lse = Tensor::<Self, 3>::from_primitive(TensorPrimitive::Float(lse));
+        let [q, k, v] = reference::backward::<Self>(f(q), f(k), f(v), f(out), lse, f(grad_out), keys);
+        SparseAttentionGrads {
+            q: q.into_primitive().tensor(),
+            k: k.into_primitive().tensor(),
+            v: v.into_primitive().tensor(),
+        }
+    }
+}
+
+/// [`SparseAttentionBackend::sparse_attention`] on tensors: `(output, log-sum-exp)`.
+pub fn sparse_attention<B: SparseAttentionBackend>(
+    q: Tensor<B, 4>,
+    k: Tensor<B, 4>,
+    v: Tensor<B, 4>,
+    keys: &Keys<B>,
+) -> (Tensor<B, 4>, Tensor<B, 3>) {
+    let (out, lse) =
+        B::sparse_attention(q.into_primitive().tensor(), k.into_primitive().tensor(), v.into_primitive().tensor(), keys);
+    (
+        Tensor::from_primitive(TensorPrimitive::Float(out)),
+        Tensor::from_primitive(TensorPrimitive::Float(lse)),
+    )
+}
+
+// Backends without fused kernels run the reference.
+#[cfg(feature = "ndarray")]
+impl<E, I, Q> SparseAttentionBackend for burn::backend::NdArray<E, I, Q>
+where
+    E: burn::backend::ndarray::FloatNdArrayElement,
+    I: burn::backend::ndarray::IntNdArrayElement,
+    Q: burn::backend::ndarray::QuantElement,
+    burn::backend::ndarray::NdArrayTensor:
+        From<burn::backend::ndarray::SharedArray<E>> + From<burn::backend::ndarray::SharedArray<I>>,
+{
+}

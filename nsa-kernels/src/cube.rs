@@ -1,0 +1,239 @@
+//! [`SparseAttentionBackend`] for `CubeBackend` (CUDA, WGPU): launches the CubeCL kernels.
+
+use burn::tensor::{DType, Shape};
+use burn_cubecl::kernel::into_contiguous;
+use burn_cubecl::ops::numeric::{empty_device_dtype, zeros_client};
+use burn_cubecl::tensor::CubeTensor;
+use burn_cubecl::{element::BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
+use cubecl::prelude::*;
+use cubecl::{calculate_cube_count_elemwise, CubeDim};
+
+use crate::api::{Keys, SparseAttentionBackend, SparseAttentionGrads};
+use crate::kernel::{backward, forward, inverse};
+
+/// Units per cube: enough to hide latency, few enough that a cube's rows share cached keys.
+const UNITS_PER_CUBE: u32 = 128;
+
+impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAttentionBackend
+    for CubeBackend<R, F, I, BT>
+{
+    fn has_fused_sparse_attention() -> bool {
+        true
+    }
+
+    fn sparse_attention(
+        q: CubeTensor<R>,
+        k: CubeTensor<R>,
+        v: CubeTensor<R>,
+        keys: &Keys<Self>,
+    ) -> (CubeTensor<R>, CubeTensor<R>) {
+        let call = Call::new(q, k, v, keys, I::dtype());
+        let [b, t, h_q, _] = call.q.meta.shape().dims::<4>();
+        let out = call.empty(Shape::new([b, t, h_q, call.d_v]), call.q.dtype);
+        let lse = call.empty(Shape::new([b, t, h_q]), DType::F32);
+        forward::attention_forward::launch::<R>(
+            &call.client(),
+            call.cube_count(b * t * h_q),
+            call.cube_dim(),
+            call.q.clone().into_tensor_arg(),
+            call.k.clone().into_tensor_arg(),
+            call.v.clone().into_tensor_arg(),
+            call.blocks.clone().into_tensor_arg(),
+            out.clone().into_tensor_arg(),
+            lse.clone().into_tensor_arg(),
+            call.scale,
+            call.span,
+            call.window,
+            call.d_k,
+            call.d_v,
+            [call.q.dtype.into(), call.blocks.dtype.into()],
+        );
+        (out, lse)
+    }
+
+    fn sparse_attention_backward(
+        q: CubeTensor<R>,
+        k: CubeTensor<R>,
+        v: CubeTensor<R>,
+        out: CubeTensor<R>,
+        lse: CubeTensor<R>,
+        grad_out: CubeTensor<R>,
+        keys: &Keys<Self>,
+    ) -> SparseAttentionGrads<Self> {
+        let call = Call::new(q, k, v, keys, I::dtype());
+        let (out, grad_out, lse) = (into_contiguous(out), into_contiguous(grad_out), into_contiguous(lse));
+        let dtype = call.q.dtype;
+        let [b, t, h_q, _] = call.q.meta.shape().dims::<4>();
+        let h_kv = call.k.meta.shape()[2];
+        let delta = call.empty(Shape::new([b, t, h_q]), DType::F32);
+        let grad_q = call.empty(call.q.meta.shape().clone(), dtype);
+        backward::attention_backward_query::launch::<R>(
+            &call.client(),
+            call.cube_count(b * t * h_q),
+            call.cube_dim(),
+            call.q.clone().into_tensor_arg(),
+            call.k.clone().into_tensor_arg(),
+            call.v.clone().into_tensor_arg(),
+            call.blocks.clone().into_tensor_arg(),
+            out.into_tensor_arg(),
+            grad_out.clone().into_tensor_arg(),
+            lse.clone().into_tensor_arg(),
+            delta.clone().into_tensor_arg(),
+            grad_q.clone().into_tensor_arg(),
+            call.scale,
+            call.span,
+            call.window,
+            call.d_k,
+            call.d_v,
+            [dtype.into(), call.blocks.dtype.into()],
+        );
+
+        let index = call.inverted_index(t);
+        let grad_k = call.empty(call.k.meta.shape().clone(), dtype);
+        let grad_v = call.empty(call.v.meta.shape().clone(), dtype);
+        backward::attention_backward_key::launch::<R>(
+            &call.client(),
+            call.cube_count(b * t * h_kv),
+            call.cube_dim(),
+            call.q.clone().into_tensor_arg(),
+            call.k.clone().into_tensor_arg(),
+            call.v.clone().into_tensor_arg(),
+            grad_out.into_tensor_arg(),
+            lse.into_tensor_arg(),
+            delta.into_tensor_arg(),
+            index.offsets.into_tensor_arg(),
+            index.counts.into_tensor_arg(),
+            index.entries.into_tensor_arg(),
+            grad_k.clone().into_tensor_arg(),
+            grad_v.clone().into_tensor_arg(),
+            call.scale,
+            call.span,
+            call.window,
+            call.d_k,
+            call.d_v,
+            dtype.into(),
+        );
+        SparseAttentionGrads { q: grad_q, k: grad_k, v: grad_v }
+    }
+}
+
+/// The queries that selected each block (see [`inverse`]); placeholders for a window.
+struct InvertedIndex<R: CubeRuntime> {
+    offsets: CubeTensor<R>,
+    counts: CubeTensor<R>,
+    entries: CubeTensor<R>,
+}
+
+/// One call's inputs made contiguous, with the launch parameters they imply.
+struct Call<R: CubeRuntime> {
+    q: CubeTensor<R>,
+    k: CubeTensor<R>,
+    v: CubeTensor<R>,
+    /// `[B, T, H_kv, n]`, or a 1-element placeholder for a window.
+    blocks: CubeTensor<R>,
+    window: bool,
+    span: u32,
+    scale: f32,
+    d_k: usize,
+    d_v: usize,
+}
+
+impl<R: CubeRuntime> Call<R> {
+    fn new<B: burn::tensor::backend::Backend<IntTensorPrimitive = CubeTensor<R>>>(
+        q: CubeTensor<R>,
+        k: CubeTensor<R>,
+        v: CubeTensor<R>,
+        keys: &Keys<B>,
+        int_dtype: DType,
+    ) -> Self {
+        check_shapes(&q, &k, &v);
+        let (q, k, v) = (into_contiguous(q), into_contiguous(k), into_contiguous(v));
+        let d_k = q.meta.shape()[3];
+        let d_v = v.meta.shape()[3];
+        let (blocks, window, span) = match keys {
+            Keys::Window { w } => {
+                let placeholder = zeros_client::<R>(q.client.clone(), q.device.clone(), Shape::new([1, 1, 1, 1]), int_dtype);
+                (placeholder, true, *w)
+            }
+            Keys::Selected { blocks, block_size } => (into_contiguous(blocks.clone()), false, *block_size),
+        };
+        let span = u32::try_from(span).expect("window or block size fits in u32");
+        Call { q, k, v, blocks, window, span, scale: 1.0 / (d_k as f32).sqrt(), d_k, d_v }
+    }
+
+    fn client(&self) -> ComputeClient<R> {
+        self.q.client.clone()
+    }
+
+    fn empty(&self, shape: Shape, dtype: DType) -> CubeTensor<R> {
+        empty_device_dtype::<R>(self.client(), self.q.device.clone(), shape, dtype)
+    }
+
+    fn zeros_u32(&self, shape: Shape) -> CubeTensor<R> {
+        zeros_client::<R>(self.client(), self.q.device.clone(), shape, DType::U32)
+    }
+
+    fn cube_dim(&self) -> CubeDim {
+        CubeDim::new_1d(UNITS_PER_CUBE)
+    }
+
+    fn cube_count(&self, units: usize) -> CubeCount {
+        calculate_cube_count_elemwise(&self.client(), units, self.cube_dim())
+    }
+
+    /// Counts, scans and fills the inverted block index of a selection.
+    fn inverted_index(&self, t: usize) -> InvertedIndex<R> {
+        if self.window {
+            let placeholder = || self.zeros_u32(Shape::new([1, 1, 1]));
+            return InvertedIndex { offsets: placeholder(), counts: placeholder(), entries: placeholder() };
+        }
+        let [b, _, h_kv, n] = self.blocks.meta.shape().dims::<4>();
+        let n_blocks = t.div_ceil(self.span as usize);
+        let lists = Shape::new([b, h_kv, n_blocks]);
+        let (counts, cursor) = (self.zeros_u32(lists.clone()), self.zeros_u32(lists.clone()));
+        let offsets = self.empty(lists, DType::U32);
+        let entries = self.empty(Shape::new([b, h_kv, t * n]), DType::U32);
+        let slots = b * t * h_kv * n;
+        let int_dtype = self.blocks.dtype;
+        inverse::count_selections::launch::<R>(
+            &self.client(),
+            self.cube_count(slots),
+            self.cube_dim(),
+            self.blocks.clone().into_tensor_arg(),
+            counts.clone().into_tensor_arg(),
+            n_blocks as u32,
+            int_dtype.into(),
+        );
+        inverse::scan_counts::launch::<R>(
+            &self.client(),
+            self.cube_count(b * h_kv),
+            self.cube_dim(),
+            counts.clone().into_tensor_arg(),
+            offsets.clone().into_tensor_arg(),
+            (b * h_kv) as u32,
+        );
+        inverse::fill_selections::launch::<R>(
+            &self.client(),
+            self.cube_count(slots),
+            self.cube_dim(),
+            self.blocks.clone().into_tensor_arg(),
+            offsets.clone().into_tensor_arg(),
+            cursor.into_tensor_arg(),
+            entries.clone().into_tensor_arg(),
+            int_dtype.into(),
+        );
+        InvertedIndex { offsets, counts, entries }
+    }
+}
+
+/// Shapes the kernels rely on; a mismatch is a caller bug, reported before any launch.
+fn check_shapes<R: CubeRuntime>(q: &CubeTensor<R>, k: &CubeTensor<R>, v: &CubeTensor<R>) {
+    let (qs, ks, vs) = (q.meta.shape(), k.meta.shape(), v.meta.shape());
+    assert!(
+        qs.num_dims() == 4 && ks.num_dims() == 4 && vs.num_dims() == 4,
+        "sparse attention takes [B, T, H, d] tensors"
+    );
+    assert!(qs[0] == ks[0] && qs[1] == ks[1] && ks[..3] == vs[..3], "q, k, v disagree on batch, length or heads");
+    assert!(qs[3] == ks[3], "q and k head dims differ");
+    assert!(ks[2] > 0 && qs[2] % ks[2] == 0, "query heads must be a multiple of KV heads");
+}

@@ -1,0 +1,149 @@
+//! [`SparseAttentionBackend`] for `Fusion<B>` (what `burn::backend::Cuda` and `Wgpu` are with
+//! the `fusion` feature): each call is registered as a custom operation on the fusion stream,
+//! which runs the inner backend's op when the stream executes. Burn's own fusion does not look
+//! inside it; the elementwise work around it still fuses.
+
+use std::marker::PhantomData;
+
+use burn::tensor::ops::{FloatTensor, IntTensor};
+use burn::tensor::{DType, Shape};
+use burn_fusion::stream::{Operation, OperationStreams};
+use burn_fusion::{Fusion, FusionBackend, FusionRuntime};
+use burn_ir::{CustomOpIr, HandleContainer, OperationIr, OperationOutput, TensorIr};
+
+use crate::api::{Keys, SparseAttentionBackend, SparseAttentionGrads};
+use crate::reference::stats_dtype;
+
+/// The key set without its tensor: the block list, when there is one, travels as the op's
+/// last input.
+#[derive(Clone, Copy, Debug)]
+enum KeyKind {
+    Window { w: usize },
+    Selected { block_size: usize },
+}
+
+impl KeyKind {
+    fn of<B: burn::tensor::backend::Backend>(keys: &Keys<B>) -> (Self, Option<IntTensor<B>>) {
+        match keys {
+            Keys::Window { w } => (KeyKind::Window { w: *w }, None),
+            Keys::Selected { blocks, block_size } => {
+                (KeyKind::Selected { block_size: *block_size }, Some(blocks.clone()))
+            }
+        }
+    }
+
+    /// The inner backend's key set, reading the block list from the op's inputs.
+    fn keys<B: FusionBackend>(
+        self,
+        inputs: &[TensorIr],
+        handles: &mut HandleContainer<<B::FusionRuntime as FusionRuntime>::FusionHandle>,
+    ) -> Keys<B> {
+        match self {
+            KeyKind::Window { w } => Keys::Window { w },
+            KeyKind::Selected { block_size } => {
+                let blocks = inputs.last().expect("a selection passes its block list");
+                Keys::Selected { blocks: handles.get_int_tensor::<B>(blocks), block_size }
+            }
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+struct ForwardOp<B> {
+    desc: CustomOpIr,
+    kind: KeyKind,
+    _backend: PhantomData<B>,
+}
+
+impl<B: FusionBackend + SparseAttentionBackend> Operation<B::FusionRuntime> for ForwardOp<B> {
+    fn execute(&self, handles: &mut HandleContainer<<B::FusionRuntime as FusionRuntime>::FusionHandle>) {
+        let inputs = &self.desc.inputs;
+        let keys = self.kind.keys::<B>(inputs, handles);
+        let [q, k, v] = [0, 1, 2].map(|i| handles.get_float_tensor::<B>(&inputs[i]));
+        let (out, lse) = B::sparse_attention(q, k, v, &keys);
+        handles.register_float_tensor::<B>(&self.desc.outputs[0].id, out);
+        handles.register_float_tensor::<B>(&self.desc.outputs[1].id, lse);
+    }
+}
+
+#[derive(Clone, Debug)]
+struct BackwardOp<B> {
+    desc: CustomOpIr,
+    kind: KeyKind,
+    _backend: PhantomData<B>,
+}
+
+impl<B: FusionBackend + SparseAttentionBackend> Operation<B::FusionRuntime> for BackwardOp<B> {
+    fn execute(&self, handles: &mut HandleContainer<<B::FusionRuntime as FusionRuntime>::FusionHandle>) {
+        let inputs = &self.desc.inputs;
+        let keys = self.kind.keys::<B>(inputs, handles);
+        let [q, k, v, out, lse, grad_out] = [0, 1, 2, 3, 4, 5].map(|i| handles.get_float_tensor::<B>(&inputs[i]));
+        let grads = B::sparse_attention_backward(q, k, v, out, lse, grad_out, &keys);
+        for (output, grad) in self.desc.outputs.iter().zip([grads.q, grads.k, grads.v]) {
+            handles.register_float_tensor::<B>(&output.id, grad);
+        }
+    }
+}
+
+impl<B: FusionBackend + SparseAttentionBackend> SparseAttentionBackend for Fusion<B> {
+    fn has_fused_sparse_attention() -> bool {
+        B::has_fused_sparse_attention()
+    }
+
+    fn sparse_attention(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        keys: &Keys<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let client = q.client.clone();
+        let (b, t, h_q) = (q.shape[0], q.shape[1], q.shape[2]);
+        let d_v = v.shape[3];
+        let dtype = q.dtype;
+        let (kind, blocks) = KeyKind::of(keys);
+        let mut inputs = vec![q, k, v];
+        inputs.extend(blocks);
+        let streams = OperationStreams::with_inputs(inputs.iter());
+        let out = TensorIr::uninit(client.create_empty_handle(), Shape::new([b, t, h_q, d_v]), dtype);
+        let lse = TensorIr::uninit(client.create_empty_handle(), Shape::new([b, t, h_q]), lse_dtype::<B>(dtype));
+        let inputs: Vec<TensorIr> = inputs.into_iter().map(|x| x.into_ir()).collect();
+        let desc = CustomOpIr::new("nsa_sparse_attention", &inputs, &[out, lse]);
+        let op = ForwardOp::<B> { desc: desc.clone(), kind, _backend: PhantomData };
+        let [out, lse] = client.register(streams, OperationIr::Custom(desc), op).outputs();
+        (out, lse)
+    }
+
+    fn sparse_attention_backward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        out: FloatTensor<Self>,
+        lse: FloatTensor<Self>,
+        grad_out: FloatTensor<Self>,
+        keys: &Keys<Self>,
+    ) -> SparseAttentionGrads<Self> {
+        let client = q.client.clone();
+        let shapes = [q.shape.clone(), k.shape.clone(), v.shape.clone()];
+        let dtype = q.dtype;
+        let (kind, blocks) = KeyKind::of(keys);
+        let mut inputs = vec![q, k, v, out, lse, grad_out];
+        inputs.extend(blocks);
+        let streams = OperationStreams::with_inputs(inputs.iter());
+        let outputs = shapes.map(|shape| TensorIr::uninit(client.create_empty_handle(), shape, dtype));
+        let inputs: Vec<TensorIr> = inputs.into_iter().map(|x| x.into_ir()).collect();
+        let desc = CustomOpIr::new("nsa_sparse_attention_backward", &inputs, &outputs);
+        let op = BackwardOp::<B> { desc: desc.clone(), kind, _backend: PhantomData };
+        let [q, k, v] = client.register(streams, OperationIr::Custom(desc), op).outputs();
+        SparseAttentionGrads { q, k, v }
+    }
+}
+
+/// The log-sum-exp's dtype as the inner op returns it: f32 from the kernels, the statistics
+/// dtype from the reference.
+fn lse_dtype<B: SparseAttentionBackend>(storage: DType) -> DType {
+    if B::has_fused_sparse_attention() {
+        DType::F32
+    } else {
+        stats_dtype(storage)
+    }
+}

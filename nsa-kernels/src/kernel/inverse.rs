@@ -1,0 +1,73 @@
+//! Inverts the block index: for each `(b, h_kv, block)`, the queries that selected it, as
+//! compressed rows (`counts`, exclusive-scan `offsets`, and `entries` of `[B, H_kv, T * n]`).
+//! Counting and filling use integer atomics; the order of queries inside a block follows the
+//! atomics, which only changes the summation order of `dk`/`dv`.
+
+use cubecl::prelude::*;
+
+/// Decodes element `pos` of a contiguous `blocks [B, T, H_kv, n]` into `(b, t, hk)` and the
+/// listed block (negative for an unused slot).
+#[cube]
+fn slot_of<I: Int>(blocks: &Tensor<I>, pos: usize) -> (usize, usize, usize, i32) {
+    let (t_len, h_kv, n) = (blocks.shape(1), blocks.shape(2), blocks.shape(3));
+    let hk = (pos / n) % h_kv;
+    let t = (pos / (n * h_kv)) % t_len;
+    let b = pos / (n * h_kv * t_len);
+    (b, t, hk, i32::cast_from(blocks[pos]))
+}
+
+/// `counts[b, hk, j] += 1` for every listed block.
+#[cube(launch)]
+pub fn count_selections<I: Int>(
+    blocks: &Tensor<I>,
+    counts: &mut Tensor<Atomic<u32>>,
+    n_blocks: u32,
+    #[define(I)] _dtype: StorageType,
+) {
+    let pos = ABSOLUTE_POS;
+    if pos >= blocks.len() {
+        terminate!();
+    }
+    let (b, _t, hk, j) = slot_of::<I>(blocks, pos);
+    if j >= 0 {
+        let list = (b * blocks.shape(2) + hk) * n_blocks as usize + u32::cast_from(j) as usize;
+        counts[list].fetch_add(1u32);
+    }
+}
+
+/// `offsets[b, hk, :]` = exclusive prefix sum of `counts[b, hk, :]`, one unit per `(b, hk)`.
+#[cube(launch)]
+pub fn scan_counts(counts: &Tensor<u32>, offsets: &mut Tensor<u32>, lists: u32) {
+    let list = ABSOLUTE_POS;
+    if list >= lists as usize {
+        terminate!();
+    }
+    let n_blocks = counts.shape(2);
+    let mut running = 0u32;
+    for j in 0..n_blocks {
+        offsets[list * n_blocks + j] = running;
+        running += counts[list * n_blocks + j];
+    }
+}
+
+/// Writes each selecting query into its block's rows.
+#[cube(launch)]
+pub fn fill_selections<I: Int>(
+    blocks: &Tensor<I>,
+    offsets: &Tensor<u32>,
+    cursor: &mut Tensor<Atomic<u32>>,
+    entries: &mut Tensor<u32>,
+    #[define(I)] _dtype: StorageType,
+) {
+    let pos = ABSOLUTE_POS;
+    if pos >= blocks.len() {
+        terminate!();
+    }
+    let (b, t, hk, j) = slot_of::<I>(blocks, pos);
+    if j >= 0 {
+        let n_blocks = offsets.shape(2);
+        let list = (b * blocks.shape(2) + hk) * n_blocks + u32::cast_from(j) as usize;
+        let at = offsets[list] + cursor[list].fetch_add(1u32);
+        entries[(b * blocks.shape(2) + hk) * entries.shape(2) + at as usize] = t as u32;
+    }
+}

@@ -1,0 +1,159 @@
+//! Sparse attention (`nsa-kernels`) against the float64 loop version: forward output,
+//! log-sum-exp and the gradients of q, k, v, on fresh random inputs.
+//!
+//! The fused CubeCL kernels run on WGPU (Mesa lavapipe in CI) in f32; the reference tensor path
+//! runs on the f64 CPU backend. Shapes cover ragged `T`, `g = 1, 6, 16`, `d_k != d_v`, batch 2,
+//! windows wider than `T`, and random duplicate-free block sets that include the forced blocks.
+
+use burn::backend::wgpu::{CubeBackend, WgpuDevice, WgpuRuntime};
+use burn::backend::Autodiff;
+use burn::tensor::{backend::AutodiffBackend, Int, Tensor, TensorData};
+use nsa_kernels::{sparse_attention, Keys, SparseAttentionBackend};
+use nsa_tests::attention::{attention, block_keys, window_keys, AttentionResult, Dims};
+use nsa_tests::{fresh_rng, max_rel_err, normal, to_vec, A64};
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::Rng;
+
+type Wgpu = Autodiff<CubeBackend<WgpuRuntime, f32, i32, u32>>;
+
+#[derive(Clone, Copy, Debug)]
+enum Spec {
+    Window { w: usize },
+    Selected { l_sel: usize, n: usize },
+}
+
+/// A selection for each `(b, t, hk)`: the forced blocks (0 and the two local ones) plus random
+/// eligible blocks up to `n`, in random order, padded with -1 at random slots.
+fn random_blocks(rng: &mut StdRng, dims: Dims, l_sel: usize, n: usize) -> Vec<i64> {
+    let mut out = Vec::with_capacity(dims.b * dims.t * dims.h_kv * n);
+    for _ in 0..dims.b {
+        for t in 0..dims.t {
+            for _ in 0..dims.h_kv {
+                let current = t / l_sel;
+                let mut forced: Vec<usize> = vec![0, current, current.saturating_sub(1)];
+                forced.sort_unstable();
+                forced.dedup();
+                let mut others: Vec<usize> = (0..=current).filter(|j| !forced.contains(j)).collect();
+                others.shuffle(rng);
+                let take = rng.random_range(0..=(n - forced.len()).min(others.len()));
+                let mut row: Vec<i64> = forced.iter().chain(&others[..take]).map(|&j| j as i64).collect();
+                row.resize(n, -1);
+                row.shuffle(rng);
+                out.extend(row);
+            }
+        }
+    }
+    out
+}
+
+struct Case {
+    dims: Dims,
+    spec: Spec,
+    q: Vec<f64>,
+    k: Vec<f64>,
+    v: Vec<f64>,
+    grad_out: Vec<f64>,
+    blocks: Vec<i64>,
+}
+
+impl Case {
+    fn new(rng: &mut StdRng, dims: Dims, spec: Spec) -> Self {
+        let Dims { b, t, h_q, h_kv, d_k, d_v } = dims;
+        let blocks = match spec {
+            Spec::Window { .. } => vec![],
+            Spec::Selected { l_sel, n } => random_blocks(rng, dims, l_sel, n),
+        };
+        Case {
+            dims,
+            spec,
+            q: normal(rng, b * t * h_q * d_k, 1.0),
+            k: normal(rng, b * t * h_kv * d_k, 1.0),
+            v: normal(rng, b * t * h_kv * d_v, 1.0),
+            grad_out: normal(rng, b * t * h_q * d_v, 1.0),
+            blocks,
+        }
+    }
+
+    fn expected(&self) -> AttentionResult {
+        let d = self.dims;
+        attention(d, &self.q, &self.k, &self.v, &self.grad_out, |b, t, hk| match self.spec {
+            Spec::Window { w } => window_keys(t, w),
+            Spec::Selected { l_sel, n } => {
+                let at = ((b * d.t + t) * d.h_kv + hk) * n;
+                block_keys(t, &self.blocks[at..at + n], l_sel)
+            }
+        })
+    }
+
+    /// Runs the op on `B` and returns `[out, lse, dq, dk, dv]`.
+    fn run<B: AutodiffBackend + SparseAttentionBackend>(&self, device: &B::Device) -> [Vec<f64>; 5] {
+        let Dims { b, t, h_q, h_kv, d_k, d_v } = self.dims;
+        let tensor = |data: &[f64], shape: [usize; 4]| {
+            Tensor::<B, 4>::from_data(TensorData::new(data.to_vec(), shape), device).require_grad()
+        };
+        let q = tensor(&self.q, [b, t, h_q, d_k]);
+        let k = tensor(&self.k, [b, t, h_kv, d_k]);
+        let v = tensor(&self.v, [b, t, h_kv, d_v]);
+        let keys = match self.spec {
+            Spec::Window { w } => Keys::Window { w },
+            Spec::Selected { l_sel, n } => {
+                let blocks = TensorData::new(self.blocks.clone(), [b, t, h_kv, n]);
+                Keys::selected(Tensor::<B, 4, Int>::from_data(blocks, device), l_sel)
+            }
+        };
+        let (out, lse) = sparse_attention(q.clone(), k.clone(), v.clone(), &keys);
+        let grad_out = Tensor::<B, 4>::from_data(TensorData::new(self.grad_out.clone(), [b, t, h_q, d_v]), device);
+        let grads = (out.clone() * grad_out).sum().backward();
+        let grad = |x: &Tensor<B, 4>| to_vec(x.grad(&grads).expect("input has a gradient"));
+        [to_vec(out), to_vec(lse), grad(&q), grad(&k), grad(&v)]
+    }
+
+    fn check<B: AutodiffBackend + SparseAttentionBackend>(&self, device: &B::Device, tol: f64) {
+        let e = self.expected();
+        let got = self.run::<B>(device);
+        for (name, got, want) in [
+            ("out", &got[0], &e.out),
+            ("lse", &got[1], &e.lse),
+            ("dq", &got[2], &e.dq),
+            ("dk", &got[3], &e.dk),
+            ("dv", &got[4], &e.dv),
+        ] {
+            let err = max_rel_err(got, want);
+            assert!(err <= tol, "{name}: relative error {err:e} > {tol:e} for {:?} {:?}", self.dims, self.spec);
+        }
+    }
+}
+
+fn dims(b: usize, t: usize, h_q: usize, h_kv: usize, d_k: usize, d_v: usize) -> Dims {
+    Dims { b, t, h_q, h_kv, d_k, d_v }
+}
+
+/// The shapes every implementation is checked on.
+fn cases(rng: &mut StdRng) -> Vec<Case> {
+    vec![
+        Case::new(rng, dims(2, 37, 6, 1, 16, 8), Spec::Window { w: 8 }),
+        Case::new(rng, dims(1, 20, 2, 2, 8, 8), Spec::Window { w: 64 }),
+        Case::new(rng, dims(1, 70, 4, 2, 64, 64), Spec::Window { w: 16 }),
+        Case::new(rng, dims(2, 45, 6, 1, 16, 8), Spec::Selected { l_sel: 8, n: 3 }),
+        Case::new(rng, dims(1, 33, 16, 1, 32, 16), Spec::Selected { l_sel: 4, n: 5 }),
+        Case::new(rng, dims(1, 70, 2, 2, 64, 64), Spec::Selected { l_sel: 16, n: 4 }),
+    ]
+}
+
+#[test]
+fn reference_path_matches_float64_loops() {
+    let mut rng = fresh_rng("reference_path_matches_float64_loops");
+    for case in cases(&mut rng) {
+        case.check::<A64>(&Default::default(), 1e-10);
+    }
+}
+
+#[test]
+fn wgpu_kernels_match_float64_loops() {
+    let mut rng = fresh_rng("wgpu_kernels_match_float64_loops");
+    assert!(<Wgpu as SparseAttentionBackend>::has_fused_sparse_attention());
+    for case in cases(&mut rng) {
+        case.check::<Wgpu>(&WgpuDevice::default(), 1e-5);
+    }
+}
