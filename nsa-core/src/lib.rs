@@ -27,4 +27,5 @@ pub fn materialize<B: Backend, M: Module<B>>(module: M) -> M {
 pub use attention::{Branch, DenseAttention, NsaAttention, NsaAux};
 pub use config::{AttentionKind, ConfigError, NsaConfig, Phi};
 pub use model::{MlpKind, NsaLm, NsaLmConfig};
+pub use nsa_kernels::SparseAttentionBackend;
 pub use precision::cast_params;

@@ -11,6 +11,7 @@ use burn::config::Config;
 use burn::module::Module;
 use burn::nn::{Embedding, EmbeddingConfig, Initializer, Linear, RmsNorm, RmsNormConfig};
 use burn::tensor::{activation, backend::Backend, Int, Tensor};
+use nsa_kernels::SparseAttentionBackend;
 use serde::{Deserialize, Serialize};
 
 use crate::attention::projection::linear;
@@ -108,7 +109,7 @@ pub enum Attention<B: Backend> {
     Dense(DenseAttention<B>),
 }
 
-impl<B: Backend> Attention<B> {
+impl<B: SparseAttentionBackend> Attention<B> {
     /// `x: [B, T, dim]` -> `[B, T, dim]`.
     pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
         match self {
@@ -152,7 +153,7 @@ pub struct Block<B: Backend> {
     pub mlp: Mlp<B>,
 }
 
-impl<B: Backend> Block<B> {
+impl<B: SparseAttentionBackend> Block<B> {
     fn forward(&self, x: Tensor<B, 3>) -> (Tensor<B, 3>, Option<NsaAux<B>>) {
         let normed = self.attention_norm.forward(x.clone());
         let (attended, aux) = match &self.attention {
@@ -177,7 +178,7 @@ pub struct NsaLm<B: Backend> {
     seq_len: usize,
 }
 
-impl<B: Backend> NsaLm<B> {
+impl<B: SparseAttentionBackend> NsaLm<B> {
     /// `tokens: [B, T]` -> logits `[B, T, vocab]`.
     pub fn forward(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 3> {
         self.forward_with_aux(tokens).0
@@ -196,7 +197,9 @@ impl<B: Backend> NsaLm<B> {
         }
         (self.lm_head.forward(self.norm.forward(x)), aux)
     }
+}
 
+impl<B: Backend> NsaLm<B> {
     pub fn seq_len(&self) -> usize {
         self.seq_len
     }

@@ -1,8 +1,7 @@
 //! Sampling from a checkpoint: full-sequence recompute per token (the decode issue makes it fast).
 
-use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
-use nsa_core::NsaLm;
+use nsa_core::{NsaLm, SparseAttentionBackend};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -14,7 +13,7 @@ pub struct SampleOptions {
 }
 
 /// Continues `prompt` by `opts.tokens` tokens. The context is the last `seq_len` tokens.
-pub fn sample<B: Backend>(model: &NsaLm<B>, prompt: &[u32], opts: &SampleOptions, device: &B::Device) -> Vec<u32> {
+pub fn sample<B: SparseAttentionBackend>(model: &NsaLm<B>, prompt: &[u32], opts: &SampleOptions, device: &B::Device) -> Vec<u32> {
     let mut rng = StdRng::seed_from_u64(opts.seed);
     let mut tokens = prompt.to_vec();
     for _ in 0..opts.tokens {

@@ -1,5 +1,6 @@
 //! Training and sampling for NSA language models.
 
+pub mod bench;
 pub mod checkpoint;
 pub mod config;
 pub mod dashboard;
@@ -11,3 +12,12 @@ pub mod metrics;
 pub mod profile;
 pub mod schedule;
 pub mod trainer;
+
+use burn::tensor::backend::AutodiffBackend;
+use nsa_core::SparseAttentionBackend;
+
+/// A backend training runs on: autodiff over a backend with NSA's sparse attention, so both the
+/// training step and validation (on the inner backend) can run the model.
+pub trait TrainBackend: AutodiffBackend<InnerBackend: SparseAttentionBackend> + SparseAttentionBackend {}
+
+impl<B> TrainBackend for B where B: AutodiffBackend<InnerBackend: SparseAttentionBackend> + SparseAttentionBackend {}

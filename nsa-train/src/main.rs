@@ -106,6 +106,24 @@ enum Command {
     /// Time each phase of a training step (data, forward/backward, attention, MLP, matmuls,
     /// optimiser) on the config's shapes.
     Profile(ProfileArgs),
+    /// Time the fused sparse-attention op (window and selected, forward and forward+backward)
+    /// at the benchmark shapes, after a parity check against the reference on the same device.
+    BenchKernels {
+        #[arg(long, value_enum)]
+        backend: Option<BackendArg>,
+        /// Sequence lengths to time.
+        #[arg(long, value_delimiter = ',', default_value = "2048,8192,16384,32768,65536")]
+        lengths: Vec<usize>,
+        /// Timed runs per case (the median is reported).
+        #[arg(long, default_value_t = 10)]
+        iters: usize,
+        /// Storage dtype of q, k, v (bf16 needs CUDA).
+        #[arg(long, value_enum, default_value_t = Precision::F32)]
+        precision: Precision,
+        /// Length of the parity check (the reference it is checked against is O(T^2)).
+        #[arg(long, default_value_t = 500)]
+        check_len: usize,
+    },
     /// Sample text from a checkpoint.
     Generate {
         /// A run directory (its newest checkpoint) or one checkpoint directory.
@@ -149,6 +167,9 @@ fn main() -> ExitCode {
     let result = match Cli::parse().command {
         Command::Train(args) => train(args),
         Command::Profile(args) => profile(args),
+        Command::BenchKernels { backend, lengths, iters, precision, check_len } => {
+            bench_kernels(backend, lengths, iters, precision, check_len)
+        }
         Command::Generate { checkpoint, prompt, tokens, temperature, top_k, seed, backend } => {
             let opts = SampleOptions { tokens, temperature, top_k, seed };
             generate(checkpoint, prompt, opts, backend)
@@ -362,7 +383,7 @@ fn check_precision(cfg: &RunConfig, kind: BackendKind) -> Result<(), String> {
     Ok(())
 }
 
-fn run<B: AutodiffBackend>(
+fn run<B: nsa_train::TrainBackend>(
     cfg: RunConfig,
     train: nsa_train::data::corpus::PackedSplit,
     valid: nsa_train::data::corpus::PackedSplit,
@@ -395,6 +416,34 @@ fn run<B: AutodiffBackend>(
         ),
     }
     Ok(())
+}
+
+fn bench_kernels(
+    backend: Option<BackendArg>,
+    lengths: Vec<usize>,
+    iters: usize,
+    precision: Precision,
+    check_len: usize,
+) -> Result<(), String> {
+    let kind = resolve(backend.map(Into::into).unwrap_or(BackendKind::Auto))?;
+    if precision == Precision::Bf16 && kind != BackendKind::Cuda {
+        return Err(format!("--precision bf16 needs the cuda backend (this run resolved to {})", name(kind)));
+    }
+    if check_len == 0 || lengths.contains(&0) {
+        return Err("sequence lengths must be at least 1".into());
+    }
+    let dtype = match precision {
+        Precision::F32 => burn::tensor::DType::F32,
+        Precision::Bf16 => burn::tensor::DType::BF16,
+    };
+    let opts = nsa_train::bench::BenchOptions { lengths, iters: iters.max(1), dtype, check_len };
+    eprintln!("benchmarking sparse attention on {} in {precision:?}", name(kind));
+    let ok = with_backend!(kind, false, |B, device, _memory| Ok(nsa_train::bench::bench_kernels::<B>(&device, &opts)))?;
+    if ok {
+        Ok(())
+    } else {
+        Err("a parity check against the reference failed (see above)".into())
+    }
 }
 
 fn profile(args: ProfileArgs) -> Result<(), String> {

@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
-use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::backend::Backend;
 use burn::tensor::{Distribution, FloatDType, Tensor};
 use nsa_core::{cast_params, NsaLm};
 use serde::Serialize;
@@ -90,7 +90,7 @@ fn linear_shapes<B: Backend, M: Module<B>>(module: &M) -> Vec<[usize; 2]> {
 }
 
 /// Profiles `cfg` on `device`. `scratch` is an empty directory for the trainer's run files.
-pub fn profile<B: AutodiffBackend>(
+pub fn profile<B: crate::TrainBackend>(
     cfg: &RunConfig,
     train: PackedSplit,
     valid: PackedSplit,

@@ -14,11 +14,12 @@ use std::time::Instant;
 use burn::module::{AutodiffModule, Module, ParamId};
 use burn::optim::adaptor::OptimizerAdaptor;
 use burn::optim::{AdamW, AdamWConfig, GradientsAccumulator, GradientsParams, Optimizer};
-use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::backend::Backend;
 use burn::tensor::{activation, DType, ElementConversion, FloatDType, Int, Tensor, TensorData};
 use nsa_core::{cast_params, NsaAux, NsaLm};
 
 use crate::checkpoint::{self, TrainState};
+use crate::TrainBackend;
 use crate::config::{Precision, RunConfig};
 use crate::dashboard::Reporter;
 use crate::data::corpus::{BatchOrder, DataCursor, PackedSplit};
@@ -74,7 +75,7 @@ fn aux_stats<B: Backend>(aux: &[NsaAux<B>]) -> Option<Tensor<B, 1>> {
 }
 
 /// What one step queued on the device.
-struct PendingStep<B: AutodiffBackend> {
+struct PendingStep<B: TrainBackend> {
     step: usize,
     /// `[loss, grad_norm]`.
     health: Tensor<B::InnerBackend, 1>,
@@ -114,7 +115,7 @@ impl std::fmt::Display for Stop {
 
 type Adam<B> = OptimizerAdaptor<AdamW, NsaLm<B>, B>;
 
-pub struct Trainer<B: AutodiffBackend> {
+pub struct Trainer<B: TrainBackend> {
     pub cfg: RunConfig,
     device: B::Device,
     pub model: NsaLm<B>,
@@ -138,7 +139,7 @@ pub struct Trainer<B: AutodiffBackend> {
     pub memory: Option<MemoryProbe>,
 }
 
-impl<B: AutodiffBackend> Trainer<B> {
+impl<B: TrainBackend> Trainer<B> {
     /// A fresh run, or, with `resume`, the newest checkpoint of `cfg.train.out`.
     pub fn new(
         cfg: RunConfig,

@@ -132,7 +132,7 @@ fn weights_file(cfg: &RunConfig) -> std::path::PathBuf {
     .clone()
 }
 
-fn gradients<A: AutodiffBackend>(cfg: &RunConfig) -> Vec<f64> {
+fn gradients<A: AutodiffBackend + nsa_core::SparseAttentionBackend>(cfg: &RunConfig) -> Vec<f64> {
     let device = Default::default();
     let model: NsaLm<A> =
         cfg.model.init(&device).load_file(weights_file(cfg), &CheckpointRecorder::new(), &device).unwrap();

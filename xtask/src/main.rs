@@ -27,6 +27,14 @@ enum Task {
     /// Build and run `nsa profile`: time each phase of a training step on a config's shapes.
     /// Arguments after `--` go to `nsa profile`: --config, --iters, --warmup, --json, --precision.
     Profile(NsaArgs),
+    /// Benchmarks, built in release mode. `kernels`: the fused sparse-attention op
+    /// (`nsa bench-kernels`; arguments after `--`: --lengths, --iters, --precision, --check-len).
+    Bench {
+        #[arg(value_enum)]
+        what: BenchKind,
+        #[command(flatten)]
+        nsa: NsaArgs,
+    },
     /// Build and run `nsa generate`: sample from a checkpoint.
     /// Arguments after `--` go to `nsa generate`: --checkpoint, --prompt, --tokens, --temperature, --top-k.
     Generate(NsaArgs),
@@ -42,6 +50,11 @@ struct NsaArgs {
     release: bool,
     #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
     args: Vec<String>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum BenchKind {
+    Kernels,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -86,6 +99,7 @@ fn main() -> ExitCode {
         Task::Train(a) => nsa("train", a),
         Task::Generate(a) => nsa("generate", a),
         Task::Profile(a) => nsa("profile", a),
+        Task::Bench { what: BenchKind::Kernels, nsa: a } => nsa("bench-kernels", NsaArgs { release: true, ..a }),
     }
 }
 

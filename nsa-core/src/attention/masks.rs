@@ -34,14 +34,3 @@ pub fn compressed_visible<B: Backend>(
     let query = query_positions::<B>(t, device).expand([t, n_blocks]);
     last_token.lower_equal(query)
 }
-
-/// Expands a per-block selection `[B, H, T, n_sel_blocks]` to a key mask `[B, H, T, T]`,
-/// clamped causally so the partial current block never shows a future key.
-pub fn selected_keys<B: Backend>(selected: Tensor<B, 4, Bool>, l_sel: usize) -> Tensor<B, 4, Bool> {
-    let [b, h, t, _] = selected.dims();
-    let device = selected.device();
-    let key_block = Tensor::<B, 1, Int>::arange(0..t as i64, &device).div_scalar(l_sel as i64);
-    let per_key = selected.select(3, key_block);
-    let causal = sliding_window::<B>(t, t, &device).reshape([1, 1, t, t]).expand([b, h, t, t]);
-    per_key.bool_and(causal)
-}

@@ -1,20 +1,19 @@
-//! The NSA layer (reference path): exactly `shared/docs/nsa-spec.md`, as batched tensor code.
+//! The NSA layer: exactly `shared/docs/nsa-spec.md`, as batched tensor code.
 //!
-//! Each branch is computed as masked dense attention over the full `T x T` (or `T x n_cmp`)
-//! score matrix. That is O(T^2) compute and memory: per layer and per call it materialises
-//! `B * H_q * T^2` scores and probabilities for each of the selected and window branches
-//! (at B=1, H_q=12, T=2048 in f32: 2 x 201 MB, kept for backward under autodiff), plus
-//! `B * H_kv * T * n_sel^2` booleans for the top-n. It is the reference the fused kernels of
-//! `nsa-kernels` are checked against, and it runs unchanged on every Burn backend.
+//! The selected and window branches go through `nsa_kernels::sparse_attention`: fused CubeCL
+//! kernels on CUDA and WGPU, masked dense attention (O(T^2) memory, `B * H_q * T^2` scores per
+//! branch) on every other backend. The compressed branch is masked dense attention over the
+//! `T x n_cmp` scores, and the top-n materialises `B * H_kv * T * n_sel^2` booleans.
 
 use burn::module::{Module, Param};
 use burn::nn::{Initializer, Linear, LinearConfig};
 use burn::tensor::{backend::Backend, Bool, Tensor};
+use nsa_kernels::{sparse_attention, Keys, SparseAttentionBackend};
 
 use super::compress::Compressor;
-use super::masks::{compressed_visible, selected_keys, sliding_window};
+use super::masks::compressed_visible;
 use super::projection::{linear, merge_heads, split_heads, KvProjection};
-use super::selection::{group_scores, num_selection_blocks, select_top_n};
+use super::selection::{group_scores, num_selection_blocks, select_top_n, selected_list};
 use super::softmax::masked_attention;
 use crate::config::NsaConfig;
 use crate::rope::Rope;
@@ -85,7 +84,7 @@ fn sigmoid<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
     x.mul_scalar(0.5).tanh().add_scalar(1.0).mul_scalar(0.5)
 }
 
-impl<B: Backend> NsaAttention<B> {
+impl<B: SparseAttentionBackend> NsaAttention<B> {
     /// `x: [B, T, dim]` -> `[B, T, dim]`.
     pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
         self.forward_with_aux(x).0
@@ -151,16 +150,21 @@ impl<B: Backend> NsaAttention<B> {
     }
 
     fn selected_branch(&self, q: Tensor<B, 5>, x: Tensor<B, 3>, selected: Tensor<B, 4, Bool>) -> Tensor<B, 5> {
-        let [b, h_kv, _, t, _] = q.dims();
-        let (k, v) = self.kv(Branch::Selected).forward(x, &self.rope);
-        let keys = selected_keys(selected, self.config.l_sel).reshape([b, h_kv, 1, t, t]);
-        masked_attention(q, k, v, keys).0
+        let blocks = selected_list(selected, self.config.n);
+        self.sparse_branch(Branch::Selected, q, x, &Keys::selected(blocks, self.config.l_sel))
     }
 
     fn window_branch(&self, q: Tensor<B, 5>, x: Tensor<B, 3>) -> Tensor<B, 5> {
-        let t = q.dims()[3];
-        let (k, v) = self.kv(Branch::Window).forward(x, &self.rope);
-        let window = sliding_window::<B>(t, self.config.w, &q.device()).reshape([1, 1, 1, t, t]);
-        masked_attention(q, k, v, window).0
+        self.sparse_branch(Branch::Window, q, x, &Keys::Window { w: self.config.w })
+    }
+
+    /// One branch through the sparse-attention op, whose layout is `[B, T, heads, d]`.
+    fn sparse_branch(&self, branch: Branch, q: Tensor<B, 5>, x: Tensor<B, 3>, keys: &Keys<B>) -> Tensor<B, 5> {
+        let [b, h_kv, g, t, d_k] = q.dims();
+        let (k, v) = self.kv(branch).forward(x, &self.rope);
+        let q = q.permute([0, 3, 1, 2, 4]).reshape([b, t, h_kv * g, d_k]);
+        let (out, _lse) = sparse_attention(q, k.swap_dims(1, 2), v.swap_dims(1, 2), keys);
+        let d_v = out.dims()[3];
+        out.reshape([b, t, h_kv, g, d_v]).permute([0, 2, 3, 1, 4])
     }
 }

@@ -1,7 +1,7 @@
 //! Block selection: the spec's Eq. 9 score, Eq. 10 group sum, and the top-n with forced blocks
 //! and lower-index ties, all as batched tensor code (indices never leave the device).
 
-use burn::tensor::{backend::Backend, Bool, Int, Tensor};
+use burn::tensor::{backend::Backend, Bool, IndexingUpdateOp, Int, Tensor};
 
 use super::masks::{index_row, query_positions};
 
@@ -91,4 +91,17 @@ fn candidate_rank<B: Backend>(scores: Tensor<B, 4>, candidate: Tensor<B, 2, Bool
         .bool_or(rival.equal(own).bool_and(rival_lower_index))
         .bool_and(candidate.reshape([1, 1, t, 1, nb]).expand(pair));
     beats.int().sum_dim(4).reshape([b, h, t, nb])
+}
+
+/// The selected blocks `[B, H_kv, T, n_sel]` as the kernels' lists `[B, T, H_kv, n]`: block
+/// indices in ascending order, `-1` in unused slots. Each selected block's slot is its rank
+/// among the row's selected blocks (a cumulative sum), and a scatter-add writes `j + 1` there;
+/// unselected blocks add 0.
+pub fn selected_list<B: Backend>(selected: Tensor<B, 4, Bool>, n: usize) -> Tensor<B, 4, Int> {
+    let [b, h, t, nb] = selected.dims();
+    let taken = selected.int();
+    let slot = (taken.clone().cumsum(3) - 1).clamp(0, n as i64 - 1);
+    let value = index_row::<B>(nb, &taken.device()).add_scalar(1).reshape([1, 1, 1, nb]).expand([b, h, t, nb]) * taken;
+    let list = Tensor::<B, 4, Int>::zeros([b, h, t, n], &slot.device()).scatter(3, slot, value, IndexingUpdateOp::Add);
+    list.sub_scalar(1).permute([0, 2, 1, 3])
 }
