@@ -51,13 +51,7 @@ pub trait SparseAttentionBackend: Backend {
         v: FloatTensor<Self>,
         keys: &Keys<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        let (out, lse) = reference::forward::<Self>(
-            Tensor::from_primitive(TensorPrimitive::Float(q)),
-            Tensor::from_primitive(TensorPrimitive::Float(k)),
-            Tensor::from_primitive(TensorPrimitive::Float(v)),
-            keys,
-        );
-        (out.into_primitive().tensor(), lse.into_primitive().tensor())
+        reference::forward_primitive::<Self>(q, k, v, keys)
     }
 
     /// Gradients of `q`, `k`, `v` given the forward's output, its log-sum-exp and the output's

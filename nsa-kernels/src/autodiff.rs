@@ -65,7 +65,7 @@ impl<B: SparseAttentionBackend, C: CheckpointStrategy> SparseAttentionBackend fo
         keys: &Keys<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         if !B::has_fused_sparse_attention() {
-            return reference_forward::<Self>(q, k, v, keys);
+            return crate::reference::forward_primitive::<Self>(q, k, v, keys);
         }
         let inner = inner_keys(keys);
         // The log-sum-exp is returned untracked: it is a by-product, not differentiated.
@@ -90,17 +90,4 @@ impl<B: SparseAttentionBackend, C: CheckpointStrategy> SparseAttentionBackend fo
 
 fn untracked<B: SparseAttentionBackend, C: CheckpointStrategy>(t: FloatTensor<B>) -> FloatTensor<Autodiff<B, C>> {
     <Autodiff<B, C> as burn::tensor::backend::AutodiffBackend>::from_inner(t)
-}
-
-/// The trait's default (reference) forward, reachable from an override.
-fn reference_forward<B: burn::tensor::backend::Backend>(
-    q: FloatTensor<B>,
-    k: FloatTensor<B>,
-    v: FloatTensor<B>,
-    keys: &Keys<B>,
-) -> (FloatTensor<B>, FloatTensor<B>) {
-    use burn::tensor::{Tensor, TensorPrimitive};
-    let f = |t| Tensor::<B, 4>::from_primitive(TensorPrimitive::Float(t));
-    let (out, lse) = crate::reference::forward(f(q), f(k), f(v), keys);
-    (out.into_primitive().tensor(), lse.into_primitive().tensor())
 }

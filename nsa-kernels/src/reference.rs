@@ -4,7 +4,8 @@
 //! and memory. It is what backends without fused kernels run, and what the kernels are held to
 //! (the tests hold both to a float64 loop version of the spec).
 
-use burn::tensor::{backend::Backend, Bool, DType, Int, Tensor};
+use burn::tensor::ops::FloatTensor;
+use burn::tensor::{backend::Backend, Bool, DType, Int, Tensor, TensorPrimitive};
 
 use crate::api::Keys;
 
@@ -78,6 +79,18 @@ pub fn forward<B: Backend>(q: Tensor<B, 4>, k: Tensor<B, 4>, v: Tensor<B, 4>, ke
     let g = h_q / h_kv;
     let out = probs.reshape([b, h_kv, g * t, t]).matmul(v.permute([0, 2, 1, 3])).reshape([b, h_kv, g, t, d_v]);
     (ungroup_queries(out), ungroup_queries(lse).reshape([b, t, h_q]))
+}
+
+/// [`forward`] on primitives: the trait's default, also reached from overrides.
+pub(crate) fn forward_primitive<B: Backend>(
+    q: FloatTensor<B>,
+    k: FloatTensor<B>,
+    v: FloatTensor<B>,
+    keys: &Keys<B>,
+) -> (FloatTensor<B>, FloatTensor<B>) {
+    let f = |t| Tensor::<B, 4>::from_primitive(TensorPrimitive::Float(t));
+    let (out, lse) = forward(f(q), f(k), f(v), keys);
+    (out.into_primitive().tensor(), lse.into_primitive().tensor())
 }
 
 /// `log(sum(exp(x)))` over the last axis, keeping it: `[.., T, 1]`.

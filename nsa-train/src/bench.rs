@@ -9,7 +9,7 @@
 use std::time::Instant;
 
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::{DType, Distribution, Int, Tensor, TensorData};
+use burn::tensor::{DType, Distribution, ElementConversion, Int, Tensor, TensorData};
 use nsa_core::SparseAttentionBackend;
 use nsa_kernels::{reference, sparse_attention, Keys};
 use rand::rngs::StdRng;
@@ -112,18 +112,9 @@ fn forward_backward<B: AutodiffBackend>(
 /// Max |a - b| over max |b|, in f32.
 fn rel_err<B: Backend>(a: Tensor<B, 4>, b: Tensor<B, 4>) -> f64 {
     let (a, b) = (a.cast(DType::F32), b.cast(DType::F32));
-    let scale: f64 = b.clone().abs().max().into_scalar().to_f64();
-    let diff: f64 = (a - b).abs().max().into_scalar().to_f64();
+    let scale: f64 = b.clone().abs().max().into_scalar().elem::<f64>();
+    let diff: f64 = (a - b).abs().max().into_scalar().elem::<f64>();
     diff / scale.max(1e-12)
-}
-
-trait ToF64 {
-    fn to_f64(self) -> f64;
-}
-impl<E: burn::tensor::ElementConversion> ToF64 for E {
-    fn to_f64(self) -> f64 {
-        self.elem::<f64>()
-    }
 }
 
 /// Runs the sweep and prints a markdown table. Returns false when a parity check failed.
