@@ -10,9 +10,12 @@ use cubecl::{calculate_cube_count_elemwise, CubeDim};
 
 use crate::api::{Keys, SparseAttentionBackend, SparseAttentionGrads};
 use crate::kernel::{backward, forward, inverse};
+use crate::tiling::{KeyTiling, QueryPass, QueryTiling};
 
-/// Units per cube: enough to hide latency, few enough that a cube's rows share cached keys.
+/// Units per cube of the inverted-index kernels.
 const UNITS_PER_CUBE: u32 = 128;
+/// Shared memory per cube at most, so that several cubes share a streaming multiprocessor.
+const SHARED_BYTES_CAP: usize = 48 * 1024;
 
 impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAttentionBackend
     for CubeBackend<R, F, I, BT>
@@ -31,10 +34,12 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
         let [b, t, h_q, _] = call.q.meta.shape().dims::<4>();
         let out = call.empty(Shape::new([b, t, h_q, call.d_v]), call.q.dtype);
         let lse = call.empty(Shape::new([b, t, h_q]), DType::F32);
+        let tiling = call.query_tiling(QueryPass::Forward);
+        let (count, dim) = call.query_grid(&tiling);
         forward::attention_forward::launch::<R>(
             &call.client(),
-            call.cube_count(b * t * h_q),
-            call.cube_dim(),
+            count,
+            dim,
             call.q.clone().into_tensor_arg(),
             call.k.clone().into_tensor_arg(),
             call.v.clone().into_tensor_arg(),
@@ -46,6 +51,9 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
             call.window,
             call.d_k,
             call.d_v,
+            tiling.parts,
+            tiling.rows,
+            tiling.chunk,
             [call.q.dtype.into(), call.blocks.dtype.into()],
         );
         (out, lse)
@@ -64,13 +72,14 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
         let (out, grad_out, lse) = (into_contiguous(out), into_contiguous(grad_out), into_contiguous(lse));
         let dtype = call.q.dtype;
         let [b, t, h_q, _] = call.q.meta.shape().dims::<4>();
-        let h_kv = call.k.meta.shape()[2];
         let delta = call.empty(Shape::new([b, t, h_q]), DType::F32);
         let grad_q = call.empty(call.q.meta.shape().clone(), dtype);
+        let tiling = call.query_tiling(QueryPass::Gradient);
+        let (count, dim) = call.query_grid(&tiling);
         backward::attention_backward_query::launch::<R>(
             &call.client(),
-            call.cube_count(b * t * h_q),
-            call.cube_dim(),
+            count,
+            dim,
             call.q.clone().into_tensor_arg(),
             call.k.clone().into_tensor_arg(),
             call.v.clone().into_tensor_arg(),
@@ -85,16 +94,21 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
             call.window,
             call.d_k,
             call.d_v,
+            tiling.parts,
+            tiling.rows,
+            tiling.chunk,
             [dtype.into(), call.blocks.dtype.into()],
         );
 
         let index = call.inverted_index(t);
         let grad_k = call.empty(call.k.meta.shape().clone(), dtype);
         let grad_v = call.empty(call.v.meta.shape().clone(), dtype);
+        let tiling = KeyTiling::plan(call.d_k, call.d_v, call.shared_bytes());
+        let (count, dim) = call.key_grid(&tiling, t);
         backward::attention_backward_key::launch::<R>(
             &call.client(),
-            call.cube_count(b * t * h_kv),
-            call.cube_dim(),
+            count,
+            dim,
             call.q.clone().into_tensor_arg(),
             call.k.clone().into_tensor_arg(),
             call.v.clone().into_tensor_arg(),
@@ -111,6 +125,9 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
             call.window,
             call.d_k,
             call.d_v,
+            tiling.parts,
+            tiling.keys,
+            tiling.chunk,
             dtype.into(),
         );
         SparseAttentionGrads { q: grad_q, k: grad_k, v: grad_v }
@@ -175,6 +192,44 @@ impl<R: CubeRuntime> Call<R> {
 
     fn cube_dim(&self) -> CubeDim {
         CubeDim::new_1d(UNITS_PER_CUBE)
+    }
+
+    /// Shared memory a cube may use: the device's limit, capped so several cubes fit an SM.
+    fn shared_bytes(&self) -> usize {
+        self.client().properties().hardware.max_shared_memory_size.min(SHARED_BYTES_CAP)
+    }
+
+    fn query_tiling(&self, pass: QueryPass) -> QueryTiling {
+        let g = self.q.meta.shape()[2] / self.k.meta.shape()[2];
+        QueryTiling::plan(pass, self.window, g, self.d_k, self.d_v, self.shared_bytes())
+    }
+
+    /// One cube per `(b, hk, query tile)`.
+    fn query_grid(&self, tiling: &QueryTiling) -> (CubeCount, CubeDim) {
+        let [b, t, h_q, _] = self.q.meta.shape().dims::<4>();
+        let h_kv = self.k.meta.shape()[2];
+        let queries = tiling.rows / (h_q / h_kv);
+        self.grid(b * h_kv * t.div_ceil(queries), tiling.units())
+    }
+
+    /// One cube per `(b, hk, key tile)`; a selection's tiles are the blocks, split in
+    /// sub-tiles when a block has more keys than a cube.
+    fn key_grid(&self, tiling: &KeyTiling, t: usize) -> (CubeCount, CubeDim) {
+        let [b, _, h_kv, _] = self.k.meta.shape().dims::<4>();
+        let span = self.span as usize;
+        let tiles = if self.window {
+            t.div_ceil(tiling.keys)
+        } else {
+            t.div_ceil(span) * span.div_ceil(tiling.keys)
+        };
+        self.grid(b * h_kv * tiles, tiling.units())
+    }
+
+    /// `cubes` cubes of `units` units, spread over the grid's dimensions (a 1-d grid is capped
+    /// at 65535 cubes on some devices); kernels number them by `CUBE_POS` and skip the surplus.
+    fn grid(&self, cubes: usize, units: usize) -> (CubeCount, CubeDim) {
+        let dim = CubeDim::new_1d(units as u32);
+        (calculate_cube_count_elemwise(&self.client(), cubes * units, dim), dim)
     }
 
     fn cube_count(&self, units: usize) -> CubeCount {

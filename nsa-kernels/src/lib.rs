@@ -19,5 +19,6 @@ mod cube;
 mod fusion;
 #[cfg(feature = "cube")]
 pub mod kernel;
+pub mod tiling;
 
 pub use api::{sparse_attention, Keys, SparseAttentionBackend, SparseAttentionGrads};

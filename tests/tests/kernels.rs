@@ -2,8 +2,9 @@
 //! log-sum-exp and the gradients of q, k, v, on fresh random inputs.
 //!
 //! The fused CubeCL kernels run on WGPU (Mesa lavapipe in CI) in f32; the reference tensor path
-//! runs on the f64 CPU backend. Shapes cover ragged `T`, `g = 1, 6, 16`, `d_k != d_v`, batch 2,
-//! windows wider than `T`, and random duplicate-free block sets that include the forced blocks.
+//! runs on the f64 CPU backend. Shapes cover ragged `T`, `g = 1, 4, 6, 16`, `d_k != d_v`, batch 2,
+//! windows wider than `T`, random duplicate-free block sets that include the forced blocks, and
+//! the kernels' tilings: several query and key tiles, partial chunks, rows split over units.
 
 use burn::backend::wgpu::{CubeBackend, WgpuDevice, WgpuRuntime};
 use burn::backend::Autodiff;
@@ -138,6 +139,12 @@ fn cases(rng: &mut StdRng) -> Vec<Case> {
         Case::new(rng, dims(2, 45, 6, 1, 16, 8), Spec::Selected { l_sel: 8, n: 3 }),
         Case::new(rng, dims(1, 33, 16, 1, 32, 16), Spec::Selected { l_sel: 4, n: 5 }),
         Case::new(rng, dims(1, 70, 2, 2, 64, 64), Spec::Selected { l_sel: 16, n: 4 }),
+        // The production group (g = 6, d = 64) over several query and key tiles, ragged chunks,
+        // and rows split over units (dQ, dK/dV, the selection forward).
+        Case::new(rng, dims(1, 150, 12, 2, 64, 64), Spec::Window { w: 40 }),
+        Case::new(rng, dims(1, 100, 6, 1, 64, 64), Spec::Selected { l_sel: 32, n: 3 }),
+        // d = 128: blocks larger than a key cube (two sub-tiles per block), rows over 16 units.
+        Case::new(rng, dims(1, 80, 4, 1, 128, 128), Spec::Selected { l_sel: 64, n: 2 }),
     ]
 }
 

@@ -3,16 +3,21 @@
 //! `dv_s = sum_t p dO_t`, `ds = p (dO_t . v_s - delta_t)`, `dq_t = scale sum_s ds k_s`,
 //! `dk_s = scale sum_t ds q_t`.
 //!
-//! `dq` runs per query row over the same key ranges as the forward. `dk`/`dv` run per key row
-//! over the queries that attend it: the window's are the contiguous `[s, s + w)`; a selected
-//! block's come from the inverted block index of [`super::inverse`], so no unit scans queries
-//! that did not pick its block.
+//! `dq` runs on query cubes over the same staged key chunks as the forward. `dk`/`dv` run on key
+//! cubes (consecutive keys of one KV head) over staged chunks of the query rows that attend
+//! them: the window's are the contiguous `[s0, s_end - 1 + w)`; a selected block's come from the
+//! inverted block index of [`super::inverse`], so no cube scans queries that did not pick its
+//! block.
 
 use cubecl::prelude::*;
 
-use super::rows::{add_scaled, dot, key_range, load_row, offset3, range_count, store_row, zeros};
+use super::query::QueryCube;
+use super::rows::{
+    add_shared, attends, dot_shared, dot_slices, load_slice, offset3, reduce_partials, stage_rows, store_slice,
+    zero_slice,
+};
 
-/// Per query row: `dq` and `delta = dO . O` (written for the key pass).
+/// Query cubes: `dq` and `delta = dO . O` (written for the key pass). Tiled as the forward.
 #[cube(launch)]
 pub fn attention_backward_query<F: Float, I: Int>(
     q: &Tensor<F>,
@@ -29,75 +34,97 @@ pub fn attention_backward_query<F: Float, I: Int>(
     #[comptime] window: bool,
     #[comptime] d_k: usize,
     #[comptime] d_v: usize,
+    #[comptime] parts: usize,
+    #[comptime] rows: usize,
+    #[comptime] chunk: usize,
     #[define(F, I)] _dtypes: [StorageType; 2],
 ) {
-    let (t_len, h_q, h_kv) = (q.shape(1), q.shape(2), k.shape(2));
-    let row = ABSOLUTE_POS;
-    if row >= q.shape(0) * t_len * h_q {
+    let cube = QueryCube::new::<F>(q, k, rows, parts);
+    if !cube.exists {
         terminate!();
     }
-    let h = row % h_q;
-    let t = (row / h_q) % t_len;
-    let b = row / (h_q * t_len);
-    let hk = h / (h_q / h_kv);
+    let (b, hk, t, h, part, row) = (cube.b, cube.hk, cube.t, cube.h, cube.part, cube.row);
+    let span = span as usize;
 
-    let q_row = load_row::<F>(q, offset3::<F>(q, b, t, h), scale, d_k);
-    let do_row = load_row::<F>(grad_out, offset3::<F>(grad_out, b, t, h), 1.0f32, d_v);
-    let row_delta = dot::<F>(&do_row, out, offset3::<F>(out, b, t, h), d_v);
-    let stat = b * lse.stride(0) + t * lse.stride(1) + h * lse.stride(2);
-    let row_lse = lse[stat];
-    delta[stat] = row_delta;
-
-    let mut acc = zeros(d_k);
-    let mut slots = 0usize;
-    if !window {
-        slots = offset3::<I>(blocks, b, t, hk);
+    let q_slice = load_slice::<F>(q, offset3::<F>(q, b, t, h), part, scale, d_k, parts);
+    let do_slice = load_slice::<F>(grad_out, offset3::<F>(grad_out, b, t, h), part, 1.0f32, d_v, parts);
+    let o_slice = load_slice::<F>(out, offset3::<F>(out, b, t, h), part, 1.0f32, d_v, parts);
+    let mut row_parts = SharedMemory::<f32>::new(rows * parts);
+    row_parts[row * parts + part] = dot_slices(&do_slice, &o_slice, d_v, parts);
+    sync_cube();
+    let mut row_delta = 0.0f32;
+    #[unroll]
+    for p in 0..parts {
+        row_delta += row_parts[row * parts + p];
     }
-    for r in 0..range_count::<I>(blocks, window) {
-        let (start, end) = key_range::<I>(blocks, slots, r, t, span as usize, window);
-        for s in start..end {
-            let p = (dot::<F>(&q_row, k, offset3::<F>(k, b, s, hk), d_k) - row_lse).exp();
-            let ds = p * (dot::<F>(&do_row, v, offset3::<F>(v, b, s, hk), d_v) - row_delta);
-            add_scaled::<F>(&mut acc, ds, k, offset3::<F>(k, b, s, hk), d_k);
+    let stat = offset3::<f32>(lse, b, t, h);
+    let row_lse = lse[stat];
+    if cube.active && part == 0usize {
+        delta[offset3::<f32>(delta, b, t, h)] = row_delta;
+    }
+
+    let mut acc = zero_slice(d_k, parts);
+    let mut k_tile = SharedMemory::<f32>::new(chunk * d_k);
+    let mut v_tile = SharedMemory::<f32>::new(chunk * d_v);
+    let mut score_partials = SharedMemory::<f32>::new(comptime!(if parts > 1 { rows * chunk * parts } else { 1usize }));
+    let mut score_totals = SharedMemory::<f32>::new(comptime!(if parts > 1 { rows * chunk } else { 1usize }));
+    let mut dp_partials = SharedMemory::<f32>::new(comptime!(if parts > 1 { rows * chunk * parts } else { 1usize }));
+    let mut dp_totals = SharedMemory::<f32>::new(comptime!(if parts > 1 { rows * chunk } else { 1usize }));
+
+    for r in 0..cube.range_count::<I>(blocks, window) {
+        let (start, end) = cube.key_range::<I>(blocks, r, span, window);
+        let mut first = start;
+        while first < end {
+            let count = min(end - first, chunk);
+            stage_rows::<F>(k, &mut k_tile, b, first, count, hk, chunk, d_k);
+            stage_rows::<F>(v, &mut v_tile, b, first, count, hk, chunk, d_v);
+            sync_cube();
+
+            let mut scores = Array::<f32>::new(chunk);
+            let mut dps = Array::<f32>::new(chunk);
+            if comptime!(parts == 1) {
+                #[unroll]
+                for key in 0..chunk {
+                    scores[key] = dot_shared(&q_slice, &k_tile, key * d_k, 0usize, d_k, 1usize);
+                    dps[key] = dot_shared(&do_slice, &v_tile, key * d_v, 0usize, d_v, 1usize);
+                }
+            } else {
+                #[unroll]
+                for key in 0..chunk {
+                    let at = (row * chunk + key) * parts + part;
+                    score_partials[at] = dot_shared(&q_slice, &k_tile, key * d_k, part, d_k, parts);
+                    dp_partials[at] = dot_shared(&do_slice, &v_tile, key * d_v, part, d_v, parts);
+                }
+                reduce_partials(&score_partials, &mut score_totals, row, part, chunk, parts);
+                reduce_partials(&dp_partials, &mut dp_totals, row, part, chunk, parts);
+                #[unroll]
+                for key in 0..chunk {
+                    scores[key] = score_totals[row * chunk + key];
+                    dps[key] = dp_totals[row * chunk + key];
+                }
+            }
+
+            #[unroll]
+            for key in 0..chunk {
+                if key < count && cube.attends(first + key, span, window) {
+                    let p = (scores[key] - row_lse).exp();
+                    let ds = p * (dps[key] - row_delta);
+                    add_shared(&mut acc, ds, &k_tile, key * d_k, part, d_k, parts);
+                }
+            }
+            sync_cube();
+            first += count;
         }
     }
-    store_row::<F>(grad_q, offset3::<F>(grad_q, b, t, h), &acc, scale, d_k);
-}
-
-/// Adds query `t`'s contribution (all `g` heads of KV head `hk`) to key `s`'s `dk`, `dv`.
-#[cube]
-#[allow(clippy::too_many_arguments)]
-fn accumulate_query<F: Float>(
-    q: &Tensor<F>,
-    grad_out: &Tensor<F>,
-    lse: &Tensor<f32>,
-    delta: &Tensor<f32>,
-    k_row: &Array<f32>,
-    v_row: &Array<f32>,
-    dk: &mut Array<f32>,
-    dv: &mut Array<f32>,
-    b: usize,
-    t: usize,
-    hk: usize,
-    g: usize,
-    #[comptime] d_k: usize,
-    #[comptime] d_v: usize,
-) {
-    for h in hk * g..(hk + 1) * g {
-        let q_at = offset3::<F>(q, b, t, h);
-        let do_at = offset3::<F>(grad_out, b, t, h);
-        let stat = b * lse.stride(0) + t * lse.stride(1) + h * lse.stride(2);
-        // k_row carries the softmax scale, so this is the forward's scaled score.
-        let p = (dot::<F>(k_row, q, q_at, d_k) - lse[stat]).exp();
-        let ds = p * (dot::<F>(v_row, grad_out, do_at, d_v) - delta[stat]);
-        add_scaled::<F>(dv, p, grad_out, do_at, d_v);
-        add_scaled::<F>(dk, ds, q, q_at, d_k);
+    if cube.active {
+        store_slice::<F>(grad_q, offset3::<F>(grad_q, b, t, h), part, &acc, scale, d_k, parts);
     }
 }
 
-/// Per key row `(b, s, hk)`: `dk` and `dv` summed over the queries (and heads) that attend it.
-/// For a selection, `offsets`/`counts` `[B, H_kv, n_blocks]` and `entries [B, H_kv, T * n]`
-/// list the queries that picked each block.
+/// Key cubes: `dk` and `dv` of `keys` consecutive key rows of one KV head, summed over the
+/// query rows (every head of the group) that attend them. For a selection a cube covers (part
+/// of) one block, and `offsets`/`counts` `[B, H_kv, n_blocks]` with `entries [B, H_kv, T * n]`
+/// list the queries that picked it. Cube `keys * parts` units.
 #[cube(launch)]
 pub fn attention_backward_key<F: Float>(
     q: &Tensor<F>,
@@ -116,43 +143,174 @@ pub fn attention_backward_key<F: Float>(
     #[comptime] window: bool,
     #[comptime] d_k: usize,
     #[comptime] d_v: usize,
+    #[comptime] parts: usize,
+    #[comptime] keys: usize,
+    #[comptime] chunk: usize,
     #[define(F)] _dtype: StorageType,
 ) {
     let (t_len, h_q, h_kv) = (q.shape(1), q.shape(2), k.shape(2));
-    let row = ABSOLUTE_POS;
-    if row >= k.shape(0) * t_len * h_kv {
-        terminate!();
-    }
-    let hk = row % h_kv;
-    let s = (row / h_kv) % t_len;
-    let b = row / (h_kv * t_len);
     let g = h_q / h_kv;
     let span = span as usize;
 
-    let k_row = load_row::<F>(k, offset3::<F>(k, b, s, hk), scale, d_k);
-    let v_row = load_row::<F>(v, offset3::<F>(v, b, s, hk), 1.0f32, d_v);
-    let mut dk = zeros(d_k);
-    let mut dv = zeros(d_v);
-    if window {
-        let mut end = s + span;
-        if end > t_len {
-            end = t_len;
+    // Which keys: a window tile, or sub-tile `u` of block `j`.
+    let mut sub_tiles = 1usize;
+    let mut tiles = t_len.div_ceil(keys);
+    if !window {
+        sub_tiles = span.div_ceil(keys);
+        tiles = offsets.shape(2) * sub_tiles;
+    }
+    let cube = CUBE_POS;
+    if cube >= q.shape(0) * h_kv * tiles {
+        terminate!();
+    }
+    let tile = cube % tiles;
+    let hk = (cube / tiles) % h_kv;
+    let b = cube / (tiles * h_kv);
+    let j = tile / sub_tiles;
+    let mut s0 = tile * keys;
+    let mut s_end = s0 + keys;
+    if !window {
+        s0 = j * span + (tile % sub_tiles) * keys;
+        s_end = min(s0 + keys, j * span + span);
+    }
+    s_end = min(s_end, t_len);
+    if s0 >= s_end {
+        // A sub-tile wholly past the end of a ragged last block.
+        terminate!();
+    }
+    let unit = UNIT_POS as usize;
+    let part = unit % parts;
+    let s = s0 + unit / parts;
+    let key_active = s < s_end;
+    let s_row = min(s, s_end - 1);
+
+    // Which query rows: `(t, h)` with `h` fastest, `t` from a range or from the block's list.
+    let mut n_rows = (min(t_len, s_end - 1 + span) - s0) * g;
+    let mut list_at = 0usize;
+    if !window {
+        let list = offset3::<u32>(offsets, b, hk, j);
+        list_at = (b * h_kv + hk) * entries.shape(2) + offsets[list] as usize;
+        n_rows = counts[list] as usize * g;
+    }
+
+    let k_slice = load_slice::<F>(k, offset3::<F>(k, b, s_row, hk), part, scale, d_k, parts);
+    let v_slice = load_slice::<F>(v, offset3::<F>(v, b, s_row, hk), part, 1.0f32, d_v, parts);
+    let mut dk = zero_slice(d_k, parts);
+    let mut dv = zero_slice(d_v, parts);
+
+    let mut q_tile = SharedMemory::<f32>::new(chunk * d_k);
+    let mut do_tile = SharedMemory::<f32>::new(chunk * d_v);
+    let mut lse_tile = SharedMemory::<f32>::new(chunk);
+    let mut delta_tile = SharedMemory::<f32>::new(chunk);
+    let mut t_tile = SharedMemory::<u32>::new(chunk);
+    let mut score_partials = SharedMemory::<f32>::new(comptime!(if parts > 1 { keys * chunk * parts } else { 1usize }));
+    let mut dp_partials = SharedMemory::<f32>::new(comptime!(if parts > 1 { keys * chunk * parts } else { 1usize }));
+    let key_row = unit / parts;
+
+    let mut row_first = 0usize;
+    while row_first < n_rows {
+        let count = min(n_rows - row_first, chunk);
+        // Stage the chunk's rows: query position, q, dO and their statistics.
+        let mut i = UNIT_POS as usize;
+        while i < chunk {
+            let mut t = 0usize;
+            let mut stat_lse = 0.0f32;
+            let mut stat_delta = 0.0f32;
+            if i < count {
+                let at = row_first + i;
+                t = s0 + at / g;
+                if !window {
+                    t = entries[list_at + at / g] as usize;
+                }
+                let h = hk * g + at % g;
+                stat_lse = lse[offset3::<f32>(lse, b, t, h)];
+                stat_delta = delta[offset3::<f32>(delta, b, t, h)];
+            }
+            t_tile[i] = t as u32;
+            lse_tile[i] = stat_lse;
+            delta_tile[i] = stat_delta;
+            i += CUBE_DIM as usize;
         }
-        for t in s..end {
-            accumulate_query::<F>(q, grad_out, lse, delta, &k_row, &v_row, &mut dk, &mut dv, b, t, hk, g, d_k, d_v);
-        }
-    } else {
-        let list = (b * h_kv + hk) * offsets.shape(2) + s / span;
-        let first = offsets[list] as usize;
-        let base = (b * h_kv + hk) * entries.shape(2);
-        for e in first..first + counts[list] as usize {
-            let t = entries[base + e] as usize;
-            // The block is whole for later queries, clamped for the query inside it.
-            if t >= s {
-                accumulate_query::<F>(q, grad_out, lse, delta, &k_row, &v_row, &mut dk, &mut dv, b, t, hk, g, d_k, d_v);
+        sync_cube();
+        stage_query_rows::<F>(q, &mut q_tile, &t_tile, b, hk, g, row_first, count, chunk, d_k);
+        stage_query_rows::<F>(grad_out, &mut do_tile, &t_tile, b, hk, g, row_first, count, chunk, d_v);
+        sync_cube();
+
+        let mut scores = Array::<f32>::new(chunk);
+        let mut dps = Array::<f32>::new(chunk);
+        if comptime!(parts == 1) {
+            #[unroll]
+            for r in 0..chunk {
+                scores[r] = dot_shared(&k_slice, &q_tile, r * d_k, 0usize, d_k, 1usize);
+                dps[r] = dot_shared(&v_slice, &do_tile, r * d_v, 0usize, d_v, 1usize);
+            }
+        } else {
+            #[unroll]
+            for r in 0..chunk {
+                let at = (key_row * chunk + r) * parts + part;
+                score_partials[at] = dot_shared(&k_slice, &q_tile, r * d_k, part, d_k, parts);
+                dp_partials[at] = dot_shared(&v_slice, &do_tile, r * d_v, part, d_v, parts);
+            }
+            sync_cube();
+            #[unroll]
+            for r in 0..chunk {
+                let at = (key_row * chunk + r) * parts;
+                let mut score = 0.0f32;
+                let mut dp = 0.0f32;
+                #[unroll]
+                for p in 0..parts {
+                    score += score_partials[at + p];
+                    dp += dp_partials[at + p];
+                }
+                scores[r] = score;
+                dps[r] = dp;
             }
         }
+
+        #[unroll]
+        for r in 0..chunk {
+            if r < count && key_active && attends(t_tile[r] as usize, s, span, window) {
+                let p = (scores[r] - lse_tile[r]).exp();
+                let ds = p * (dps[r] - delta_tile[r]);
+                add_shared(&mut dv, p, &do_tile, r * d_v, part, d_v, parts);
+                add_shared(&mut dk, ds, &q_tile, r * d_k, part, d_k, parts);
+            }
+        }
+        sync_cube();
+        row_first += count;
     }
-    store_row::<F>(grad_k, offset3::<F>(grad_k, b, s, hk), &dk, scale, d_k);
-    store_row::<F>(grad_v, offset3::<F>(grad_v, b, s, hk), &dv, 1.0f32, d_v);
+
+    if key_active {
+        store_slice::<F>(grad_k, offset3::<F>(grad_k, b, s, hk), part, &dk, scale, d_k, parts);
+        store_slice::<F>(grad_v, offset3::<F>(grad_v, b, s, hk), part, &dv, 1.0f32, d_v, parts);
+    }
+}
+
+/// Stages the rows `(t_tile[i], hk * g + (row_first + i) % g)` of `src [B, T, H_q, d]` into
+/// `tile [chunk * d]` as f32; rows past `count` are zero.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn stage_query_rows<F: Float>(
+    src: &Tensor<F>,
+    tile: &mut SharedMemory<f32>,
+    t_tile: &SharedMemory<u32>,
+    b: usize,
+    hk: usize,
+    g: usize,
+    row_first: usize,
+    count: usize,
+    #[comptime] chunk: usize,
+    #[comptime] d: usize,
+) {
+    let mut idx = UNIT_POS as usize;
+    while idx < chunk * d {
+        let i = idx / d;
+        let mut value = 0.0f32;
+        if i < count {
+            let h = hk * g + (row_first + i) % g;
+            value = f32::cast_from(src[offset3::<F>(src, b, t_tile[i] as usize, h) + idx % d]);
+        }
+        tile[idx] = value;
+        idx += CUBE_DIM as usize;
+    }
 }

@@ -1,14 +1,23 @@
-//! Forward: each unit computes one query row's output and log-sum-exp with an online softmax
-//! over its key ranges (flash attention's recurrence, one key at a time).
+//! Forward: a cube computes the output and log-sum-exp of its query rows with an online softmax
+//! (flash attention's recurrence), walking their keys in chunks staged in shared memory.
+//!
+//! A window cube holds consecutive queries (all `g` heads of one KV head each): their windows
+//! overlap, so one staged chunk serves every row and each row masks the keys outside its own
+//! window. A selection cube holds one query's `g` heads and walks its selected blocks; with few
+//! rows it splits each row over more units instead (see [`crate::tiling`]).
 
 use cubecl::prelude::*;
 
-use super::rows::{add_scaled, dot, key_range, load_row, offset3, range_count, store_row, zeros, NEG_LARGE};
+use super::query::QueryCube;
+use super::rows::{add_shared, dot_shared, load_slice, offset3, reduce_partials, stage_rows, store_slice, zero_slice, NEG_LARGE};
+
+/// Scores at or below this are masked keys.
+pub const MASKED: f32 = -1.0e29;
 
 /// `q [B, T, H_q, d_k]`, `k [B, T, H_kv, d_k]`, `v [B, T, H_kv, d_v]`, `blocks [B, T, H_kv, n]`
 /// (ignored for a window) -> `out [B, T, H_q, d_v]`, `lse [B, T, H_q]` (f32).
-/// `span` is the window `w` or the block size `l_sel`. Rows are numbered `(b, t, h)` with `h`
-/// fastest. Inputs' last axes are contiguous.
+/// `span` is the window `w` or the block size `l_sel`; inputs' last axes are contiguous.
+/// Cube `rows * parts` units; one cube per `(b, hk, query tile)`.
 #[cube(launch)]
 pub fn attention_forward<F: Float, I: Int>(
     q: &Tensor<F>,
@@ -22,52 +31,95 @@ pub fn attention_forward<F: Float, I: Int>(
     #[comptime] window: bool,
     #[comptime] d_k: usize,
     #[comptime] d_v: usize,
+    #[comptime] parts: usize,
+    #[comptime] rows: usize,
+    #[comptime] chunk: usize,
     #[define(F, I)] _dtypes: [StorageType; 2],
 ) {
-    let (t_len, h_q, h_kv) = (q.shape(1), q.shape(2), k.shape(2));
-    let row = ABSOLUTE_POS;
-    if row >= q.shape(0) * t_len * h_q {
+    let cube = QueryCube::new::<F>(q, k, rows, parts);
+    if !cube.exists {
         terminate!();
     }
-    let h = row % h_q;
-    let t = (row / h_q) % t_len;
-    let b = row / (h_q * t_len);
-    let hk = h / (h_q / h_kv);
+    let (b, hk, t, h, part, row) = (cube.b, cube.hk, cube.t, cube.h, cube.part, cube.row);
+    let span = span as usize;
 
-    let q_row = load_row::<F>(q, offset3::<F>(q, b, t, h), scale, d_k);
-    let mut acc = zeros(d_v);
-    let mut max = f32::new(NEG_LARGE);
+    let q_slice = load_slice::<F>(q, offset3::<F>(q, b, t, h), part, scale, d_k, parts);
+    let mut acc = zero_slice(d_v, parts);
+    let mut row_max = f32::new(NEG_LARGE);
     let mut sum = 0.0f32;
-    let mut slots = 0usize;
-    if !window {
-        slots = offset3::<I>(blocks, b, t, hk);
-    }
-    for r in 0..range_count::<I>(blocks, window) {
-        let (start, end) = key_range::<I>(blocks, slots, r, t, span as usize, window);
-        for s in start..end {
-            let score = dot::<F>(&q_row, k, offset3::<F>(k, b, s, hk), d_k);
-            if score > max {
+
+    let mut k_tile = SharedMemory::<f32>::new(chunk * d_k);
+    let mut v_tile = SharedMemory::<f32>::new(chunk * d_v);
+    let mut partials = SharedMemory::<f32>::new(comptime!(if parts > 1 { rows * chunk * parts } else { 1usize }));
+    let mut totals = SharedMemory::<f32>::new(comptime!(if parts > 1 { rows * chunk } else { 1usize }));
+
+    for r in 0..cube.range_count::<I>(blocks, window) {
+        let (start, end) = cube.key_range::<I>(blocks, r, span, window);
+        let mut first = start;
+        while first < end {
+            let count = min(end - first, chunk);
+            stage_rows::<F>(k, &mut k_tile, b, first, count, hk, chunk, d_k);
+            stage_rows::<F>(v, &mut v_tile, b, first, count, hk, chunk, d_v);
+            sync_cube();
+
+            let mut scores = Array::<f32>::new(chunk);
+            if comptime!(parts == 1) {
+                #[unroll]
+                for key in 0..chunk {
+                    scores[key] = dot_shared(&q_slice, &k_tile, key * d_k, 0usize, d_k, 1usize);
+                }
+            } else {
+                #[unroll]
+                for key in 0..chunk {
+                    partials[(row * chunk + key) * parts + part] = dot_shared(&q_slice, &k_tile, key * d_k, part, d_k, parts);
+                }
+                reduce_partials(&partials, &mut totals, row, part, chunk, parts);
+                #[unroll]
+                for key in 0..chunk {
+                    scores[key] = totals[row * chunk + key];
+                }
+            }
+
+            let mut chunk_max = f32::new(NEG_LARGE);
+            #[unroll]
+            for key in 0..chunk {
+                let valid = key < count && cube.attends(first + key, span, window);
+                scores[key] = select(valid, scores[key], f32::new(NEG_LARGE));
+                chunk_max = max(chunk_max, scores[key]);
+            }
+            if chunk_max > row_max {
                 // Rescale what was accumulated under the old maximum.
-                let correction = (max - score).exp();
+                let correction = (row_max - chunk_max).exp();
                 sum *= correction;
                 #[unroll]
-                for i in 0..d_v {
+                for i in 0..d_v / parts {
                     acc[i] *= correction;
                 }
-                max = score;
+                row_max = chunk_max;
             }
-            let p = (score - max).exp();
-            sum += p;
-            add_scaled::<F>(&mut acc, p, v, offset3::<F>(v, b, s, hk), d_v);
+            #[unroll]
+            for key in 0..chunk {
+                if scores[key] > MASKED {
+                    let p = (scores[key] - row_max).exp();
+                    sum += p;
+                    add_shared(&mut acc, p, &v_tile, key * d_v, part, d_v, parts);
+                }
+            }
+            sync_cube();
+            first += count;
         }
     }
 
-    let mut inv = 0.0f32;
-    let mut row_lse = f32::new(NEG_LARGE);
-    if sum > 0.0f32 {
-        inv = 1.0f32 / sum;
-        row_lse = max + sum.ln();
+    if cube.active {
+        let mut inv = 0.0f32;
+        let mut row_lse = f32::new(NEG_LARGE);
+        if sum > 0.0f32 {
+            inv = 1.0f32 / sum;
+            row_lse = row_max + sum.ln();
+        }
+        store_slice::<F>(out, offset3::<F>(out, b, t, h), part, &acc, inv, d_v, parts);
+        if part == 0usize {
+            lse[offset3::<f32>(lse, b, t, h)] = row_lse;
+        }
     }
-    store_row::<F>(out, offset3::<F>(out, b, t, h), &acc, inv, d_v);
-    lse[b * lse.stride(0) + t * lse.stride(1) + h * lse.stride(2)] = row_lse;
 }

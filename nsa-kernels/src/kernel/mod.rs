@@ -1,11 +1,11 @@
-//! The CubeCL kernels. One unit per query row (forward, dQ) or per key row (dK, dV), softmax
-//! statistics in f32 whatever the storage dtype.
-//!
-//! Unit order puts the `g` query heads of one KV head next to each other, so the heads of a
-//! group read the same key and value rows at the same time and each row is fetched from memory
-//! once per group (NSA's group-sharing, at the cache level for now).
+//! The CubeCL kernels. Query-side cubes (forward, dQ) hold the `g` query heads of one KV head
+//! for one or more positions; key-side cubes (dK, dV) hold consecutive keys of one KV head.
+//! Keys, values and query rows are staged in shared memory once per cube and read by all of
+//! its units, which is NSA's group sharing: a K/V row is fetched once for the whole group.
+//! Softmax statistics are f32 whatever the storage dtype.
 
 pub mod backward;
 pub mod forward;
 pub mod inverse;
+pub mod query;
 pub mod rows;

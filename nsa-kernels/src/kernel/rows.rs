@@ -1,11 +1,16 @@
-//! Small building blocks shared by the kernels: key ranges, row loads and dot products.
+//! Building blocks shared by the kernels: cube decoding, key ranges, and row slices.
+//!
+//! A row vector of length `d` split over `parts` units gives unit `part` the elements
+//! `part, part + parts, part + 2 parts, ...` ("its slice"). Interleaving rather than contiguous
+//! halves makes the `parts` units of a row read consecutive shared-memory words, which sit in
+//! different banks.
 
 use cubecl::prelude::*;
 
 /// Stands in for `-inf` as the running maximum's start (WGSL has no infinity literal).
 pub const NEG_LARGE: f32 = -1.0e30;
 
-/// How many key ranges a query row has: one window, or one per selection slot.
+/// How many key ranges a query has: one window, or one per selection slot.
 #[cube]
 pub fn range_count<I: Int>(blocks: &Tensor<I>, #[comptime] window: bool) -> usize {
     let mut count = 1usize;
@@ -15,94 +20,186 @@ pub fn range_count<I: Int>(blocks: &Tensor<I>, #[comptime] window: bool) -> usiz
     count
 }
 
-/// Keys `[start, end)` of range `r` of query `t`: the window `[t + 1 - span, t + 1)`, or the
-/// selected block `blocks[slots + r]` of `span` keys clamped causally to `t`. An unused slot
-/// (negative block) or a block wholly in the future is the empty range.
+/// Keys `[start, end)` of selection slot `r` of query `t`: block `blocks[slots + r]` of `span`
+/// keys clamped causally to `t`. An unused slot (negative block) or a block wholly in the
+/// future is the empty range.
 #[cube]
-pub fn key_range<I: Int>(
-    blocks: &Tensor<I>,
-    slots: usize,
-    r: usize,
-    t: usize,
-    span: usize,
-    #[comptime] window: bool,
-) -> (usize, usize) {
+pub fn block_range<I: Int>(blocks: &Tensor<I>, slots: usize, r: usize, t: usize, span: usize) -> (usize, usize) {
     let mut start = 0usize;
     let mut end = 0usize;
-    if window {
-        end = t + 1;
-        if t + 1 > span {
-            start = t + 1 - span;
-        }
-    } else {
-        let j = i32::cast_from(blocks[slots + r * blocks.stride(3)]);
-        if j >= 0 {
-            let first = u32::cast_from(j) as usize * span;
-            if first <= t {
-                start = first;
-                end = first + span;
-                if end > t + 1 {
-                    end = t + 1;
-                }
+    let j = i32::cast_from(blocks[slots + r * blocks.stride(3)]);
+    if j >= 0 {
+        let first = u32::cast_from(j) as usize * span;
+        if first <= t {
+            start = first;
+            end = first + span;
+            if end > t + 1 {
+                end = t + 1;
             }
         }
     }
     (start, end)
 }
 
-/// A contiguous row of `len` elements at `base`, widened to f32 and multiplied by `scale`.
+/// Whether query `t` attends key `s` (given that `s` is in one of the ranges walked for `t`):
+/// causal, and inside the window when there is one.
 #[cube]
-pub fn load_row<F: Float>(src: &Tensor<F>, base: usize, scale: f32, #[comptime] len: usize) -> Array<f32> {
-    let mut row = Array::<f32>::new(len);
+pub fn attends(t: usize, s: usize, span: usize, #[comptime] window: bool) -> bool {
+    let mut ok = s <= t;
+    if window {
+        ok = ok && s + span > t;
+    }
+    ok
+}
+
+/// The slice of row `base..base + len` of `src` owned by `part`, widened to f32 and scaled.
+#[cube]
+pub fn load_slice<F: Float>(
+    src: &Tensor<F>,
+    base: usize,
+    part: usize,
+    scale: f32,
+    #[comptime] len: usize,
+    #[comptime] parts: usize,
+) -> Array<f32> {
+    let mut row = Array::<f32>::new(len / parts);
     #[unroll]
-    for i in 0..len {
-        row[i] = f32::cast_from(src[base + i]) * scale;
+    for i in 0..len / parts {
+        row[i] = f32::cast_from(src[base + i * parts + part]) * scale;
     }
     row
 }
 
-/// `row . src[base..base + len]` in f32.
+/// Writes `scale * slice` to its places in row `base..base + len` of `dst`.
 #[cube]
-pub fn dot<F: Float>(row: &Array<f32>, src: &Tensor<F>, base: usize, #[comptime] len: usize) -> f32 {
-    let mut sum = 0.0f32;
+pub fn store_slice<F: Float>(
+    dst: &mut Tensor<F>,
+    base: usize,
+    part: usize,
+    slice: &Array<f32>,
+    scale: f32,
+    #[comptime] len: usize,
+    #[comptime] parts: usize,
+) {
     #[unroll]
-    for i in 0..len {
-        sum += row[i] * f32::cast_from(src[base + i]);
-    }
-    sum
-}
-
-/// `acc += weight * src[base..base + len]`.
-#[cube]
-pub fn add_scaled<F: Float>(acc: &mut Array<f32>, weight: f32, src: &Tensor<F>, base: usize, #[comptime] len: usize) {
-    #[unroll]
-    for i in 0..len {
-        acc[i] += weight * f32::cast_from(src[base + i]);
+    for i in 0..len / parts {
+        dst[base + i * parts + part] = F::cast_from(slice[i] * scale);
     }
 }
 
-/// An f32 array of `len` zeros.
+/// An f32 slice of zeros.
 #[cube]
-pub fn zeros(#[comptime] len: usize) -> Array<f32> {
-    let mut row = Array::<f32>::new(len);
+pub fn zero_slice(#[comptime] len: usize, #[comptime] parts: usize) -> Array<f32> {
+    let mut row = Array::<f32>::new(len / parts);
     #[unroll]
-    for i in 0..len {
+    for i in 0..len / parts {
         row[i] = 0.0f32;
     }
     row
 }
 
-/// Writes `scale * row` to `dst[base..base + len]` in the storage dtype.
+/// `slice . row[part::parts]` for the row at `base` of a shared-memory tile.
 #[cube]
-pub fn store_row<F: Float>(dst: &mut Tensor<F>, base: usize, row: &Array<f32>, scale: f32, #[comptime] len: usize) {
+pub fn dot_shared(
+    slice: &Array<f32>,
+    tile: &SharedMemory<f32>,
+    base: usize,
+    part: usize,
+    #[comptime] len: usize,
+    #[comptime] parts: usize,
+) -> f32 {
+    let mut sum = 0.0f32;
     #[unroll]
-    for i in 0..len {
-        dst[base + i] = F::cast_from(row[i] * scale);
+    for i in 0..len / parts {
+        sum += slice[i] * tile[base + i * parts + part];
+    }
+    sum
+}
+
+/// `acc += weight * row[part::parts]` for the row at `base` of a shared-memory tile.
+#[cube]
+pub fn add_shared(
+    acc: &mut Array<f32>,
+    weight: f32,
+    tile: &SharedMemory<f32>,
+    base: usize,
+    part: usize,
+    #[comptime] len: usize,
+    #[comptime] parts: usize,
+) {
+    #[unroll]
+    for i in 0..len / parts {
+        acc[i] += weight * tile[base + i * parts + part];
     }
 }
 
-/// Offset of element `[a, b, c, 0]` of a 4-d tensor.
+/// `slice . other` of two register slices.
+#[cube]
+pub fn dot_slices(a: &Array<f32>, b: &Array<f32>, #[comptime] len: usize, #[comptime] parts: usize) -> f32 {
+    let mut sum = 0.0f32;
+    #[unroll]
+    for i in 0..len / parts {
+        sum += a[i] * b[i];
+    }
+    sum
+}
+
+/// Stages rows `first..first + count` (at most `chunk`) of head `hk` of `src [B, T, H, d]` into
+/// `tile [chunk * d]` as f32, all units of the cube cooperating with coalesced reads. Rows past
+/// `count` are zero.
+#[cube]
+pub fn stage_rows<F: Float>(
+    src: &Tensor<F>,
+    tile: &mut SharedMemory<f32>,
+    b: usize,
+    first: usize,
+    count: usize,
+    hk: usize,
+    #[comptime] chunk: usize,
+    #[comptime] d: usize,
+) {
+    let units = CUBE_DIM as usize;
+    let mut idx = UNIT_POS as usize;
+    while idx < chunk * d {
+        let row = idx / d;
+        let mut value = 0.0f32;
+        if row < count {
+            value = f32::cast_from(src[offset3::<F>(src, b, first + row, hk) + idx % d]);
+        }
+        tile[idx] = value;
+        idx += units;
+    }
+}
+
+/// Offset of element `[a, b, c, 0]` of a 4-d tensor, or `[a, b, c]` of a 3-d one.
 #[cube]
 pub fn offset3<E: CubePrimitive>(x: &Tensor<E>, a: usize, b: usize, c: usize) -> usize {
     a * x.stride(0) + b * x.stride(1) + c * x.stride(2)
+}
+
+/// Sums the `parts` partial values each unit of a row left in `partials` for the chunk's keys,
+/// into `totals [rows * chunk]`: unit `part` of row `row` reduces keys `part, part + parts, ..`.
+/// Called by every unit of the cube (it synchronises).
+#[cube]
+pub fn reduce_partials(
+    partials: &SharedMemory<f32>,
+    totals: &mut SharedMemory<f32>,
+    row: usize,
+    part: usize,
+    #[comptime] chunk: usize,
+    #[comptime] parts: usize,
+) {
+    sync_cube();
+    let mut key = part;
+    while key < chunk {
+        let at = row * chunk + key;
+        let mut sum = 0.0f32;
+        #[unroll]
+        for p in 0..parts {
+            sum += partials[at * parts + p];
+        }
+        totals[at] = sum;
+        key += parts;
+    }
+    sync_cube();
 }

@@ -1,0 +1,84 @@
+//! Where a query-side cube (forward, dQ) sits and which row each of its units serves.
+//!
+//! Cubes are numbered `(b, hk, tile)` with the tile fastest; a tile is `queries = rows / g`
+//! consecutive positions. Unit `u` serves part `u % parts` of row `u / parts`, and row `r` is
+//! query `t0 + r / g`, head `hk * g + r % g`. Rows past the sequence end (the last tile of a
+//! ragged `T`) still take part in staging and barriers but write nothing.
+
+use cubecl::prelude::*;
+
+use super::rows::{attends, block_range, offset3, range_count};
+
+#[derive(CubeType)]
+pub struct QueryCube {
+    /// False for the surplus cubes of a rounded-up launch grid.
+    pub exists: bool,
+    pub b: usize,
+    pub hk: usize,
+    /// The tile's first query and one past its last.
+    pub t0: usize,
+    pub t_end: usize,
+    /// This unit's query (clamped into the sequence when inactive), head, row and part.
+    pub t: usize,
+    pub h: usize,
+    pub row: usize,
+    pub part: usize,
+    /// The row is a real query.
+    pub active: bool,
+}
+
+#[cube]
+impl QueryCube {
+    pub fn new<F: Float>(q: &Tensor<F>, k: &Tensor<F>, #[comptime] rows: usize, #[comptime] parts: usize) -> QueryCube {
+        let (t_len, h_q, h_kv) = (q.shape(1), q.shape(2), k.shape(2));
+        let g = h_q / h_kv;
+        let queries = rows / g;
+        let tiles = t_len.div_ceil(queries);
+        let cube = CUBE_POS;
+        let exists = cube < q.shape(0) * h_kv * tiles;
+        let tile = cube % tiles;
+        let hk = (cube / tiles) % h_kv;
+        let b = cube / (tiles * h_kv);
+        let unit = UNIT_POS as usize;
+        let row = unit / parts;
+        let t0 = tile * queries;
+        let mut t_end = t0 + queries;
+        if t_end > t_len {
+            t_end = t_len;
+        }
+        let mut t = t0 + row / g;
+        let active = t < t_len;
+        if !active {
+            t = t_len - 1;
+        }
+        QueryCube { exists, b, hk, t0, t_end, t, h: hk * g + row % g, row, part: unit % parts, active }
+    }
+
+    /// Key ranges the cube walks: the union of its queries' windows, or the selection slots of
+    /// its single query.
+    pub fn range_count<I: Int>(&self, blocks: &Tensor<I>, #[comptime] window: bool) -> usize {
+        range_count::<I>(blocks, window)
+    }
+
+    /// Range `r` as `[start, end)`; the same for every unit of the cube.
+    pub fn key_range<I: Int>(&self, blocks: &Tensor<I>, r: usize, span: usize, #[comptime] window: bool) -> (usize, usize) {
+        let mut start = 0usize;
+        let mut end = self.t_end;
+        if window {
+            if self.t0 + 1 > span {
+                start = self.t0 + 1 - span;
+            }
+        } else {
+            let slots = offset3::<I>(blocks, self.b, self.t0, self.hk);
+            let (s, e) = block_range::<I>(blocks, slots, r, self.t0, span);
+            start = s;
+            end = e;
+        }
+        (start, end)
+    }
+
+    /// Whether this unit's query attends key `s` of a walked range.
+    pub fn attends(&self, s: usize, span: usize, #[comptime] window: bool) -> bool {
+        attends(self.t, s, span, window) && self.active
+    }
+}

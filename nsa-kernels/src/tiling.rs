@@ -1,0 +1,153 @@
+//! How the kernels split work over cubes and units: chosen on the host from the head dims, the
+//! group size and the device's shared-memory limit, and passed to the kernels as comptime values.
+//!
+//! A row (one query head's row, or one key row) is split over `parts` units, each holding every
+//! `parts`-th element of the row's vectors in registers. Splitting keeps the per-unit registers
+//! near 128 floats, so a `d = 128` row does not spill to local memory, and lets a cube with few
+//! rows still have enough units.
+
+/// Registers (f32) a unit may spend on row vectors before `parts` doubles.
+const ROW_REGISTERS: usize = 128;
+/// Units a cube aims for.
+const CUBE_UNITS: usize = 128;
+/// Keys (query side) or query rows (key side) staged in shared memory per step.
+const CHUNK: usize = 16;
+
+/// Query-side kernels (forward, dQ): a cube holds `rows = queries * g` rows `(t, h)`, the `g`
+/// heads of one KV head for `queries` consecutive positions, and walks their keys in chunks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QueryTiling {
+    pub parts: usize,
+    pub rows: usize,
+    pub chunk: usize,
+}
+
+/// Key-side kernel (dK, dV): a cube holds `keys` consecutive key rows of one KV head and walks
+/// the query rows that attend them in chunks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KeyTiling {
+    pub parts: usize,
+    pub keys: usize,
+    pub chunk: usize,
+}
+
+/// Which query-side kernel is planned: they keep different vectors in registers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QueryPass {
+    /// `q` and the output accumulator.
+    Forward,
+    /// `q`, `dO` and the `dq` accumulator.
+    Gradient,
+}
+
+impl QueryTiling {
+    /// `window`: a cube takes consecutive queries, whose windows overlap almost entirely.
+    /// Otherwise (selected blocks differ per query) a cube takes one query and more parts.
+    pub fn plan(pass: QueryPass, window: bool, g: usize, d_k: usize, d_v: usize, shared_bytes: usize) -> Self {
+        let floats = match pass {
+            QueryPass::Forward => d_k + d_v,
+            QueryPass::Gradient => 2 * d_k + d_v,
+        };
+        let mut parts = fitting_parts(floats, d_k, d_v);
+        let queries = if window {
+            (CUBE_UNITS / (g * parts)).max(1)
+        } else {
+            // One query: widen the split until the cube has a useful number of units.
+            while g * parts * 2 <= CUBE_UNITS / 2 && divides(parts * 2, d_k, d_v) && d_k / (parts * 2) >= 8 {
+                parts *= 2;
+            }
+            1
+        };
+        let rows = queries * g;
+        let mut tiling = QueryTiling { parts, rows, chunk: CHUNK };
+        while tiling.shared_floats(pass, d_k, d_v) * 4 > shared_bytes && tiling.chunk > 1 {
+            tiling.chunk /= 2;
+        }
+        tiling
+    }
+
+    pub fn units(&self) -> usize {
+        self.rows * self.parts
+    }
+
+    /// Shared memory the kernel declares (see `kernel::forward` / `kernel::backward`).
+    pub fn shared_floats(&self, pass: QueryPass, d_k: usize, d_v: usize) -> usize {
+        let keys = self.chunk * (d_k + d_v);
+        let exchanged = match pass {
+            QueryPass::Forward => 1,
+            QueryPass::Gradient => 2,
+        };
+        let partials = if self.parts > 1 { exchanged * self.rows * self.chunk * (self.parts + 1) } else { 0 };
+        keys + partials + self.rows * self.parts
+    }
+}
+
+impl KeyTiling {
+    pub fn plan(d_k: usize, d_v: usize, shared_bytes: usize) -> Self {
+        let parts = fitting_parts(2 * (d_k + d_v), d_k, d_v);
+        let keys = (CUBE_UNITS / parts).max(1);
+        let mut tiling = KeyTiling { parts, keys, chunk: CHUNK };
+        while tiling.shared_floats(d_k, d_v) * 4 > shared_bytes && tiling.chunk > 1 {
+            tiling.chunk /= 2;
+        }
+        tiling
+    }
+
+    pub fn units(&self) -> usize {
+        self.keys * self.parts
+    }
+
+    /// Shared memory the kernel declares (see `kernel::backward`).
+    pub fn shared_floats(&self, d_k: usize, d_v: usize) -> usize {
+        let rows = self.chunk * (d_k + d_v + 3);
+        let partials = if self.parts > 1 { 2 * self.keys * self.chunk * self.parts } else { 0 };
+        rows + partials
+    }
+}
+
+/// The smallest power-of-two split that keeps `floats / parts` within the register budget and
+/// divides both head dims; 1 when no split divides them.
+fn fitting_parts(floats: usize, d_k: usize, d_v: usize) -> usize {
+    let mut parts = 1;
+    while floats / parts > ROW_REGISTERS && divides(parts * 2, d_k, d_v) {
+        parts *= 2;
+    }
+    parts
+}
+
+fn divides(parts: usize, d_k: usize, d_v: usize) -> bool {
+    d_k % parts == 0 && d_v % parts == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const H100: usize = 48 * 1024;
+
+    #[test]
+    fn production_and_paper_shapes_fit_registers_and_units() {
+        // Production: g = 6, d = 64.
+        let fwd = QueryTiling::plan(QueryPass::Forward, true, 6, 64, 64, H100);
+        assert_eq!((fwd.parts, fwd.rows), (1, 126));
+        let sel = QueryTiling::plan(QueryPass::Forward, false, 6, 64, 64, H100);
+        assert_eq!((sel.parts, sel.rows), (8, 6));
+        let dq = QueryTiling::plan(QueryPass::Gradient, true, 6, 64, 64, H100);
+        assert_eq!(dq.parts, 2);
+        assert_eq!(KeyTiling::plan(64, 64, H100), KeyTiling { parts: 2, keys: 64, chunk: 16 });
+        // Paper: g = 16, d = 128.
+        let fwd = QueryTiling::plan(QueryPass::Forward, true, 16, 128, 128, H100);
+        assert_eq!((fwd.parts, fwd.rows), (2, 64));
+        assert_eq!(KeyTiling::plan(128, 128, H100).parts, 4);
+        // d_k = 192, d_v = 128.
+        assert_eq!(QueryTiling::plan(QueryPass::Forward, true, 16, 192, 128, H100).parts, 4);
+    }
+
+    #[test]
+    fn chunks_shrink_to_the_shared_memory_limit() {
+        let small = KeyTiling::plan(128, 128, 16 * 1024);
+        assert!(small.shared_floats(128, 128) * 4 <= 16 * 1024, "{small:?}");
+        let sel = QueryTiling::plan(QueryPass::Gradient, false, 16, 128, 128, 16 * 1024);
+        assert!(sel.shared_floats(QueryPass::Gradient, 128, 128) * 4 <= 16 * 1024, "{sel:?}");
+    }
+}
