@@ -145,6 +145,8 @@ fn cases(rng: &mut StdRng) -> Vec<Case> {
         Case::new(rng, dims(1, 100, 6, 1, 64, 64), Spec::Selected { l_sel: 32, n: 3 }),
         // d = 128: blocks larger than a key cube (two sub-tiles per block), rows over 16 units.
         Case::new(rng, dims(1, 80, 4, 1, 128, 128), Spec::Selected { l_sel: 64, n: 2 }),
+        // A block picked by every query (block 0 is forced) over a longer sequence.
+        Case::new(rng, dims(1, 600, 2, 1, 16, 16), Spec::Selected { l_sel: 16, n: 3 }),
     ]
 }
 
