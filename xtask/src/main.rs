@@ -6,6 +6,8 @@ use std::process::{Command, ExitCode};
 
 use clap::{Parser, Subcommand, ValueEnum};
 
+mod vulkan;
+
 #[derive(Parser)]
 #[command(name = "cargo xtask", about = "NSA project tasks")]
 struct Cli {
@@ -15,7 +17,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Task {
-    /// Run every test of the workspace (what CI runs).
+    /// Run every test of the workspace (what CI runs). The kernel tests run on WGPU; without a
+    /// Vulkan driver this installs Mesa's (root with apt-get) or says which packages to install.
     Test {
         /// Extra arguments for `cargo test`, e.g. a test name filter.
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
@@ -95,7 +98,13 @@ impl Backend {
 
 fn main() -> ExitCode {
     match Cli::parse().task {
-        Task::Test { args } => run(Command::new(cargo()).args(["test", "--workspace"]).args(args)),
+        Task::Test { args } => {
+            if let Err(e) = vulkan::ensure_driver() {
+                eprintln!("error: {e}");
+                return ExitCode::FAILURE;
+            }
+            run(Command::new(cargo()).args(["test", "--workspace"]).args(args))
+        }
         Task::Train(a) => nsa("train", a),
         Task::Generate(a) => nsa("generate", a),
         Task::Profile(a) => nsa("profile", a),

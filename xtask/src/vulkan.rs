@@ -1,0 +1,54 @@
+//! The WGPU kernel tests need a Vulkan driver. A machine without a GPU uses Mesa's software one
+//! (lavapipe); `cargo xtask test` installs it where it can (root with apt-get) and otherwise
+//! stops with the package names, instead of letting the tests fail on a missing adapter.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+/// Where Vulkan loaders look for installable client drivers (ICDs).
+const ICD_DIRS: [&str; 2] = ["/usr/share/vulkan/icd.d", "/etc/vulkan/icd.d"];
+const PACKAGES: [&str; 2] = ["mesa-vulkan-drivers", "libvulkan1"];
+
+/// Makes sure a Vulkan loader and at least one driver are installed (Linux only; other systems
+/// ship theirs with the GPU driver).
+pub fn ensure_driver() -> Result<(), String> {
+    if !cfg!(target_os = "linux") || driver_present() {
+        return Ok(());
+    }
+    let root = Command::new("id").arg("-u").output().is_ok_and(|o| o.stdout.starts_with(b"0"));
+    let apt = Command::new("apt-get").arg("--version").stdout(Stdio::null()).status().is_ok_and(|s| s.success());
+    if root && apt {
+        eprintln!(
+            "no Vulkan driver: installing Mesa's software driver for the WGPU kernel tests ({})",
+            PACKAGES.join(" ")
+        );
+        let install =
+            || Command::new("apt-get").args(["install", "-y", "-q"]).args(PACKAGES).stdout(Stdio::null()).status();
+        if !install().is_ok_and(|s| s.success()) {
+            let _ = Command::new("apt-get").args(["update", "-qq"]).status();
+            let _ = install();
+        }
+    }
+    if driver_present() {
+        Ok(())
+    } else {
+        Err(format!(
+            "the WGPU kernel tests need a Vulkan driver and none is installed: install {} (Debian/Ubuntu \
+             package names; or your GPU's Vulkan driver), then rerun",
+            PACKAGES.join(" and ")
+        ))
+    }
+}
+
+fn driver_present() -> bool {
+    let loader = Command::new("ldconfig")
+        .arg("-p")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("libvulkan.so.1"));
+    let icd = ICD_DIRS.iter().any(|dir| {
+        std::fs::read_dir(Path::new(dir))
+            .map(|entries| entries.flatten().any(|e| e.path().extension().is_some_and(|x| x == "json")))
+            .unwrap_or(false)
+    });
+    loader && icd
+}
