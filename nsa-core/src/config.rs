@@ -110,6 +110,11 @@ pub struct NsaConfig {
     /// Value every branch gate starts at (the gate bias is its logit, the gate weight zero).
     #[config(default = 0.5)]
     pub gate_init: f64,
+    /// The selected and window branches through the fused kernels where the backend has them
+    /// (CUDA, WGPU); false: the reference path (masked dense attention) on every backend. Both
+    /// compute the same function; this only trades speed and memory (docs/benchmarks.md).
+    #[config(default = true)]
+    pub fused_kernels: bool,
 }
 
 impl NsaConfig {

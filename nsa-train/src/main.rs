@@ -9,13 +9,13 @@ use clap::{Parser, Subcommand};
 use nsa_core::NsaLm;
 use nsa_train::checkpoint;
 use nsa_train::config::{BackendKind, Precision, RunConfig};
+use nsa_train::dashboard::reporter;
 use nsa_train::data::load_splits;
 use nsa_train::data::tokenizer::Tokenizer;
-use nsa_train::dashboard::reporter;
 use nsa_train::generate::{sample, SampleOptions};
-use nsa_train::metrics::MemoryProbe;
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
 use nsa_train::metrics::DeviceMemory;
+use nsa_train::metrics::MemoryProbe;
 use nsa_train::trainer::{Finish, Trainer};
 
 #[derive(Parser)]
@@ -44,6 +44,10 @@ struct RunArgs {
     /// Overrides `train.kernel_cache` (compiled kernels and autotune results; "" disables).
     #[arg(long)]
     kernel_cache: Option<String>,
+    /// The selected and window branches on the reference path instead of the fused kernels
+    /// (sets `model.attention.fused_kernels = false`).
+    #[arg(long)]
+    reference_attention: bool,
 }
 
 impl RunArgs {
@@ -63,6 +67,9 @@ impl RunArgs {
         }
         if let Some(dir) = &self.kernel_cache {
             cfg.train.kernel_cache = dir.clone();
+        }
+        if self.reference_attention {
+            cfg.model.attention.fused_kernels = false;
         }
     }
 }
@@ -120,7 +127,8 @@ enum Command {
         /// Storage dtype of q, k, v (bf16 needs CUDA).
         #[arg(long, value_enum, default_value_t = Precision::F32)]
         precision: Precision,
-        /// Length of the parity check (the reference it is checked against is O(T^2)).
+        /// Length of the parity check (the reference it is checked against is O(T^2)); 0 skips
+        /// it (a memcheck run, where the reference's autotuning under the sanitizer is the slow part).
         #[arg(long, default_value_t = 500)]
         check_len: usize,
     },
@@ -410,10 +418,9 @@ fn run<B: nsa_train::TrainBackend>(
             trainer.step,
             checkpoint::checkpoints_dir(trainer.run_dir()).display()
         ),
-        Finish::Interrupted { step, checkpoint } => eprintln!(
-            "stopped at step {step} on request; checkpoint {} (continue with --resume)",
-            checkpoint.display()
-        ),
+        Finish::Interrupted { step, checkpoint } => {
+            eprintln!("stopped at step {step} on request; checkpoint {} (continue with --resume)", checkpoint.display())
+        }
     }
     Ok(())
 }
@@ -429,7 +436,7 @@ fn bench_kernels(
     if precision == Precision::Bf16 && kind != BackendKind::Cuda {
         return Err(format!("--precision bf16 needs the cuda backend (this run resolved to {})", name(kind)));
     }
-    if check_len == 0 || lengths.contains(&0) {
+    if lengths.contains(&0) {
         return Err("sequence lengths must be at least 1".into());
     }
     let dtype = match precision {

@@ -11,7 +11,7 @@ use burn::backend::Autodiff;
 use burn::tensor::{backend::AutodiffBackend, Int, Tensor, TensorData};
 use nsa_kernels::{sparse_attention, Keys, SparseAttentionBackend};
 use nsa_tests::attention::{attention, block_keys, window_keys, AttentionResult, Dims};
-use nsa_tests::{fresh_rng, max_rel_err, normal, to_vec, A64};
+use nsa_tests::{fresh_rng, max_rel_err, normal, random_input, randomized, small_config, to_vec, A64};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::Rng;
@@ -147,6 +147,8 @@ fn cases(rng: &mut StdRng) -> Vec<Case> {
         Case::new(rng, dims(1, 80, 4, 1, 128, 128), Spec::Selected { l_sel: 64, n: 2 }),
         // A block picked by every query (block 0 is forced) over a longer sequence.
         Case::new(rng, dims(1, 600, 2, 1, 16, 16), Spec::Selected { l_sel: 16, n: 3 }),
+        // Several KV heads with a group each (the benchmark's selection: h_kv = 2, g = 6, n = 16).
+        Case::new(rng, dims(2, 300, 12, 2, 64, 64), Spec::Selected { l_sel: 64, n: 16 }),
     ]
 }
 
@@ -165,4 +167,19 @@ fn wgpu_kernels_match_float64_loops() {
     for case in cases(&mut rng) {
         case.check::<Wgpu>(&WgpuDevice::default(), 1e-5);
     }
+}
+
+/// The layer takes the fused kernels or the reference path by `fused_kernels`: the same function
+/// on the same device, so a run can switch paths (for speed or memory) without changing results.
+#[test]
+fn layer_fused_and_reference_paths_agree_on_wgpu() {
+    type Plain = CubeBackend<WgpuRuntime, f32, i32, u32>;
+    let (t, device) = (70, WgpuDevice::default());
+    let mut rng = fresh_rng("layer_fused_and_reference_paths_agree_on_wgpu");
+    let fused = randomized(small_config().init_nsa::<Plain>(t, 0.02, 0.02, &device), &mut rng, 0.4);
+    let mut reference = fused.clone();
+    reference.config.fused_kernels = false;
+    let (x, _) = random_input::<Plain>(&mut rng, 2, t, small_config().dim, &device);
+    let err = max_rel_err(&to_vec(fused.forward(x.clone())), &to_vec(reference.forward(x)));
+    assert!(err <= 1e-5, "fused and reference layer outputs differ by {err:e} (relative)");
 }

@@ -2,13 +2,14 @@
 //!
 //! The selected and window branches go through `nsa_kernels::sparse_attention`: fused CubeCL
 //! kernels on CUDA and WGPU, masked dense attention (O(T^2) memory, `B * H_q * T^2` scores per
-//! branch) on every other backend. The compressed branch is masked dense attention over the
-//! `T x n_cmp` scores, and the top-n materialises `B * H_kv * T * n_sel^2` booleans.
+//! branch) on every other backend and when `fused_kernels` is off. The compressed branch is
+//! masked dense attention over the `T x n_cmp` scores, and the top-n materialises
+//! `B * H_kv * T * n_sel^2` booleans.
 
 use burn::module::{Module, Param};
 use burn::nn::{Initializer, Linear, LinearConfig};
 use burn::tensor::{backend::Backend, Bool, Tensor};
-use nsa_kernels::{sparse_attention, Keys, SparseAttentionBackend};
+use nsa_kernels::{reference, sparse_attention, Keys, SparseAttentionBackend};
 
 use super::compress::Compressor;
 use super::masks::compressed_visible;
@@ -163,7 +164,9 @@ impl<B: SparseAttentionBackend> NsaAttention<B> {
         let [b, h_kv, g, t, d_k] = q.dims();
         let (k, v) = self.kv(branch).forward(x, &self.rope);
         let q = q.permute([0, 3, 1, 2, 4]).reshape([b, t, h_kv * g, d_k]);
-        let (out, _lse) = sparse_attention(q, k.swap_dims(1, 2), v.swap_dims(1, 2), keys);
+        let (k, v) = (k.swap_dims(1, 2), v.swap_dims(1, 2));
+        let (out, _lse) =
+            if self.config.fused_kernels { sparse_attention(q, k, v, keys) } else { reference::forward(q, k, v, keys) };
         let d_v = out.dims()[3];
         out.reshape([b, t, h_kv, g, d_v]).permute([0, 2, 3, 1, 4])
     }
