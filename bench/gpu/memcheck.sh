@@ -4,6 +4,6 @@
 set -u
 [ -x .carry/nsa ] || { xz -d -k .carry/nsa.xz && chmod +x .carry/nsa; }
 timeout ${MEMCHECK_S:-400} compute-sanitizer --tool memcheck --error-exitcode 9 \
-  .carry/nsa bench-kernels --backend cuda --precision bf16 --iters 1 --check-len 333 --lengths 1000,2049 \
+  .carry/nsa bench-kernels --backend cuda --precision bf16 --iters 1 --check-len 0 --lengths 1000,2049 \
   2>&1 | tee $OUT/memcheck.txt
 echo "memcheck exit ${PIPESTATUS[0]}" | tee -a $OUT/memcheck.txt

@@ -28,10 +28,8 @@ pub struct Shape {
 }
 
 /// The shapes: the seeds' production model and the paper's.
-pub const SHAPES: [Shape; 2] = [
-    Shape { name: "production", h_q: 12, h_kv: 2, d: 64 },
-    Shape { name: "paper", h_q: 64, h_kv: 4, d: 128 },
-];
+pub const SHAPES: [Shape; 2] =
+    [Shape { name: "production", h_q: 12, h_kv: 2, d: 64 }, Shape { name: "paper", h_q: 64, h_kv: 4, d: 128 }];
 
 /// NSA's paper settings for the benchmark.
 pub const N: usize = 16;
@@ -42,7 +40,7 @@ pub struct BenchOptions {
     pub lengths: Vec<usize>,
     pub iters: usize,
     pub dtype: DType,
-    /// Length of the parity check against the reference (the reference is O(T^2)).
+    /// Length of the parity check against the reference (the reference is O(T^2)); 0 skips it.
     pub check_len: usize,
 }
 
@@ -77,7 +75,8 @@ struct Inputs<B: Backend> {
 }
 
 fn inputs<B: Backend>(shape: Shape, t: usize, dtype: DType, device: &B::Device) -> Inputs<B> {
-    let draw = |h: usize| Tensor::<B, 4>::random([1, t, h, shape.d], Distribution::Normal(0.0, 1.0), device).cast(dtype);
+    let draw =
+        |h: usize| Tensor::<B, 4>::random([1, t, h, shape.d], Distribution::Normal(0.0, 1.0), device).cast(dtype);
     Inputs { q: draw(shape.h_q), k: draw(shape.h_kv), v: draw(shape.h_kv), grad_out: draw(shape.h_q) }
 }
 
@@ -123,13 +122,16 @@ pub fn bench_kernels<B: TrainBackend>(device: &B::Device, opts: &BenchOptions) -
     let tol = if opts.dtype == DType::F32 { 1e-3 } else { 3e-2 };
     println!("fused: {}", <B as SparseAttentionBackend>::has_fused_sparse_attention());
     let mut ok = true;
-    for shape in SHAPES {
+    for shape in SHAPES.into_iter().filter(|_| opts.check_len > 0) {
         // Parity on a ragged length, both key sets, against the reference's tensor ops.
         let t = opts.check_len;
         let x = inputs::<B::InnerBackend>(shape, t, opts.dtype, device);
         let (blocks, _) = random_blocks(&mut rng, t, shape.h_kv);
-        let blocks = Tensor::<B::InnerBackend, 4, Int>::from_data(TensorData::new(blocks, [1, t, shape.h_kv, N]), device);
-        for (name, keys) in [("window", Keys::Window { w: W }), ("selected", Keys::selected(Tensor::from_inner(blocks), L_SEL))] {
+        let blocks =
+            Tensor::<B::InnerBackend, 4, Int>::from_data(TensorData::new(blocks, [1, t, shape.h_kv, N]), device);
+        for (name, keys) in
+            [("window", Keys::Window { w: W }), ("selected", Keys::selected(Tensor::from_inner(blocks), L_SEL))]
+        {
             let k: Keys<B> = keys;
             let fused = forward_backward::<B>(&x, |q, kk, v| sparse_attention(q, kk, v, &k).0);
             let want = forward_backward::<B>(&x, |q, kk, v| reference::forward(q, kk, v, &k).0);
@@ -153,12 +155,14 @@ pub fn bench_kernels<B: TrainBackend>(device: &B::Device, opts: &BenchOptions) -
         for &t in &opts.lengths {
             let x = inputs::<B::InnerBackend>(shape, t, opts.dtype, device);
             let (blocks, selected_keys) = random_blocks(&mut rng, t, shape.h_kv);
-            let blocks = Tensor::<B::InnerBackend, 4, Int>::from_data(TensorData::new(blocks, [1, t, shape.h_kv, N]), device);
+            let blocks =
+                Tensor::<B::InnerBackend, 4, Int>::from_data(TensorData::new(blocks, [1, t, shape.h_kv, N]), device);
             let window_keys: usize = (0..t).map(|i| (i + 1).min(W)).sum::<usize>() * shape.h_kv;
             let keys_inner = [Keys::Window { w: W }, Keys::selected(blocks.clone(), L_SEL)];
             let keys_outer: [Keys<B>; 2] = [Keys::Window { w: W }, Keys::selected(Tensor::from_inner(blocks), L_SEL)];
-            for ((name, attended), (inner_keys, keys)) in
-                [("window", window_keys), ("selected", selected_keys)].into_iter().zip(keys_inner.into_iter().zip(keys_outer))
+            for ((name, attended), (inner_keys, keys)) in [("window", window_keys), ("selected", selected_keys)]
+                .into_iter()
+                .zip(keys_inner.into_iter().zip(keys_outer))
             {
                 let fwd = median_ms::<B::InnerBackend>(device, opts.iters, || {
                     let _ = sparse_attention(x.q.clone(), x.k.clone(), x.v.clone(), &inner_keys);
