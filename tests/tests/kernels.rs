@@ -4,7 +4,8 @@
 //! The fused CubeCL kernels run on WGPU (Mesa lavapipe in CI) in f32; the reference tensor path
 //! runs on the f64 CPU backend. Shapes cover ragged `T`, `g = 1, 4, 6, 16`, `d_k != d_v`, batch 2,
 //! windows wider than `T`, random duplicate-free block sets that include the forced blocks, and
-//! the kernels' tilings: several query and key tiles, partial chunks, rows split over units.
+//! the kernels' tilings: several query and key tiles, partial chunks, rows split over units;
+//! and, for two cases, through Burn's fusion, as a GPU training run calls them.
 
 use burn::backend::wgpu::{CubeBackend, WgpuDevice, WgpuRuntime};
 use burn::backend::Autodiff;
@@ -17,6 +18,9 @@ use rand::seq::SliceRandom;
 use rand::Rng;
 
 type Wgpu = Autodiff<CubeBackend<WgpuRuntime, f32, i32, u32>>;
+/// What a GPU run trains on: Burn's fusion over the same kernels (each call is a custom
+/// operation on the fusion stream).
+type WgpuFusion = Autodiff<burn::backend::Wgpu>;
 
 #[derive(Clone, Copy, Debug)]
 enum Spec {
@@ -182,4 +186,16 @@ fn layer_fused_and_reference_paths_agree_on_wgpu() {
     let (x, _) = random_input::<Plain>(&mut rng, 2, t, small_config().dim, &device);
     let err = max_rel_err(&to_vec(fused.forward(x.clone())), &to_vec(reference.forward(x)));
     assert!(err <= 1e-5, "fused and reference layer outputs differ by {err:e} (relative)");
+}
+
+#[test]
+fn wgpu_fusion_kernels_match_float64_loops() {
+    let mut rng = fresh_rng("wgpu_fusion_kernels_match_float64_loops");
+    assert!(<WgpuFusion as SparseAttentionBackend>::has_fused_sparse_attention());
+    for case in [
+        Case::new(&mut rng, dims(1, 150, 12, 2, 64, 64), Spec::Window { w: 40 }),
+        Case::new(&mut rng, dims(2, 300, 12, 2, 64, 64), Spec::Selected { l_sel: 64, n: 16 }),
+    ] {
+        case.check::<WgpuFusion>(&WgpuDevice::default(), 1e-5);
+    }
 }
