@@ -11,6 +11,7 @@
 
 mod api;
 mod autodiff;
+mod fingerprint;
 pub mod reference;
 
 #[cfg(feature = "cube")]
@@ -22,3 +23,4 @@ pub mod kernel;
 pub mod tiling;
 
 pub use api::{sparse_attention, Keys, SparseAttentionBackend, SparseAttentionGrads};
+pub use fingerprint::KERNEL_FINGERPRINT;

@@ -35,10 +35,18 @@ pub fn install(dir: &std::path::Path) -> Result<(), String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("train.kernel_cache {}: {e}", dir.display()))?;
     let mut config = CubeClRuntimeConfig::from_current_dir().override_from_env();
     config.autotune.cache = CacheConfig::File(dir.join("autotune"));
-    config.compilation.cache = Some(CacheConfig::File(dir.join("compiled")));
+    config.compilation.cache = Some(CacheConfig::File(compiled_dir(dir)));
     // `set` panics if CubeCL has already read its configuration; the caller runs this first.
     CubeClRuntimeConfig::set(config);
     Ok(())
+}
+
+/// Where this build's compiled kernels live: one directory per kernel fingerprint, since CubeCL
+/// finds a cached kernel by its type and compile-time arguments, not its source (see
+/// [`nsa_kernels::KERNEL_FINGERPRINT`]). Autotune results stay shared: they only choose among
+/// candidates, each of which is compiled from this build.
+pub fn compiled_dir(dir: &std::path::Path) -> PathBuf {
+    dir.join("compiled").join(format!("{:016x}", nsa_kernels::KERNEL_FINGERPRINT))
 }
 
 #[cfg(test)]
@@ -51,6 +59,14 @@ mod tests {
         assert_eq!(resolve("  "), None);
         assert_eq!(resolve("runs/kernels"), Some(PathBuf::from("runs/kernels")));
         assert_eq!(resolve("~user/x"), Some(PathBuf::from("~user/x")));
+    }
+
+    #[test]
+    fn compiled_kernels_are_kept_per_kernel_fingerprint() {
+        let dir = compiled_dir(std::path::Path::new("cache"));
+        let name = dir.file_name().unwrap().to_str().unwrap().to_string();
+        assert_eq!(dir.parent(), Some(std::path::Path::new("cache/compiled")));
+        assert_eq!(name, format!("{:016x}", nsa_kernels::KERNEL_FINGERPRINT));
     }
 
     #[test]
