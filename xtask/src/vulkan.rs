@@ -40,11 +40,18 @@ pub fn ensure_driver() -> Result<(), String> {
     }
 }
 
+/// Library directories checked for the loader besides the `ldconfig` cache (which a non-root
+/// user may not have on `PATH`).
+const LIB_DIRS: [&str; 5] = ["/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib", "/lib"];
+
 fn driver_present() -> bool {
-    let loader = Command::new("ldconfig")
-        .arg("-p")
-        .output()
-        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("libvulkan.so.1"));
+    let listed = ["ldconfig", "/sbin/ldconfig"].iter().any(|ldconfig| {
+        Command::new(ldconfig)
+            .arg("-p")
+            .output()
+            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("libvulkan.so.1"))
+    });
+    let loader = listed || LIB_DIRS.iter().any(|dir| Path::new(dir).join("libvulkan.so.1").exists());
     let icd = ICD_DIRS.iter().any(|dir| {
         std::fs::read_dir(Path::new(dir))
             .map(|entries| entries.flatten().any(|e| e.path().extension().is_some_and(|x| x == "json")))
