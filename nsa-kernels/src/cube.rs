@@ -2,7 +2,8 @@
 
 use burn::tensor::{DType, Shape};
 use burn_cubecl::kernel::into_contiguous;
-use burn_cubecl::ops::numeric::{empty_device_dtype, zeros_client};
+use burn_cubecl::ops::numeric::{empty_device_contiguous_dtype, zeros_client};
+use burn_cubecl::ops::reshape;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{element::BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use cubecl::prelude::*;
@@ -182,12 +183,18 @@ impl<R: CubeRuntime> Call<R> {
         self.q.client.clone()
     }
 
+    /// Every tensor the op allocates is contiguous. CubeCL's default allocation on CUDA is
+    /// pitched (rows padded to a power of two), and the index kernels address their rows with
+    /// plain `row * width + i`, so a padded row length put every KV head after the first at the
+    /// wrong place (WGPU allocates contiguously, which is why only CUDA showed it).
     fn empty(&self, shape: Shape, dtype: DType) -> CubeTensor<R> {
-        empty_device_dtype::<R>(self.client(), self.q.device.clone(), shape, dtype)
+        empty_device_contiguous_dtype::<R>(self.client(), self.q.device.clone(), shape, dtype)
     }
 
+    /// Zeros, contiguous (see [`Call::empty`]): a rank-1 allocation has no rows to pad.
     fn zeros_u32(&self, shape: Shape) -> CubeTensor<R> {
-        zeros_client::<R>(self.client(), self.q.device.clone(), shape, DType::U32)
+        let flat = zeros_client::<R>(self.client(), self.q.device.clone(), Shape::new([shape.num_elements()]), DType::U32);
+        reshape(flat, shape)
     }
 
     fn cube_dim(&self) -> CubeDim {

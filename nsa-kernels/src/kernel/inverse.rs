@@ -5,15 +5,24 @@
 
 use cubecl::prelude::*;
 
-/// Decodes element `pos` of a contiguous `blocks [B, T, H_kv, n]` into `(b, t, hk)` and the
-/// listed block (negative for an unused slot).
+/// Decodes slot `pos` of `blocks [B, T, H_kv, n]` (numbered in row-major order) into
+/// `(b, t, hk)` and the listed block (negative for an unused slot). Reads through the strides:
+/// a block list made by Burn on CUDA may have padded rows.
 #[cube]
 fn slot_of<I: Int>(blocks: &Tensor<I>, pos: usize) -> (usize, usize, usize, i32) {
     let (t_len, h_kv, n) = (blocks.shape(1), blocks.shape(2), blocks.shape(3));
+    let i = pos % n;
     let hk = (pos / n) % h_kv;
     let t = (pos / (n * h_kv)) % t_len;
     let b = pos / (n * h_kv * t_len);
-    (b, t, hk, i32::cast_from(blocks[pos]))
+    let at = b * blocks.stride(0) + t * blocks.stride(1) + hk * blocks.stride(2) + i * blocks.stride(3);
+    (b, t, hk, i32::cast_from(blocks[at]))
+}
+
+/// Slots of `blocks`, from its shape (its buffer may be longer: padded rows).
+#[cube]
+fn slot_count<I: Int>(blocks: &Tensor<I>) -> usize {
+    blocks.shape(0) * blocks.shape(1) * blocks.shape(2) * blocks.shape(3)
 }
 
 /// `counts[b, hk, j] += 1` for every listed block.
@@ -25,7 +34,7 @@ pub fn count_selections<I: Int>(
     #[define(I)] _dtype: StorageType,
 ) {
     let pos = ABSOLUTE_POS;
-    if pos >= blocks.len() {
+    if pos >= slot_count::<I>(blocks) {
         terminate!();
     }
     let (b, _t, hk, j) = slot_of::<I>(blocks, pos);
@@ -60,7 +69,7 @@ pub fn fill_selections<I: Int>(
     #[define(I)] _dtype: StorageType,
 ) {
     let pos = ABSOLUTE_POS;
-    if pos >= blocks.len() {
+    if pos >= slot_count::<I>(blocks) {
         terminate!();
     }
     let (b, t, hk, j) = slot_of::<I>(blocks, pos);
