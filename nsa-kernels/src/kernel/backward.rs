@@ -13,7 +13,7 @@ use cubecl::prelude::*;
 
 use super::query::QueryCube;
 use super::rows::{
-    add_shared, attends, dot_shared, dot_slices, load_slice, offset3, reduce_partials, stage_rows, store_slice,
+    add_shared, attends, chunk_dots, dot_shared, dot_slices, load_slice, offset3, stage_rows, store_slice,
     zero_slice,
 };
 
@@ -80,29 +80,8 @@ pub fn attention_backward_query<F: Float, I: Int>(
             stage_rows::<F>(v, &mut v_tile, b, first, count, hk, chunk, d_v);
             sync_cube();
 
-            let mut scores = Array::<f32>::new(chunk);
-            let mut dps = Array::<f32>::new(chunk);
-            if comptime!(parts == 1) {
-                #[unroll]
-                for key in 0..chunk {
-                    scores[key] = dot_shared(&q_slice, &k_tile, key * d_k, 0usize, d_k, 1usize);
-                    dps[key] = dot_shared(&do_slice, &v_tile, key * d_v, 0usize, d_v, 1usize);
-                }
-            } else {
-                #[unroll]
-                for key in 0..chunk {
-                    let at = (row * chunk + key) * parts + part;
-                    score_partials[at] = dot_shared(&q_slice, &k_tile, key * d_k, part, d_k, parts);
-                    dp_partials[at] = dot_shared(&do_slice, &v_tile, key * d_v, part, d_v, parts);
-                }
-                reduce_partials(&score_partials, &mut score_totals, row, part, chunk, parts);
-                reduce_partials(&dp_partials, &mut dp_totals, row, part, chunk, parts);
-                #[unroll]
-                for key in 0..chunk {
-                    scores[key] = score_totals[row * chunk + key];
-                    dps[key] = dp_totals[row * chunk + key];
-                }
-            }
+            let scores = chunk_dots(&q_slice, &k_tile, &mut score_partials, &mut score_totals, row, part, d_k, chunk, parts);
+            let dps = chunk_dots(&do_slice, &v_tile, &mut dp_partials, &mut dp_totals, row, part, d_v, chunk, parts);
 
             #[unroll]
             for key in 0..chunk {

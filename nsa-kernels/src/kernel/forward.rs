@@ -9,7 +9,7 @@
 use cubecl::prelude::*;
 
 use super::query::QueryCube;
-use super::rows::{add_shared, dot_shared, load_slice, offset3, reduce_partials, stage_rows, store_slice, zero_slice, NEG_LARGE};
+use super::rows::{add_shared, chunk_dots, load_slice, offset3, stage_rows, store_slice, zero_slice, NEG_LARGE};
 
 /// Scores at or below this are masked keys.
 pub const MASKED: f32 = -1.0e29;
@@ -62,23 +62,7 @@ pub fn attention_forward<F: Float, I: Int>(
             stage_rows::<F>(v, &mut v_tile, b, first, count, hk, chunk, d_v);
             sync_cube();
 
-            let mut scores = Array::<f32>::new(chunk);
-            if comptime!(parts == 1) {
-                #[unroll]
-                for key in 0..chunk {
-                    scores[key] = dot_shared(&q_slice, &k_tile, key * d_k, 0usize, d_k, 1usize);
-                }
-            } else {
-                #[unroll]
-                for key in 0..chunk {
-                    partials[(row * chunk + key) * parts + part] = dot_shared(&q_slice, &k_tile, key * d_k, part, d_k, parts);
-                }
-                reduce_partials(&partials, &mut totals, row, part, chunk, parts);
-                #[unroll]
-                for key in 0..chunk {
-                    scores[key] = totals[row * chunk + key];
-                }
-            }
+            let mut scores = chunk_dots(&q_slice, &k_tile, &mut partials, &mut totals, row, part, d_k, chunk, parts);
 
             let mut chunk_max = f32::new(NEG_LARGE);
             #[unroll]

@@ -203,3 +203,38 @@ pub fn reduce_partials(
     }
     sync_cube();
 }
+
+/// This unit's row dotted with each of the `chunk` staged rows of `tile` (row `i` at `i * len`):
+/// whole dot products, the `parts` units of a split row exchanging partial sums through
+/// `partials`/`totals`. Called by every unit of the cube when `parts > 1` (it synchronises).
+#[cube]
+pub fn chunk_dots(
+    slice: &Array<f32>,
+    tile: &SharedMemory<f32>,
+    partials: &mut SharedMemory<f32>,
+    totals: &mut SharedMemory<f32>,
+    row: usize,
+    part: usize,
+    #[comptime] len: usize,
+    #[comptime] chunk: usize,
+    #[comptime] parts: usize,
+) -> Array<f32> {
+    let mut dots = Array::<f32>::new(chunk);
+    if comptime!(parts == 1) {
+        #[unroll]
+        for i in 0..chunk {
+            dots[i] = dot_shared(slice, tile, i * len, 0usize, len, 1usize);
+        }
+    } else {
+        #[unroll]
+        for i in 0..chunk {
+            partials[(row * chunk + i) * parts + part] = dot_shared(slice, tile, i * len, part, len, parts);
+        }
+        reduce_partials(partials, totals, row, part, chunk, parts);
+        #[unroll]
+        for i in 0..chunk {
+            dots[i] = totals[row * chunk + i];
+        }
+    }
+    dots
+}
