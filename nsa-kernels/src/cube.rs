@@ -15,6 +15,9 @@ use crate::tiling::{KeyTiling, QueryPass, QueryTiling};
 
 /// Units per cube of the inverted-index kernels.
 const UNITS_PER_CUBE: u32 = 128;
+/// Queries of a block's list one key cube takes: about what a window key cube walks (its 64
+/// to 128 keys' `w + keys` queries), so the selection's key pass is as balanced as the window's.
+const SEGMENT_QUERIES: usize = 512;
 /// Shared memory per cube at most, so that several cubes share a streaming multiprocessor.
 const SHARED_BYTES_CAP: usize = 48 * 1024;
 
@@ -73,6 +76,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
         let (out, grad_out, lse) = (into_contiguous(out), into_contiguous(grad_out), into_contiguous(lse));
         let dtype = call.q.dtype;
         let [b, t, h_q, _] = call.q.meta.shape().dims::<4>();
+        let h_kv = call.k.meta.shape()[2];
         let delta = call.empty(Shape::new([b, t, h_q]), DType::F32);
         let grad_q = call.empty(call.q.meta.shape().clone(), dtype);
         let tiling = call.query_tiling(QueryPass::Gradient);
@@ -105,7 +109,15 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
         let grad_k = call.empty(call.k.meta.shape().clone(), dtype);
         let grad_v = call.empty(call.v.meta.shape().clone(), dtype);
         let tiling = KeyTiling::plan(call.d_k, call.d_v, call.shared_bytes());
-        let (count, dim) = call.key_grid(&tiling, t);
+        let (count, dim) = call.key_grid(&tiling, &index);
+        // A selection's key cubes leave per-segment shares here; a window writes dk/dv itself.
+        let partial = if call.window {
+            call.empty(Shape::new([1, 1, 1, 1, 1]), DType::F32)
+        } else {
+            let segments = index.segment_block.meta.shape()[2];
+            // `[B * H_kv, segments, span * (d_k + d_v)]`: each segment's dK and dV shares.
+            call.empty(Shape::new([b * h_kv, segments, call.span as usize * (call.d_k + call.d_v)]), DType::F32)
+        };
         backward::attention_backward_key::launch::<R>(
             &call.client(),
             count,
@@ -117,12 +129,17 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
             lse.into_tensor_arg(),
             delta.into_tensor_arg(),
             index.offsets.into_tensor_arg(),
-            index.counts.into_tensor_arg(),
+            index.counts.clone().into_tensor_arg(),
             index.entries.into_tensor_arg(),
+            index.segment_base.clone().into_tensor_arg(),
+            index.segment_block.clone().into_tensor_arg(),
+            index.segment_total.into_tensor_arg(),
             grad_k.clone().into_tensor_arg(),
             grad_v.clone().into_tensor_arg(),
+            partial.clone().into_tensor_arg(),
             call.scale,
             call.span,
+            SEGMENT_QUERIES as u32,
             call.window,
             call.d_k,
             call.d_v,
@@ -131,6 +148,24 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
             tiling.chunk,
             dtype.into(),
         );
+        if !call.window {
+            let elements = b * t * h_kv * (call.d_k + call.d_v);
+            backward::sum_segments::launch::<R>(
+                &call.client(),
+                call.cube_count(elements),
+                call.cube_dim(),
+                partial.into_tensor_arg(),
+                index.counts.into_tensor_arg(),
+                index.segment_base.into_tensor_arg(),
+                grad_k.clone().into_tensor_arg(),
+                grad_v.clone().into_tensor_arg(),
+                call.span,
+                SEGMENT_QUERIES as u32,
+                call.d_k,
+                call.d_v,
+                dtype.into(),
+            );
+        }
         SparseAttentionGrads { q: grad_q, k: grad_k, v: grad_v }
     }
 }
@@ -140,6 +175,10 @@ struct InvertedIndex<R: CubeRuntime> {
     offsets: CubeTensor<R>,
     counts: CubeTensor<R>,
     entries: CubeTensor<R>,
+    /// Segments of the block lists, one key cube each (see [`inverse`]).
+    segment_base: CubeTensor<R>,
+    segment_block: CubeTensor<R>,
+    segment_total: CubeTensor<R>,
 }
 
 /// One call's inputs made contiguous, with the launch parameters they imply.
@@ -219,15 +258,16 @@ impl<R: CubeRuntime> Call<R> {
         self.grid(b * h_kv * t.div_ceil(queries), tiling.units())
     }
 
-    /// One cube per `(b, hk, key tile)`; a selection's tiles are the blocks, split in
-    /// sub-tiles when a block has more keys than a cube.
-    fn key_grid(&self, tiling: &KeyTiling, t: usize) -> (CubeCount, CubeDim) {
-        let [b, _, h_kv, _] = self.k.meta.shape().dims::<4>();
+    /// One cube per `(b, hk, key tile)`; a selection's tiles are the segments of the blocks'
+    /// query lists (as many as there can be), split in sub-tiles when a block has more keys
+    /// than a cube.
+    fn key_grid(&self, tiling: &KeyTiling, index: &InvertedIndex<R>) -> (CubeCount, CubeDim) {
+        let [b, t, h_kv, _] = self.k.meta.shape().dims::<4>();
         let span = self.span as usize;
         let tiles = if self.window {
             t.div_ceil(tiling.keys)
         } else {
-            t.div_ceil(span) * span.div_ceil(tiling.keys)
+            index.segment_block.meta.shape()[2] * span.div_ceil(tiling.keys)
         };
         self.grid(b * h_kv * tiles, tiling.units())
     }
@@ -247,14 +287,24 @@ impl<R: CubeRuntime> Call<R> {
     fn inverted_index(&self, t: usize) -> InvertedIndex<R> {
         if self.window {
             let placeholder = || self.zeros_u32(Shape::new([1, 1, 1]));
-            return InvertedIndex { offsets: placeholder(), counts: placeholder(), entries: placeholder() };
+            return InvertedIndex {
+                offsets: placeholder(),
+                counts: placeholder(),
+                entries: placeholder(),
+                segment_base: placeholder(),
+                segment_block: placeholder(),
+                segment_total: placeholder(),
+            };
         }
         let [b, _, h_kv, n] = self.blocks.meta.shape().dims::<4>();
         let n_blocks = t.div_ceil(self.span as usize);
         let lists = Shape::new([b, h_kv, n_blocks]);
         let (counts, cursor) = (self.zeros_u32(lists.clone()), self.zeros_u32(lists.clone()));
-        let offsets = self.empty(lists, DType::U32);
+        let offsets = self.empty(lists.clone(), DType::U32);
         let entries = self.empty(Shape::new([b, h_kv, t * n]), DType::U32);
+        let segment_base = self.empty(lists, DType::U32);
+        let segment_block = self.empty(Shape::new([b, h_kv, max_segments(t, n, n_blocks)]), DType::U32);
+        let segment_total = self.empty(Shape::new([b, h_kv]), DType::U32);
         let slots = b * t * h_kv * n;
         let int_dtype = self.blocks.dtype;
         inverse::count_selections::launch::<R>(
@@ -272,7 +322,11 @@ impl<R: CubeRuntime> Call<R> {
             self.cube_dim(),
             counts.clone().into_tensor_arg(),
             offsets.clone().into_tensor_arg(),
+            segment_base.clone().into_tensor_arg(),
+            segment_block.clone().into_tensor_arg(),
+            segment_total.clone().into_tensor_arg(),
             (b * h_kv) as u32,
+            SEGMENT_QUERIES as u32,
         );
         inverse::fill_selections::launch::<R>(
             &self.client(),
@@ -284,8 +338,14 @@ impl<R: CubeRuntime> Call<R> {
             entries.clone().into_tensor_arg(),
             int_dtype.into(),
         );
-        InvertedIndex { offsets, counts, entries }
+        InvertedIndex { offsets, counts, entries, segment_base, segment_block, segment_total }
     }
+}
+
+/// Most segments one `(b, hk)` can have: `sum_j ceil(count_j / SEGMENT_QUERIES)` over blocks
+/// whose counts add up to at most `T * n`.
+fn max_segments(t: usize, n: usize, n_blocks: usize) -> usize {
+    (t * n).div_ceil(SEGMENT_QUERIES) + n_blocks
 }
 
 /// Shapes the kernels rely on; a mismatch is a caller bug, reported before any launch.

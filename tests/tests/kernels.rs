@@ -149,8 +149,9 @@ fn cases(rng: &mut StdRng) -> Vec<Case> {
         Case::new(rng, dims(1, 100, 6, 1, 64, 64), Spec::Selected { l_sel: 32, n: 3 }),
         // d = 128: blocks larger than a key cube (two sub-tiles per block), rows over 16 units.
         Case::new(rng, dims(1, 80, 4, 1, 128, 128), Spec::Selected { l_sel: 64, n: 2 }),
-        // A block picked by every query (block 0 is forced) over a longer sequence.
-        Case::new(rng, dims(1, 600, 2, 1, 16, 16), Spec::Selected { l_sel: 16, n: 3 }),
+        // A block picked by every query (block 0 is forced) over a longer sequence: its query
+        // list is cut in two segments, per KV head.
+        Case::new(rng, dims(1, 600, 4, 2, 16, 16), Spec::Selected { l_sel: 16, n: 3 }),
         // Several KV heads with a group each (the benchmark's selection: h_kv = 2, g = 6, n = 16).
         Case::new(rng, dims(2, 300, 12, 2, 64, 64), Spec::Selected { l_sel: 64, n: 16 }),
     ]

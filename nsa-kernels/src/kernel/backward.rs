@@ -115,10 +115,15 @@ pub fn attention_backward_key<F: Float>(
     offsets: &Tensor<u32>,
     counts: &Tensor<u32>,
     entries: &Tensor<u32>,
+    segment_base: &Tensor<u32>,
+    segment_block: &Tensor<u32>,
+    segment_total: &Tensor<u32>,
     grad_k: &mut Tensor<F>,
     grad_v: &mut Tensor<F>,
+    partial: &mut Tensor<f32>,
     scale: f32,
     span: u32,
+    segment: u32,
     #[comptime] window: bool,
     #[comptime] d_k: usize,
     #[comptime] d_v: usize,
@@ -131,12 +136,12 @@ pub fn attention_backward_key<F: Float>(
     let g = h_q / h_kv;
     let span = span as usize;
 
-    // Which keys: a window tile, or sub-tile `u` of block `j`.
+    // Which keys: a window tile, or sub-tile `u` of the block of segment `item`.
     let mut sub_tiles = 1usize;
     let mut tiles = t_len.div_ceil(keys);
     if !window {
         sub_tiles = span.div_ceil(keys);
-        tiles = offsets.shape(2) * sub_tiles;
+        tiles = segment_block.shape(2) * sub_tiles;
     }
     let cube = CUBE_POS;
     if cube >= q.shape(0) * h_kv * tiles {
@@ -145,10 +150,16 @@ pub fn attention_backward_key<F: Float>(
     let tile = cube % tiles;
     let hk = (cube / tiles) % h_kv;
     let b = cube / (tiles * h_kv);
-    let j = tile / sub_tiles;
+    let item = tile / sub_tiles;
+    let mut j = 0usize;
     let mut s0 = tile * keys;
     let mut s_end = s0 + keys;
     if !window {
+        if item >= segment_total[b * h_kv + hk] as usize {
+            // Past this (b, hk)'s segments: the grid is sized for the most there can be.
+            terminate!();
+        }
+        j = segment_block[offset3::<u32>(segment_block, b, hk, item)] as usize;
         s0 = j * span + (tile % sub_tiles) * keys;
         s_end = min(s0 + keys, j * span + span);
     }
@@ -163,13 +174,16 @@ pub fn attention_backward_key<F: Float>(
     let key_active = s < s_end;
     let s_row = min(s, s_end - 1);
 
-    // Which query rows: `(t, h)` with `h` fastest, `t` from a range or from the block's list.
+    // Which query rows: `(t, h)` with `h` fastest, `t` from a range or from the segment's part
+    // of the block's list.
     let mut n_rows = (min(t_len, s_end - 1 + span) - s0) * g;
     let mut list_at = 0usize;
     if !window {
         let list = offset3::<u32>(offsets, b, hk, j);
-        list_at = (b * h_kv + hk) * entries.shape(2) + offsets[list] as usize;
-        n_rows = counts[list] as usize * g;
+        let segment = segment as usize;
+        let first = (item - segment_base[list] as usize) * segment;
+        list_at = (b * h_kv + hk) * entries.shape(2) + offsets[list] as usize + first;
+        n_rows = min(counts[list] as usize - first, segment) * g;
     }
 
     let k_slice = load_slice::<F>(k, offset3::<F>(k, b, s_row, hk), part, scale, d_k, parts);
@@ -260,8 +274,59 @@ pub fn attention_backward_key<F: Float>(
     }
 
     if key_active {
-        store_slice::<F>(grad_k, offset3::<F>(grad_k, b, s, hk), part, &dk, scale, d_k, parts);
-        store_slice::<F>(grad_v, offset3::<F>(grad_v, b, s, hk), part, &dv, 1.0f32, d_v, parts);
+        if window {
+            store_slice::<F>(grad_k, offset3::<F>(grad_k, b, s, hk), part, &dk, scale, d_k, parts);
+            store_slice::<F>(grad_v, offset3::<F>(grad_v, b, s, hk), part, &dv, 1.0f32, d_v, parts);
+        } else {
+            // This segment's share; `sum_segments` adds a block's shares up.
+            let row = ((b * h_kv + hk) * segment_block.shape(2) + item) * span + s - j * span;
+            let at = row * (d_k + d_v);
+            store_slice::<f32>(partial, at, part, &dk, scale, d_k, parts);
+            store_slice::<f32>(partial, at + d_k, part, &dv, 1.0f32, d_v, parts);
+        }
+    }
+}
+
+/// Selection only: `dk`, `dv` of each key as the sum of its block's segment shares in
+/// `partial [B * H_kv, max_segments, l_sel * (d_k + d_v)]`, in segment order (deterministic).
+/// One unit per element of `grad_k` and `grad_v` together.
+#[cube(launch)]
+pub fn sum_segments<F: Float>(
+    partial: &Tensor<f32>,
+    counts: &Tensor<u32>,
+    segment_base: &Tensor<u32>,
+    grad_k: &mut Tensor<F>,
+    grad_v: &mut Tensor<F>,
+    span: u32,
+    segment: u32,
+    #[comptime] d_k: usize,
+    #[comptime] d_v: usize,
+    #[define(F)] _dtype: StorageType,
+) {
+    let (t_len, h_kv) = (grad_k.shape(1), grad_k.shape(2));
+    let width = d_k + d_v;
+    let pos = ABSOLUTE_POS;
+    if pos >= grad_k.shape(0) * t_len * h_kv * width {
+        terminate!();
+    }
+    let e = pos % width;
+    let hk = (pos / width) % h_kv;
+    let s = (pos / (width * h_kv)) % t_len;
+    let b = pos / (width * h_kv * t_len);
+    let span = span as usize;
+    let j = s / span;
+    let list = offset3::<u32>(counts, b, hk, j);
+    let first = segment_base[list] as usize;
+    let n = counts[list].div_ceil(segment) as usize;
+    let max_segments = partial.shape(1);
+    let mut sum = 0.0f32;
+    for item in first..first + n {
+        sum += partial[(((b * h_kv + hk) * max_segments + item) * span + s - j * span) * width + e];
+    }
+    if e < d_k {
+        grad_k[offset3::<F>(grad_k, b, s, hk) + e] = F::cast_from(sum);
+    } else {
+        grad_v[offset3::<F>(grad_v, b, s, hk) + e - d_k] = F::cast_from(sum);
     }
 }
 

@@ -2,6 +2,12 @@
 //! compressed rows (`counts`, exclusive-scan `offsets`, and `entries` of `[B, H_kv, T * n]`).
 //! Counting and filling use integer atomics; the order of queries inside a block follows the
 //! atomics, which only changes the summation order of `dk`/`dv`.
+//!
+//! Each block's list is cut into segments of at most `segment` queries, one key cube each, so
+//! a block every query picks (block 0 is forced) does not leave one cube with all the work.
+//! `segment_base [B, H_kv, n_blocks]` numbers a block's first segment within its `(b, hk)`,
+//! `segment_block [B, H_kv, max_segments]` maps a segment back to its block, and
+//! `segment_total [B, H_kv]` counts them.
 
 use cubecl::prelude::*;
 
@@ -44,19 +50,38 @@ pub fn count_selections<I: Int>(
     }
 }
 
-/// `offsets[b, hk, :]` = exclusive prefix sum of `counts[b, hk, :]`, one unit per `(b, hk)`.
+/// `offsets[b, hk, :]` = exclusive prefix sum of `counts[b, hk, :]`, and the segments of each
+/// block (see the module doc); one unit per `(b, hk)`.
 #[cube(launch)]
-pub fn scan_counts(counts: &Tensor<u32>, offsets: &mut Tensor<u32>, lists: u32) {
+pub fn scan_counts(
+    counts: &Tensor<u32>,
+    offsets: &mut Tensor<u32>,
+    segment_base: &mut Tensor<u32>,
+    segment_block: &mut Tensor<u32>,
+    segment_total: &mut Tensor<u32>,
+    lists: u32,
+    segment: u32,
+) {
     let list = ABSOLUTE_POS;
     if list >= lists as usize {
         terminate!();
     }
     let n_blocks = counts.shape(2);
+    let max_segments = segment_block.shape(2);
     let mut running = 0u32;
+    let mut segments = 0u32;
     for j in 0..n_blocks {
+        let count = counts[list * n_blocks + j];
         offsets[list * n_blocks + j] = running;
-        running += counts[list * n_blocks + j];
+        segment_base[list * n_blocks + j] = segments;
+        let end = segments + count.div_ceil(segment);
+        while segments < end {
+            segment_block[list * max_segments + segments as usize] = j as u32;
+            segments += 1u32;
+        }
+        running += count;
     }
+    segment_total[list] = segments;
 }
 
 /// Writes each selecting query into its block's rows.
