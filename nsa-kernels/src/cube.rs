@@ -6,12 +6,13 @@ use burn_cubecl::ops::numeric::{empty_device_contiguous_dtype, zeros_client};
 use burn_cubecl::ops::reshape;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{element::BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
+use cubecl::features::MmaConfig;
 use cubecl::prelude::*;
 use cubecl::{calculate_cube_count_elemwise, CubeDim};
 
 use crate::api::{Keys, SparseAttentionBackend, SparseAttentionGrads};
-use crate::kernel::{backward, forward, inverse};
-use crate::tiling::{KeyTiling, QueryPass, QueryTiling};
+use crate::kernel::{backward, forward, inverse, mma_forward};
+use crate::tiling::{KeyTiling, MmaTiling, QueryPass, QueryTiling, MMA_SHARED};
 
 /// Units per cube of the inverted-index kernels.
 const UNITS_PER_CUBE: u32 = 128;
@@ -38,6 +39,31 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
         let [b, t, h_q, _] = call.q.meta.shape().dims::<4>();
         let out = call.empty(Shape::new([b, t, h_q, call.d_v]), call.q.dtype);
         let lse = call.empty(Shape::new([b, t, h_q]), DType::F32);
+        if let Some(tiling) = call.mma_tiling() {
+            let (count, dim) = call.mma_grid(&tiling);
+            mma_forward::attention_forward_mma::launch::<R>(
+                &call.client(),
+                count,
+                dim,
+                call.q.clone().into_tensor_arg(),
+                call.k.clone().into_tensor_arg(),
+                call.v.clone().into_tensor_arg(),
+                call.blocks.clone().into_tensor_arg(),
+                out.clone().into_tensor_arg(),
+                lse.clone().into_tensor_arg(),
+                call.scale,
+                call.span,
+                call.window,
+                call.d_k,
+                call.d_v,
+                tiling.rows,
+                tiling.planes,
+                tiling.key_tile,
+                tiling.pv_cols,
+                [call.q.dtype.into(), call.blocks.dtype.into()],
+            );
+            return (out, lse);
+        }
         let tiling = call.query_tiling(QueryPass::Forward);
         let (count, dim) = call.query_grid(&tiling);
         forward::attention_forward::launch::<R>(
@@ -248,6 +274,36 @@ impl<R: CubeRuntime> Call<R> {
     fn query_tiling(&self, pass: QueryPass) -> QueryTiling {
         let g = self.q.meta.shape()[2] / self.k.meta.shape()[2];
         QueryTiling::plan(pass, self.window, g, self.d_k, self.d_v, self.shared_bytes())
+    }
+
+    /// The tensor-core forward's tiling for a window when the device has 16x16x16 MMA for the
+    /// storage type with f32 accumulation and 32-unit planes (CUDA on tensor-core GPUs,
+    /// f16/bf16); `None` runs the plain kernel (a selection, f32 storage, WGPU, head dims off
+    /// the MMA tile).
+    fn mma_tiling(&self) -> Option<MmaTiling> {
+        let dtype = self.q.dtype;
+        if !self.window || !matches!(dtype, DType::F16 | DType::BF16) {
+            return None;
+        }
+        let client = self.client();
+        let props = client.properties();
+        let config = MmaConfig { a_type: dtype.into(), b_type: dtype.into(), cd_type: DType::F32.into(), m: 16, n: 16, k: 16 };
+        let planes_of_32 = props.hardware.plane_size_min == 32 && props.hardware.plane_size_max == 32;
+        if !planes_of_32 || !props.features.matmul.cmma.contains(&config) {
+            return None;
+        }
+        let g = self.q.meta.shape()[2] / self.k.meta.shape()[2];
+        let shared = props.hardware.max_shared_memory_size.min(MMA_SHARED);
+        MmaTiling::plan(g, self.d_k, self.d_v, dtype.size(), shared)
+    }
+
+    /// One cube of `(32, planes)` units per `(b, hk, query tile)`.
+    fn mma_grid(&self, tiling: &MmaTiling) -> (CubeCount, CubeDim) {
+        let [b, t, h_q, _] = self.q.meta.shape().dims::<4>();
+        let h_kv = self.k.meta.shape()[2];
+        let dim = CubeDim::new_2d(32, tiling.planes as u32);
+        let cubes = b * h_kv * t.div_ceil(tiling.queries(h_q / h_kv));
+        (calculate_cube_count_elemwise(&self.client(), cubes * dim.num_elems() as usize, dim), dim)
     }
 
     /// One cube per `(b, hk, query tile)`.

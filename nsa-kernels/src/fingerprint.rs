@@ -11,6 +11,7 @@ pub const KERNEL_FINGERPRINT: u64 = fnv1a(
         include_str!("kernel/forward.rs"),
         include_str!("kernel/backward.rs"),
         include_str!("kernel/inverse.rs"),
+        include_str!("kernel/mma_forward.rs"),
         include_str!("kernel/query.rs"),
         include_str!("kernel/rows.rs"),
         include_str!("cube.rs"),

@@ -105,6 +105,62 @@ impl KeyTiling {
     }
 }
 
+/// Tensor-core forward of a window (see `kernel::mma_forward`): a cube of `planes` planes of 32
+/// units holds `rows` real rows (the `g` heads of `rows / g` consecutive queries) padded to
+/// `16 * planes`, and stages `key_tile` keys per step. A selection stays on the plain kernel:
+/// its cube has one query (`g` rows, 6 of a 16-row tile at the production shape) and the
+/// tensor-core version measured 2.5x slower there (H100, 64k, docs/benchmarks.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MmaTiling {
+    pub rows: usize,
+    pub planes: usize,
+    pub key_tile: usize,
+    /// Output columns per pass of `p . v` through the plane's score tile.
+    pub pv_cols: usize,
+}
+
+/// Rows a tensor-core window cube aims for: more rows share each staged K/V tile (a window cube
+/// stages `w + queries` keys for its `queries` positions). 128 rows with 96 KiB measured 1.17x
+/// (production) and 1.08x (paper) faster than 64 rows with 48 KiB (H100, 64k, same call).
+pub const MMA_ROWS: usize = 128;
+/// The MMA tile edge.
+const MMA_TILE: usize = 16;
+/// Shared memory a tensor-core cube may use (above 48 KiB is dynamic shared memory, which
+/// CubeCL's CUDA runtime opts into per kernel; tensor-core GPUs have 100-228 KiB per SM).
+pub const MMA_SHARED: usize = 96 * 1024;
+
+impl MmaTiling {
+    /// `None` when the head dims are not multiples of the MMA tile or no key tile fits the
+    /// shared memory; `elem_bytes` is the storage type's size.
+    pub fn plan(g: usize, d_k: usize, d_v: usize, elem_bytes: usize, shared_bytes: usize) -> Option<Self> {
+        if d_k % MMA_TILE != 0 || d_v % MMA_TILE != 0 {
+            return None;
+        }
+        let queries = (MMA_ROWS / g).max(1);
+        let rows = queries * g;
+        let pv_cols = [64, 32, 16].into_iter().find(|c| d_v % c == 0)?;
+        let mut tiling = MmaTiling { rows, planes: rows.div_ceil(MMA_TILE), key_tile: 64, pv_cols };
+        while tiling.shared_bytes(d_k, d_v, elem_bytes) > shared_bytes && tiling.key_tile > MMA_TILE {
+            tiling.key_tile /= 2;
+        }
+        (tiling.shared_bytes(d_k, d_v, elem_bytes) <= shared_bytes).then_some(tiling)
+    }
+
+    /// Positions per cube.
+    pub fn queries(&self, g: usize) -> usize {
+        self.rows / g
+    }
+
+    /// Shared memory the kernel declares: query rows or K and V tiles (one buffer), the f32
+    /// score tiles and the probability tiles.
+    pub fn shared_bytes(&self, d_k: usize, d_v: usize, elem_bytes: usize) -> usize {
+        let padded = self.planes * MMA_TILE;
+        let staged = (padded * d_k).max(self.key_tile * (d_k + d_v)) * elem_bytes;
+        let scores = padded * self.key_tile.max(self.pv_cols) * 4;
+        staged + scores + padded * self.key_tile * elem_bytes
+    }
+}
+
 /// The smallest power-of-two split that keeps `floats / parts` within the register budget and
 /// divides both head dims; 1 when no split divides them.
 fn fitting_parts(floats: usize, d_k: usize, d_v: usize) -> usize {
@@ -141,6 +197,18 @@ mod tests {
         assert_eq!(KeyTiling::plan(128, 128, H100).parts, 4);
         // d_k = 192, d_v = 128.
         assert_eq!(QueryTiling::plan(QueryPass::Forward, true, 16, 192, 128, H100).parts, 4);
+    }
+
+    #[test]
+    fn tensor_core_tiles_fit_the_shared_memory_at_every_head_dim() {
+        let prod = MmaTiling::plan(6, 64, 64, 2, MMA_SHARED).unwrap();
+        assert_eq!(prod.rows, MMA_ROWS / 6 * 6);
+        for (g, d_k, d_v) in [(6, 64, 64), (16, 128, 128), (16, 192, 128), (1, 64, 64), (64, 128, 128)] {
+            let t = MmaTiling::plan(g, d_k, d_v, 2, MMA_SHARED).unwrap();
+            assert!(t.shared_bytes(d_k, d_v, 2) <= MMA_SHARED, "{t:?}");
+            assert!(t.rows <= 16 * t.planes && d_v % t.pv_cols == 0 && t.key_tile % 16 == 0, "{t:?}");
+        }
+        assert_eq!(MmaTiling::plan(6, 72, 64, 2, MMA_SHARED), None);
     }
 
     #[test]

@@ -42,6 +42,8 @@ pub struct BenchOptions {
     pub dtype: DType,
     /// Length of the parity check against the reference (the reference is O(T^2)); 0 skips it.
     pub check_len: usize,
+    /// Shapes to check and time, from [`SHAPES`].
+    pub shapes: Vec<Shape>,
 }
 
 /// A random selection per `(t, hk)`: the forced blocks plus random eligible ones up to `N`,
@@ -122,7 +124,7 @@ pub fn bench_kernels<B: TrainBackend>(device: &B::Device, opts: &BenchOptions) -
     let tol = if opts.dtype == DType::F32 { 1e-3 } else { 3e-2 };
     println!("fused: {}", <B as SparseAttentionBackend>::has_fused_sparse_attention());
     let mut ok = true;
-    for shape in SHAPES.into_iter().filter(|_| opts.check_len > 0) {
+    for shape in opts.shapes.iter().copied().filter(|_| opts.check_len > 0) {
         // Parity on a ragged length, both key sets, against the reference's tensor ops.
         let t = opts.check_len;
         let x = inputs::<B::InnerBackend>(shape, t, opts.dtype, device);
@@ -151,7 +153,7 @@ pub fn bench_kernels<B: TrainBackend>(device: &B::Device, opts: &BenchOptions) -
     }
     println!("| shape | T | branch | fwd ms | fwd+bwd ms | fwd TFLOP/s | fwd+bwd TFLOP/s |");
     println!("|---|---|---|---|---|---|---|");
-    for shape in SHAPES {
+    for shape in opts.shapes.iter().copied() {
         for &t in &opts.lengths {
             let x = inputs::<B::InnerBackend>(shape, t, opts.dtype, device);
             let (blocks, selected_keys) = random_blocks(&mut rng, t, shape.h_kv);

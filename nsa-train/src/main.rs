@@ -131,6 +131,9 @@ enum Command {
         /// it (a memcheck run, where the reference's autotuning under the sanitizer is the slow part).
         #[arg(long, default_value_t = 500)]
         check_len: usize,
+        /// Shapes to check and time (production: H_q 12, H_kv 2, d 64; paper: 64, 4, 128).
+        #[arg(long, value_delimiter = ',', default_value = "production,paper")]
+        shapes: Vec<BenchShape>,
     },
     /// Sample text from a checkpoint.
     Generate {
@@ -175,8 +178,8 @@ fn main() -> ExitCode {
     let result = match Cli::parse().command {
         Command::Train(args) => train(args),
         Command::Profile(args) => profile(args),
-        Command::BenchKernels { backend, lengths, iters, precision, check_len } => {
-            bench_kernels(backend, lengths, iters, precision, check_len)
+        Command::BenchKernels { backend, lengths, iters, precision, check_len, shapes } => {
+            bench_kernels(backend, lengths, iters, precision, check_len, shapes)
         }
         Command::Generate { checkpoint, prompt, tokens, temperature, top_k, seed, backend } => {
             let opts = SampleOptions { tokens, temperature, top_k, seed };
@@ -425,12 +428,20 @@ fn run<B: nsa_train::TrainBackend>(
     Ok(())
 }
 
+/// `bench-kernels --shapes`: the names of [`nsa_train::bench::SHAPES`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum BenchShape {
+    Production,
+    Paper,
+}
+
 fn bench_kernels(
     backend: Option<BackendArg>,
     lengths: Vec<usize>,
     iters: usize,
     precision: Precision,
     check_len: usize,
+    shapes: Vec<BenchShape>,
 ) -> Result<(), String> {
     let kind = resolve(backend.map(Into::into).unwrap_or(BackendKind::Auto))?;
     if precision == Precision::Bf16 && kind != BackendKind::Cuda {
@@ -443,7 +454,11 @@ fn bench_kernels(
         Precision::F32 => burn::tensor::DType::F32,
         Precision::Bf16 => burn::tensor::DType::BF16,
     };
-    let opts = nsa_train::bench::BenchOptions { lengths, iters: iters.max(1), dtype, check_len };
+    let shapes = nsa_train::bench::SHAPES
+        .into_iter()
+        .filter(|s| shapes.iter().any(|chosen| format!("{chosen:?}").eq_ignore_ascii_case(s.name)))
+        .collect();
+    let opts = nsa_train::bench::BenchOptions { lengths, iters: iters.max(1), dtype, check_len, shapes };
     eprintln!("benchmarking sparse attention on {} in {precision:?}", name(kind));
     let ok = with_backend!(kind, false, |B, device, _memory| Ok(nsa_train::bench::bench_kernels::<B>(&device, &opts)))?;
     if ok {

@@ -7,5 +7,6 @@
 pub mod backward;
 pub mod forward;
 pub mod inverse;
+pub mod mma_forward;
 pub mod query;
 pub mod rows;

@@ -47,7 +47,8 @@ impl QueryCube {
             t_end = t_len;
         }
         let mut t = t0 + row / g;
-        let active = t < t_len;
+        // Units past `rows` (the padding rows of a tensor-core cube) serve no query.
+        let active = t < t_len && row < rows;
         if !active {
             t = t_len - 1;
         }

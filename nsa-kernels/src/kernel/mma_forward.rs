@@ -1,0 +1,311 @@
+//! Forward on tensor cores (CMMA, 16x16x16, f16/bf16 inputs, f32 accumulation): the same cube
+//! layout and online softmax as [`super::forward`], with `q.k` and `p.v` as plane-wide matrix
+//! products instead of per-unit dot products.
+//!
+//! A cube has `planes` planes of 32 units; plane `p` owns rows `16p..16p + 16` of the cube
+//! (padding rows past `rows` are zero queries that write nothing). Per staged key tile a plane
+//! multiplies its 16 query rows by the tile's keys into an f32 score tile in shared memory; two
+//! units per row (`lane / 2`, halves `lane % 2`) turn scores into probabilities and keep the
+//! row's output accumulator in registers (every other column), and the plane multiplies the
+//! probabilities (rounded to the storage type, as flash attention does) by the value tile,
+//! `pv_cols` output columns at a time, through the same shared-memory tile.
+
+use cubecl::cmma::{self, Matrix, MatrixIdent, MatrixLayout};
+use cubecl::prelude::*;
+
+use super::forward::MASKED;
+use super::query::QueryCube;
+use super::rows::{offset3, store_slice, zero_slice, NEG_LARGE};
+
+/// Rows of a plane's tile, and the MMA shape on every axis.
+pub const TILE: usize = 16;
+/// Byte alignment of the shared tiles (wmma's 256-bit rule).
+const ALIGN: usize = 32;
+
+/// `q [B, T, H_q, d_k]`, `k [B, T, H_kv, d_k]`, `v [B, T, H_kv, d_v]`, `blocks [B, T, H_kv, n]`
+/// (ignored for a window) -> `out [B, T, H_q, d_v]`, `lse [B, T, H_q]` (f32), as
+/// [`super::forward::attention_forward`]. Cube `(32, planes)` units; `rows <= 16 * planes`
+/// real rows; `d_k`, `d_v`, `key_tile` and `pv_cols` multiples of 16, `pv_cols` dividing `d_v`.
+#[cube(launch)]
+pub fn attention_forward_mma<F: Float, I: Int>(
+    q: &Tensor<F>,
+    k: &Tensor<F>,
+    v: &Tensor<F>,
+    blocks: &Tensor<I>,
+    out: &mut Tensor<F>,
+    lse: &mut Tensor<f32>,
+    scale: f32,
+    span: u32,
+    #[comptime] window: bool,
+    #[comptime] d_k: usize,
+    #[comptime] d_v: usize,
+    #[comptime] rows: usize,
+    #[comptime] planes: usize,
+    #[comptime] key_tile: usize,
+    #[comptime] pv_cols: usize,
+    #[define(F, I)] _dtypes: [StorageType; 2],
+) {
+    // Two units per row: QueryCube's `part` is the half, its `row` the cube row.
+    let cube = QueryCube::new::<F>(q, k, rows, 2usize);
+    if !cube.exists {
+        terminate!();
+    }
+    let span = span as usize;
+    let plane = UNIT_POS_Y as usize;
+    let local = (UNIT_POS_X as usize) / 2;
+    let half = cube.part;
+
+    // One buffer holds the query rows while their fragments load, then the K and V tiles.
+    // wmma loads and stores need 256-bit aligned tile addresses.
+    let mut staged =
+        SharedMemory::<F>::new_aligned(comptime!(max_usize(planes * TILE * d_k, key_tile * (d_k + d_v))), ALIGN);
+    let v_at = key_tile * d_k;
+    stage_query_rows::<F>(q, &mut staged, cube.b, cube.t0, cube.hk, q.shape(2) / k.shape(2), rows, planes, d_k);
+    sync_cube();
+    let mut q_frags = Sequence::<Matrix<F>>::new();
+    #[unroll]
+    for kk in 0..d_k / TILE {
+        let at = plane * TILE * d_k + kk * TILE;
+        q_frags.push(Matrix::<F>::from_slice(
+            MatrixIdent::A,
+            TILE,
+            TILE,
+            TILE,
+            MatrixLayout::RowMajor,
+            &staged.slice(at, at + comptime!(tile_span(d_k))),
+            d_k as u32,
+        ));
+    }
+    sync_cube();
+
+    // Per plane: scores `[16, key_tile]`, later a `[16, pv_cols]` slice of `p.v`; and the
+    // probabilities `[16, key_tile]` in the storage type.
+    let region_len = comptime!(TILE * max_usize(key_tile, pv_cols));
+    let mut scores = SharedMemory::<f32>::new_aligned(planes * region_len, ALIGN);
+    let mut probs = SharedMemory::<F>::new_aligned(planes * TILE * key_tile, ALIGN);
+    let region = plane * region_len;
+    let p_region = plane * TILE * key_tile;
+
+    let mut acc = zero_slice(d_v, 2usize);
+    let mut row_max = f32::new(NEG_LARGE);
+    let mut sum = 0.0f32;
+
+    for r in 0..cube.range_count::<I>(blocks, window) {
+        let (start, end) = cube.key_range::<I>(blocks, r, span, window);
+        let mut first = start;
+        while first < end {
+            let count = min(end - first, key_tile);
+            stage_key_rows::<F>(k, &mut staged, 0usize, cube.b, first, count, cube.hk, key_tile, d_k);
+            stage_key_rows::<F>(v, &mut staged, v_at, cube.b, first, count, cube.hk, key_tile, d_v);
+            sync_cube();
+
+            // Scores of the plane's 16 rows against the tile's keys (K read column-major: k^T).
+            #[unroll]
+            for n in 0..key_tile / TILE {
+                let s = Matrix::<f32>::from_value(MatrixIdent::Accumulator, TILE, TILE, TILE, MatrixLayout::Undefined, 0.0f32);
+                #[unroll]
+                for kk in 0..d_k / TILE {
+                    let at = n * TILE * d_k + kk * TILE;
+                    let kt = Matrix::<F>::from_slice(
+                        MatrixIdent::B,
+                        TILE,
+                        TILE,
+                        TILE,
+                        MatrixLayout::ColMajor,
+                        &staged.slice(at, at + comptime!(tile_span(d_k))),
+                        d_k as u32,
+                    );
+                    cmma::execute::<F, F, f32, f32>(q_frags.index(kk), &kt, &s, &s);
+                }
+                let at = region + n * TILE;
+                cmma::store(&mut scores.slice_mut(at, at + comptime!(tile_span(key_tile))), &s, key_tile as u32, MatrixLayout::RowMajor);
+            }
+            sync_plane();
+
+            // Online softmax over this unit's half of the row's keys.
+            let half_keys = comptime!(key_tile / 2);
+            let s_at = region + local * key_tile + half * half_keys;
+            let mut row_scores = Array::<f32>::new(half_keys);
+            let mut tile_max = f32::new(NEG_LARGE);
+            #[unroll]
+            for c in 0..half_keys {
+                let key = half * half_keys + c;
+                let valid = key < count && cube.attends(first + key, span, window);
+                row_scores[c] = select(valid, scores[s_at + c] * scale, f32::new(NEG_LARGE));
+                tile_max = max(tile_max, row_scores[c]);
+            }
+            tile_max = max(tile_max, plane_shuffle_xor(tile_max, 1u32));
+            let new_max = max(row_max, tile_max);
+            let correction = (row_max - new_max).exp();
+            let mut tile_sum = 0.0f32;
+            let p_at = p_region + local * key_tile + half * half_keys;
+            #[unroll]
+            for c in 0..half_keys {
+                let p = select(row_scores[c] > MASKED, (row_scores[c] - new_max).exp(), 0.0f32);
+                tile_sum += p;
+                probs[p_at + c] = F::cast_from(p);
+            }
+            tile_sum += plane_shuffle_xor(tile_sum, 1u32);
+            sum = sum * correction + tile_sum;
+            row_max = new_max;
+            #[unroll]
+            for i in 0..d_v / 2 {
+                acc[i] *= correction;
+            }
+            sync_plane();
+
+            accumulate_values::<F>(&staged, v_at, &probs, p_region, &mut scores, region, &mut acc, local, half, d_v, key_tile, pv_cols);
+            // The next tile overwrites K and V.
+            sync_cube();
+            first += count;
+        }
+    }
+
+    if cube.active {
+        let mut inv = 0.0f32;
+        let mut row_lse = f32::new(NEG_LARGE);
+        if sum > 0.0f32 {
+            inv = 1.0f32 / sum;
+            row_lse = row_max + sum.ln();
+        }
+        store_slice::<F>(out, offset3::<F>(out, cube.b, cube.t, cube.h), half, &acc, inv, d_v, 2usize);
+        if half == 0usize {
+            lse[offset3::<f32>(lse, cube.b, cube.t, cube.h)] = row_lse;
+        }
+    }
+}
+
+/// `acc += p . v` for the plane's 16 rows, `pv_cols` output columns per pass through the
+/// plane's score region; this unit adds its row's interleaved columns (`2i + half`).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn accumulate_values<F: Float>(
+    staged: &SharedMemory<F>,
+    v_at: usize,
+    probs: &SharedMemory<F>,
+    p_region: usize,
+    scores: &mut SharedMemory<f32>,
+    region: usize,
+    acc: &mut Array<f32>,
+    local: usize,
+    half: usize,
+    #[comptime] d_v: usize,
+    #[comptime] key_tile: usize,
+    #[comptime] pv_cols: usize,
+) {
+    let mut p_frags = Sequence::<Matrix<F>>::new();
+    #[unroll]
+    for kk in 0..key_tile / TILE {
+        let at = p_region + kk * TILE;
+        p_frags.push(Matrix::<F>::from_slice(
+            MatrixIdent::A,
+            TILE,
+            TILE,
+            TILE,
+            MatrixLayout::RowMajor,
+            &probs.slice(at, at + comptime!(tile_span(key_tile))),
+            key_tile as u32,
+        ));
+    }
+    #[unroll]
+    for j in 0..d_v / pv_cols {
+        #[unroll]
+        for n in 0..pv_cols / TILE {
+            let o = Matrix::<f32>::from_value(MatrixIdent::Accumulator, TILE, TILE, TILE, MatrixLayout::Undefined, 0.0f32);
+            #[unroll]
+            for kk in 0..key_tile / TILE {
+                let at = v_at + kk * TILE * d_v + j * pv_cols + n * TILE;
+                let vt = Matrix::<F>::from_slice(
+                    MatrixIdent::B,
+                    TILE,
+                    TILE,
+                    TILE,
+                    MatrixLayout::RowMajor,
+                    &staged.slice(at, at + comptime!(tile_span(d_v))),
+                    d_v as u32,
+                );
+                cmma::execute::<F, F, f32, f32>(p_frags.index(kk), &vt, &o, &o);
+            }
+            let at = region + n * TILE;
+            cmma::store(&mut scores.slice_mut(at, at + comptime!(tile_span(pv_cols))), &o, pv_cols as u32, MatrixLayout::RowMajor);
+        }
+        sync_plane();
+        #[unroll]
+        for i in 0..pv_cols / 2 {
+            acc[j * (pv_cols / 2) + i] += scores[region + local * pv_cols + 2 * i + half];
+        }
+        sync_plane();
+    }
+}
+
+/// Stages the cube's query rows `[16 * planes, d]` (row `r` is query `t0 + r / g`, head
+/// `hk * g + r % g`; rows past `rows` or the sequence are zero), all units cooperating.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn stage_query_rows<F: Float>(
+    q: &Tensor<F>,
+    staged: &mut SharedMemory<F>,
+    b: usize,
+    t0: usize,
+    hk: usize,
+    g: usize,
+    #[comptime] rows: usize,
+    #[comptime] planes: usize,
+    #[comptime] d: usize,
+) {
+    let t_len = q.shape(1);
+    let units = CUBE_DIM as usize;
+    let mut idx = UNIT_POS as usize;
+    while idx < planes * TILE * d {
+        let r = idx / d;
+        let t = t0 + r / g;
+        let mut value = F::new(0.0);
+        if r < rows && t < t_len {
+            value = q[offset3::<F>(q, b, t, hk * g + r % g) + idx % d];
+        }
+        staged[idx] = value;
+        idx += units;
+    }
+}
+
+/// Stages key rows `first..first + count` (at most `tile`) of head `hk` of `src [B, T, H, d]`
+/// at `at` of `staged`, in the storage type; rows past `count` are zero.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn stage_key_rows<F: Float>(
+    src: &Tensor<F>,
+    staged: &mut SharedMemory<F>,
+    at: usize,
+    b: usize,
+    first: usize,
+    count: usize,
+    hk: usize,
+    #[comptime] tile: usize,
+    #[comptime] d: usize,
+) {
+    let units = CUBE_DIM as usize;
+    let mut idx = UNIT_POS as usize;
+    while idx < tile * d {
+        let row = idx / d;
+        let mut value = F::new(0.0);
+        if row < count {
+            value = src[offset3::<F>(src, b, first + row, hk) + idx % d];
+        }
+        staged[at + idx] = value;
+        idx += units;
+    }
+}
+
+/// Elements a 16x16 tile with row stride `stride` spans.
+const fn tile_span(stride: usize) -> usize {
+    (TILE - 1) * stride + TILE
+}
+
+/// `max` usable in comptime expressions.
+pub const fn max_usize(a: usize, b: usize) -> usize {
+    if a > b {
+        a
+    } else {
+        b
+    }
+}
