@@ -57,7 +57,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
                 call.d_k,
                 call.d_v,
                 tiling.rows,
-                tiling.planes,
+                tiling.planes(),
                 tiling.key_tile,
                 tiling.pv_cols,
                 [call.q.dtype.into(), call.blocks.dtype.into()],
@@ -301,7 +301,7 @@ impl<R: CubeRuntime> Call<R> {
     fn mma_grid(&self, tiling: &MmaTiling) -> (CubeCount, CubeDim) {
         let [b, t, h_q, _] = self.q.meta.shape().dims::<4>();
         let h_kv = self.k.meta.shape()[2];
-        let dim = CubeDim::new_2d(32, tiling.planes as u32);
+        let dim = CubeDim::new_2d(32, tiling.planes() as u32);
         let cubes = b * h_kv * t.div_ceil(tiling.queries(h_q / h_kv));
         (calculate_cube_count_elemwise(&self.client(), cubes * dim.num_elems() as usize, dim), dim)
     }
@@ -342,14 +342,15 @@ impl<R: CubeRuntime> Call<R> {
     /// Counts, scans and fills the inverted block index of a selection.
     fn inverted_index(&self, t: usize) -> InvertedIndex<R> {
         if self.window {
-            let placeholder = || self.zeros_u32(Shape::new([1, 1, 1]));
+            // One 1-element buffer for all six: a window's kernels never read them.
+            let placeholder = self.zeros_u32(Shape::new([1, 1, 1]));
             return InvertedIndex {
-                offsets: placeholder(),
-                counts: placeholder(),
-                entries: placeholder(),
-                segment_base: placeholder(),
-                segment_block: placeholder(),
-                segment_total: placeholder(),
+                offsets: placeholder.clone(),
+                counts: placeholder.clone(),
+                entries: placeholder.clone(),
+                segment_base: placeholder.clone(),
+                segment_block: placeholder.clone(),
+                segment_total: placeholder,
             };
         }
         let [b, _, h_kv, n] = self.blocks.meta.shape().dims::<4>();

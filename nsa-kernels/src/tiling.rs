@@ -113,7 +113,6 @@ impl KeyTiling {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MmaTiling {
     pub rows: usize,
-    pub planes: usize,
     pub key_tile: usize,
     /// Output columns per pass of `p . v` through the plane's score tile.
     pub pv_cols: usize,
@@ -139,11 +138,16 @@ impl MmaTiling {
         let queries = (MMA_ROWS / g).max(1);
         let rows = queries * g;
         let pv_cols = [64, 32, 16].into_iter().find(|c| d_v % c == 0)?;
-        let mut tiling = MmaTiling { rows, planes: rows.div_ceil(MMA_TILE), key_tile: 64, pv_cols };
+        let mut tiling = MmaTiling { rows, key_tile: 64, pv_cols };
         while tiling.shared_bytes(d_k, d_v, elem_bytes) > shared_bytes && tiling.key_tile > MMA_TILE {
             tiling.key_tile /= 2;
         }
         (tiling.shared_bytes(d_k, d_v, elem_bytes) <= shared_bytes).then_some(tiling)
+    }
+
+    /// Planes of 16 rows: `rows` rounded up.
+    pub fn planes(&self) -> usize {
+        self.rows.div_ceil(MMA_TILE)
     }
 
     /// Positions per cube.
@@ -154,7 +158,7 @@ impl MmaTiling {
     /// Shared memory the kernel declares: query rows or K and V tiles (one buffer), the f32
     /// score tiles and the probability tiles.
     pub fn shared_bytes(&self, d_k: usize, d_v: usize, elem_bytes: usize) -> usize {
-        let padded = self.planes * MMA_TILE;
+        let padded = self.planes() * MMA_TILE;
         let staged = (padded * d_k).max(self.key_tile * (d_k + d_v)) * elem_bytes;
         let scores = padded * self.key_tile.max(self.pv_cols) * 4;
         staged + scores + padded * self.key_tile * elem_bytes
@@ -206,7 +210,7 @@ mod tests {
         for (g, d_k, d_v) in [(6, 64, 64), (16, 128, 128), (16, 192, 128), (1, 64, 64), (64, 128, 128)] {
             let t = MmaTiling::plan(g, d_k, d_v, 2, MMA_SHARED).unwrap();
             assert!(t.shared_bytes(d_k, d_v, 2) <= MMA_SHARED, "{t:?}");
-            assert!(t.rows <= 16 * t.planes && d_v % t.pv_cols == 0 && t.key_tile % 16 == 0, "{t:?}");
+            assert!(t.rows <= 16 * t.planes() && d_v % t.pv_cols == 0 && t.key_tile % 16 == 0, "{t:?}");
         }
         assert_eq!(MmaTiling::plan(6, 72, 64, 2, MMA_SHARED), None);
     }

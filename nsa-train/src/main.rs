@@ -428,7 +428,7 @@ fn run<B: nsa_train::TrainBackend>(
     Ok(())
 }
 
-/// `bench-kernels --shapes`: the names of [`nsa_train::bench::SHAPES`].
+/// `bench-kernels --shapes`: [`nsa_train::bench::SHAPES`] in order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 enum BenchShape {
     Production,
@@ -456,7 +456,9 @@ fn bench_kernels(
     };
     let shapes = nsa_train::bench::SHAPES
         .into_iter()
-        .filter(|s| shapes.iter().any(|chosen| format!("{chosen:?}").eq_ignore_ascii_case(s.name)))
+        .zip([BenchShape::Production, BenchShape::Paper])
+        .filter(|(_, name)| shapes.contains(name))
+        .map(|(shape, _)| shape)
         .collect();
     let opts = nsa_train::bench::BenchOptions { lengths, iters: iters.max(1), dtype, check_len, shapes };
     eprintln!("benchmarking sparse attention on {} in {precision:?}", name(kind));

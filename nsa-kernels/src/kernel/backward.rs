@@ -279,12 +279,18 @@ pub fn attention_backward_key<F: Float>(
             store_slice::<F>(grad_v, offset3::<F>(grad_v, b, s, hk), part, &dv, 1.0f32, d_v, parts);
         } else {
             // This segment's share; `sum_segments` adds a block's shares up.
-            let row = ((b * h_kv + hk) * segment_block.shape(2) + item) * span + s - j * span;
-            let at = row * (d_k + d_v);
+            let at = segment_row(b, hk, h_kv, segment_block.shape(2), item, s - j * span, span) * (d_k + d_v);
             store_slice::<f32>(partial, at, part, &dk, scale, d_k, parts);
             store_slice::<f32>(partial, at + d_k, part, &dv, 1.0f32, d_v, parts);
         }
     }
+}
+
+/// Row of `partial [B * H_kv, segments, span * (d_k + d_v)]` holding segment `item`'s share
+/// for key `key` of its block (`key < span`), written by the key kernel, read by `sum_segments`.
+#[cube]
+fn segment_row(b: usize, hk: usize, h_kv: usize, segments: usize, item: usize, key: usize, span: usize) -> usize {
+    ((b * h_kv + hk) * segments + item) * span + key
 }
 
 /// Selection only: `dk`, `dv` of each key as the sum of its block's segment shares in
@@ -321,7 +327,7 @@ pub fn sum_segments<F: Float>(
     let max_segments = partial.shape(1);
     let mut sum = 0.0f32;
     for item in first..first + n {
-        sum += partial[(((b * h_kv + hk) * max_segments + item) * span + s - j * span) * width + e];
+        sum += partial[segment_row(b, hk, h_kv, max_segments, item, s - j * span, span) * width + e];
     }
     if e < d_k {
         grad_k[offset3::<F>(grad_k, b, s, hk) + e] = F::cast_from(sum);
