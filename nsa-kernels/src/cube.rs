@@ -11,8 +11,8 @@ use cubecl::prelude::*;
 use cubecl::{calculate_cube_count_elemwise, CubeDim};
 
 use crate::api::{Keys, SparseAttentionBackend, SparseAttentionGrads};
-use crate::kernel::{backward, forward, inverse, mma_forward};
-use crate::tiling::{KeyTiling, MmaTiling, QueryPass, QueryTiling, MMA_SHARED};
+use crate::kernel::{backward, forward, inverse, mma_backward, mma_dq, mma_forward};
+use crate::tiling::{KeyMmaTiling, KeyTiling, MmaTiling, QueryPass, QueryTiling, MMA_SHARED};
 
 /// Units per cube of the inverted-index kernels.
 const UNITS_PER_CUBE: u32 = 128;
@@ -39,7 +39,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
         let [b, t, h_q, _] = call.q.meta.shape().dims::<4>();
         let out = call.empty(Shape::new([b, t, h_q, call.d_v]), call.q.dtype);
         let lse = call.empty(Shape::new([b, t, h_q]), DType::F32);
-        if let Some(tiling) = call.mma_tiling() {
+        if let Some(tiling) = call.mma_tiling(QueryPass::Forward) {
             let (count, dim) = call.mma_grid(&tiling);
             mma_forward::attention_forward_mma::launch::<R>(
                 &call.client(),
@@ -105,37 +105,62 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
         let h_kv = call.k.meta.shape()[2];
         let delta = call.empty(Shape::new([b, t, h_q]), DType::F32);
         let grad_q = call.empty(call.q.meta.shape().clone(), dtype);
-        let tiling = call.query_tiling(QueryPass::Gradient);
-        let (count, dim) = call.query_grid(&tiling);
-        backward::attention_backward_query::launch::<R>(
-            &call.client(),
-            count,
-            dim,
-            call.q.clone().into_tensor_arg(),
-            call.k.clone().into_tensor_arg(),
-            call.v.clone().into_tensor_arg(),
-            call.blocks.clone().into_tensor_arg(),
-            out.into_tensor_arg(),
-            grad_out.clone().into_tensor_arg(),
-            lse.clone().into_tensor_arg(),
-            delta.clone().into_tensor_arg(),
-            grad_q.clone().into_tensor_arg(),
-            call.scale,
-            call.span,
-            call.window,
-            call.d_k,
-            call.d_v,
-            tiling.parts,
-            tiling.rows,
-            tiling.chunk,
-            [dtype.into(), call.blocks.dtype.into()],
-        );
+        if let Some(tiling) = call.mma_tiling(QueryPass::Gradient) {
+            let (count, dim) = call.mma_grid(&tiling);
+            mma_dq::attention_backward_query_mma::launch::<R>(
+                &call.client(),
+                count,
+                dim,
+                call.q.clone().into_tensor_arg(),
+                call.k.clone().into_tensor_arg(),
+                call.v.clone().into_tensor_arg(),
+                call.blocks.clone().into_tensor_arg(),
+                out.into_tensor_arg(),
+                grad_out.clone().into_tensor_arg(),
+                lse.clone().into_tensor_arg(),
+                delta.clone().into_tensor_arg(),
+                grad_q.clone().into_tensor_arg(),
+                call.scale,
+                call.span,
+                call.window,
+                call.d_k,
+                call.d_v,
+                tiling.rows,
+                tiling.planes,
+                tiling.key_tile,
+                [dtype.into(), call.blocks.dtype.into()],
+            );
+        } else {
+            let tiling = call.query_tiling(QueryPass::Gradient);
+            let (count, dim) = call.query_grid(&tiling);
+            backward::attention_backward_query::launch::<R>(
+                &call.client(),
+                count,
+                dim,
+                call.q.clone().into_tensor_arg(),
+                call.k.clone().into_tensor_arg(),
+                call.v.clone().into_tensor_arg(),
+                call.blocks.clone().into_tensor_arg(),
+                out.into_tensor_arg(),
+                grad_out.clone().into_tensor_arg(),
+                lse.clone().into_tensor_arg(),
+                delta.clone().into_tensor_arg(),
+                grad_q.clone().into_tensor_arg(),
+                call.scale,
+                call.span,
+                call.window,
+                call.d_k,
+                call.d_v,
+                tiling.parts,
+                tiling.rows,
+                tiling.chunk,
+                [dtype.into(), call.blocks.dtype.into()],
+            );
+        }
 
         let index = call.inverted_index(t);
         let grad_k = call.empty(call.k.meta.shape().clone(), dtype);
         let grad_v = call.empty(call.v.meta.shape().clone(), dtype);
-        let tiling = KeyTiling::plan(call.d_k, call.d_v, call.shared_bytes());
-        let (count, dim) = call.key_grid(&tiling, &index);
         // A selection's key cubes leave per-segment shares here; a window writes dk/dv itself.
         let partial = if call.window {
             call.empty(Shape::new([1, 1, 1, 1, 1]), DType::F32)
@@ -144,36 +169,73 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
             // `[B * H_kv, segments, span * (d_k + d_v)]`: each segment's dK and dV shares.
             call.empty(Shape::new([b * h_kv, segments, call.span as usize * (call.d_k + call.d_v)]), DType::F32)
         };
-        backward::attention_backward_key::launch::<R>(
-            &call.client(),
-            count,
-            dim,
-            call.q.clone().into_tensor_arg(),
-            call.k.clone().into_tensor_arg(),
-            call.v.clone().into_tensor_arg(),
-            grad_out.into_tensor_arg(),
-            lse.into_tensor_arg(),
-            delta.into_tensor_arg(),
-            index.offsets.into_tensor_arg(),
-            index.counts.clone().into_tensor_arg(),
-            index.entries.into_tensor_arg(),
-            index.segment_base.clone().into_tensor_arg(),
-            index.segment_block.clone().into_tensor_arg(),
-            index.segment_total.into_tensor_arg(),
-            grad_k.clone().into_tensor_arg(),
-            grad_v.clone().into_tensor_arg(),
-            partial.clone().into_tensor_arg(),
-            call.scale,
-            call.span,
-            SEGMENT_QUERIES as u32,
-            call.window,
-            call.d_k,
-            call.d_v,
-            tiling.parts,
-            tiling.keys,
-            tiling.chunk,
-            dtype.into(),
-        );
+        if let Some(tiling) = call.key_mma_tiling() {
+            let dim = CubeDim::new_2d(32, tiling.planes as u32);
+            let cubes = call.key_cubes(tiling.keys(), &index);
+            let count = calculate_cube_count_elemwise(&call.client(), cubes * dim.num_elems() as usize, dim);
+            mma_backward::attention_backward_key_mma::launch::<R>(
+                &call.client(),
+                count,
+                dim,
+                call.q.clone().into_tensor_arg(),
+                call.k.clone().into_tensor_arg(),
+                call.v.clone().into_tensor_arg(),
+                grad_out.into_tensor_arg(),
+                lse.into_tensor_arg(),
+                delta.into_tensor_arg(),
+                index.offsets.into_tensor_arg(),
+                index.counts.clone().into_tensor_arg(),
+                index.entries.into_tensor_arg(),
+                index.segment_base.clone().into_tensor_arg(),
+                index.segment_block.clone().into_tensor_arg(),
+                index.segment_total.into_tensor_arg(),
+                grad_k.clone().into_tensor_arg(),
+                grad_v.clone().into_tensor_arg(),
+                partial.clone().into_tensor_arg(),
+                call.scale,
+                call.span,
+                SEGMENT_QUERIES as u32,
+                call.window,
+                call.d_k,
+                call.d_v,
+                tiling.planes,
+                tiling.q_rows,
+                dtype.into(),
+            );
+        } else {
+            let tiling = KeyTiling::plan(call.d_k, call.d_v, call.shared_bytes());
+            let (count, dim) = call.key_grid(&tiling, &index);
+            backward::attention_backward_key::launch::<R>(
+                &call.client(),
+                count,
+                dim,
+                call.q.clone().into_tensor_arg(),
+                call.k.clone().into_tensor_arg(),
+                call.v.clone().into_tensor_arg(),
+                grad_out.into_tensor_arg(),
+                lse.into_tensor_arg(),
+                delta.into_tensor_arg(),
+                index.offsets.into_tensor_arg(),
+                index.counts.clone().into_tensor_arg(),
+                index.entries.into_tensor_arg(),
+                index.segment_base.clone().into_tensor_arg(),
+                index.segment_block.clone().into_tensor_arg(),
+                index.segment_total.into_tensor_arg(),
+                grad_k.clone().into_tensor_arg(),
+                grad_v.clone().into_tensor_arg(),
+                partial.clone().into_tensor_arg(),
+                call.scale,
+                call.span,
+                SEGMENT_QUERIES as u32,
+                call.window,
+                call.d_k,
+                call.d_v,
+                tiling.parts,
+                tiling.keys,
+                tiling.chunk,
+                dtype.into(),
+            );
+        }
         if !call.window {
             let elements = b * t * h_kv * (call.d_k + call.d_v);
             backward::sum_segments::launch::<R>(
@@ -280,21 +342,34 @@ impl<R: CubeRuntime> Call<R> {
     /// storage type with f32 accumulation and 32-unit planes (CUDA on tensor-core GPUs,
     /// f16/bf16); `None` runs the plain kernel (a selection, f32 storage, WGPU, head dims off
     /// the MMA tile).
-    fn mma_tiling(&self) -> Option<MmaTiling> {
+    fn mma_tiling(&self, pass: QueryPass) -> Option<MmaTiling> {
+        let shared = self.mma_shared_bytes()?;
+        let g = self.q.meta.shape()[2] / self.k.meta.shape()[2];
+        if !self.window {
+            return None;
+        }
+        MmaTiling::plan(pass, g, self.d_k, self.d_v, self.q.dtype.size(), shared)
+    }
+
+    /// The tensor-core dK/dV tiling (window or selection), under the same conditions.
+    fn key_mma_tiling(&self) -> Option<KeyMmaTiling> {
+        let shared = self.mma_shared_bytes()?;
+        KeyMmaTiling::plan(self.d_k, self.d_v, self.q.dtype.size(), shared)
+    }
+
+    /// Shared memory for a tensor-core kernel, or `None` when the device has no 16x16x16 MMA
+    /// for the storage type with f32 accumulation on 32-unit planes.
+    fn mma_shared_bytes(&self) -> Option<usize> {
         let dtype = self.q.dtype;
-        if !self.window || !matches!(dtype, DType::F16 | DType::BF16) {
+        if !matches!(dtype, DType::F16 | DType::BF16) {
             return None;
         }
         let client = self.client();
         let props = client.properties();
         let config = MmaConfig { a_type: dtype.into(), b_type: dtype.into(), cd_type: DType::F32.into(), m: 16, n: 16, k: 16 };
         let planes_of_32 = props.hardware.plane_size_min == 32 && props.hardware.plane_size_max == 32;
-        if !planes_of_32 || !props.features.matmul.cmma.contains(&config) {
-            return None;
-        }
-        let g = self.q.meta.shape()[2] / self.k.meta.shape()[2];
-        let shared = props.hardware.max_shared_memory_size.min(MMA_SHARED);
-        MmaTiling::plan(g, self.d_k, self.d_v, dtype.size(), shared)
+        (planes_of_32 && props.features.matmul.cmma.contains(&config))
+            .then(|| props.hardware.max_shared_memory_size.min(MMA_SHARED))
     }
 
     /// One cube of `(32, planes)` units per `(b, hk, query tile)`.
@@ -318,14 +393,19 @@ impl<R: CubeRuntime> Call<R> {
     /// query lists (as many as there can be), split in sub-tiles when a block has more keys
     /// than a cube.
     fn key_grid(&self, tiling: &KeyTiling, index: &InvertedIndex<R>) -> (CubeCount, CubeDim) {
+        self.grid(self.key_cubes(tiling.keys, index), tiling.units())
+    }
+
+    /// Key cubes of `keys` keys: window tiles, or sub-tiles of the selection's segments.
+    fn key_cubes(&self, keys: usize, index: &InvertedIndex<R>) -> usize {
         let [b, t, h_kv, _] = self.k.meta.shape().dims::<4>();
         let span = self.span as usize;
         let tiles = if self.window {
-            t.div_ceil(tiling.keys)
+            t.div_ceil(keys)
         } else {
-            index.segment_block.meta.shape()[2] * span.div_ceil(tiling.keys)
+            index.segment_block.meta.shape()[2] * span.div_ceil(keys)
         };
-        self.grid(b * h_kv * tiles, tiling.units())
+        b * h_kv * tiles
     }
 
     /// `cubes` cubes of `units` units, spread over the grid's dimensions (a 1-d grid is capped

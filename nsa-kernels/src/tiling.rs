@@ -131,7 +131,7 @@ pub const MMA_SHARED: usize = 96 * 1024;
 impl MmaTiling {
     /// `None` when the head dims are not multiples of the MMA tile or no key tile fits the
     /// shared memory; `elem_bytes` is the storage type's size.
-    pub fn plan(g: usize, d_k: usize, d_v: usize, elem_bytes: usize, shared_bytes: usize) -> Option<Self> {
+    pub fn plan(pass: QueryPass, g: usize, d_k: usize, d_v: usize, elem_bytes: usize, shared_bytes: usize) -> Option<Self> {
         if d_k % MMA_TILE != 0 || d_v % MMA_TILE != 0 {
             return None;
         }
@@ -139,10 +139,10 @@ impl MmaTiling {
         let rows = queries * g;
         let pv_cols = [64, 32, 16].into_iter().find(|c| d_v % c == 0)?;
         let mut tiling = MmaTiling { rows, key_tile: 64, pv_cols };
-        while tiling.shared_bytes(d_k, d_v, elem_bytes) > shared_bytes && tiling.key_tile > MMA_TILE {
+        while tiling.shared_bytes(pass, d_k, d_v, elem_bytes) > shared_bytes && tiling.key_tile > MMA_TILE {
             tiling.key_tile /= 2;
         }
-        (tiling.shared_bytes(d_k, d_v, elem_bytes) <= shared_bytes).then_some(tiling)
+        (tiling.shared_bytes(pass, d_k, d_v, elem_bytes) <= shared_bytes).then_some(tiling)
     }
 
     /// Planes of 16 rows: `rows` rounded up.
@@ -156,12 +156,49 @@ impl MmaTiling {
     }
 
     /// Shared memory the kernel declares: query rows or K and V tiles (one buffer), the f32
-    /// score tiles and the probability tiles.
-    pub fn shared_bytes(&self, d_k: usize, d_v: usize, elem_bytes: usize) -> usize {
+    /// tiles (scores, or scores and `dp`) and the storage-type tiles (probabilities, or `ds`).
+    pub fn shared_bytes(&self, pass: QueryPass, d_k: usize, d_v: usize, elem_bytes: usize) -> usize {
         let padded = self.planes() * MMA_TILE;
-        let staged = (padded * d_k).max(self.key_tile * (d_k + d_v)) * elem_bytes;
-        let scores = padded * self.key_tile.max(self.pv_cols) * 4;
-        staged + scores + padded * self.key_tile * elem_bytes
+        let keys = self.key_tile * (d_k + d_v);
+        let (staged, f32_tiles) = match pass {
+            QueryPass::Forward => ((padded * d_k).max(keys), padded * self.key_tile.max(self.pv_cols)),
+            QueryPass::Gradient => ((padded * d_k.max(d_v)).max(keys), 2 * padded * self.key_tile),
+        };
+        staged * elem_bytes + f32_tiles * 4 + padded * self.key_tile * elem_bytes
+    }
+}
+
+/// Tensor-core dK/dV (see `kernel::mma_backward`): `planes` planes own 16 keys each and walk
+/// the query rows that attend them `q_rows` at a time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KeyMmaTiling {
+    pub planes: usize,
+    pub q_rows: usize,
+}
+
+impl KeyMmaTiling {
+    /// `None` when the head dims are not multiples of the MMA tile or the tiles do not fit.
+    pub fn plan(d_k: usize, d_v: usize, elem_bytes: usize, shared_bytes: usize) -> Option<Self> {
+        if d_k % MMA_TILE != 0 || d_v % MMA_TILE != 0 {
+            return None;
+        }
+        let mut tiling = KeyMmaTiling { planes: 4, q_rows: 64 };
+        while tiling.shared_bytes(d_k, d_v, elem_bytes) > shared_bytes && tiling.q_rows > 32 {
+            tiling.q_rows /= 2;
+        }
+        (tiling.shared_bytes(d_k, d_v, elem_bytes) <= shared_bytes).then_some(tiling)
+    }
+
+    pub fn keys(&self) -> usize {
+        self.planes * MMA_TILE
+    }
+
+    /// K and V rows, later q and dO rows (one buffer); f32 `s^T`, `dp^T` and storage-type
+    /// `p^T`, `ds^T` tiles; the rows' statistics and positions.
+    pub fn shared_bytes(&self, d_k: usize, d_v: usize, elem_bytes: usize) -> usize {
+        let staged = (self.keys() * (d_k + d_v)).max(self.q_rows * (d_k + d_v)) * elem_bytes;
+        let tiles = 2 * self.keys() * self.q_rows;
+        staged + tiles * (4 + elem_bytes) + 3 * self.q_rows * 4
     }
 }
 
@@ -205,14 +242,26 @@ mod tests {
 
     #[test]
     fn tensor_core_tiles_fit_the_shared_memory_at_every_head_dim() {
-        let prod = MmaTiling::plan(6, 64, 64, 2, MMA_SHARED).unwrap();
+        let prod = MmaTiling::plan(QueryPass::Forward, 6, 64, 64, 2, MMA_SHARED).unwrap();
         assert_eq!(prod.rows, MMA_ROWS / 6 * 6);
-        for (g, d_k, d_v) in [(6, 64, 64), (16, 128, 128), (16, 192, 128), (1, 64, 64), (64, 128, 128)] {
-            let t = MmaTiling::plan(g, d_k, d_v, 2, MMA_SHARED).unwrap();
-            assert!(t.shared_bytes(d_k, d_v, 2) <= MMA_SHARED, "{t:?}");
-            assert!(t.rows <= 16 * t.planes() && d_v % t.pv_cols == 0 && t.key_tile % 16 == 0, "{t:?}");
+        for pass in [QueryPass::Forward, QueryPass::Gradient] {
+            for (g, d_k, d_v) in [(6, 64, 64), (16, 128, 128), (16, 192, 128), (1, 64, 64), (64, 128, 128)] {
+                let t = MmaTiling::plan(pass, g, d_k, d_v, 2, MMA_SHARED).unwrap();
+                assert!(t.shared_bytes(pass, d_k, d_v, 2) <= MMA_SHARED, "{t:?}");
+                assert!(t.rows <= 16 * t.planes() && d_v % t.pv_cols == 0 && t.key_tile % 16 == 0, "{t:?}");
+            }
         }
-        assert_eq!(MmaTiling::plan(6, 72, 64, 2, MMA_SHARED), None);
+        assert_eq!(MmaTiling::plan(QueryPass::Forward, 6, 72, 64, 2, MMA_SHARED), None);
+    }
+
+    #[test]
+    fn tensor_core_key_tiles_fit_the_shared_memory_at_every_head_dim() {
+        for (d_k, d_v) in [(64, 64), (128, 128), (192, 128), (16, 16)] {
+            let t = KeyMmaTiling::plan(d_k, d_v, 2, MMA_SHARED).unwrap();
+            assert!(t.shared_bytes(d_k, d_v, 2) <= MMA_SHARED && t.q_rows % 32 == 0, "{t:?}");
+        }
+        assert_eq!(KeyMmaTiling::plan(64, 64, 2, MMA_SHARED), Some(KeyMmaTiling { planes: 4, q_rows: 64 }));
+        assert_eq!(KeyMmaTiling::plan(64, 72, 2, MMA_SHARED), None);
     }
 
     #[test]

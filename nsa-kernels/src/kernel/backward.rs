@@ -11,6 +11,7 @@
 
 use cubecl::prelude::*;
 
+use super::key::{segment_row, KeyCube};
 use super::query::QueryCube;
 use super::rows::{
     add_shared, attends, chunk_dots, dot_shared, dot_slices, load_slice, offset3, stage_rows, store_slice,
@@ -132,59 +133,19 @@ pub fn attention_backward_key<F: Float>(
     #[comptime] chunk: usize,
     #[define(F)] _dtype: StorageType,
 ) {
-    let (t_len, h_q, h_kv) = (q.shape(1), q.shape(2), k.shape(2));
-    let g = h_q / h_kv;
     let span = span as usize;
-
-    // Which keys: a window tile, or sub-tile `u` of the block of segment `item`.
-    let mut sub_tiles = 1usize;
-    let mut tiles = t_len.div_ceil(keys);
-    if !window {
-        sub_tiles = span.div_ceil(keys);
-        tiles = segment_block.shape(2) * sub_tiles;
-    }
-    let cube = CUBE_POS;
-    if cube >= q.shape(0) * h_kv * tiles {
+    let cube = KeyCube::new::<F>(
+        q, k, offsets, counts, entries, segment_base, segment_block, segment_total, span, segment as usize, window, keys,
+    );
+    if !cube.exists {
         terminate!();
     }
-    let tile = cube % tiles;
-    let hk = (cube / tiles) % h_kv;
-    let b = cube / (tiles * h_kv);
-    let item = tile / sub_tiles;
-    let mut j = 0usize;
-    let mut s0 = tile * keys;
-    let mut s_end = s0 + keys;
-    if !window {
-        if item >= segment_total[b * h_kv + hk] as usize {
-            // Past this (b, hk)'s segments: the grid is sized for the most there can be.
-            terminate!();
-        }
-        j = segment_block[offset3::<u32>(segment_block, b, hk, item)] as usize;
-        s0 = j * span + (tile % sub_tiles) * keys;
-        s_end = min(s0 + keys, j * span + span);
-    }
-    s_end = min(s_end, t_len);
-    if s0 >= s_end {
-        // A sub-tile wholly past the end of a ragged last block.
-        terminate!();
-    }
+    let (b, hk, g, s0, s_end, n_rows) = (cube.b, cube.hk, cube.g, cube.s0, cube.s_end, cube.n_rows);
     let unit = UNIT_POS as usize;
     let part = unit % parts;
     let s = s0 + unit / parts;
     let key_active = s < s_end;
     let s_row = min(s, s_end - 1);
-
-    // Which query rows: `(t, h)` with `h` fastest, `t` from a range or from the segment's part
-    // of the block's list.
-    let mut n_rows = (min(t_len, s_end - 1 + span) - s0) * g;
-    let mut list_at = 0usize;
-    if !window {
-        let list = offset3::<u32>(offsets, b, hk, j);
-        let segment = segment as usize;
-        let first = (item - segment_base[list] as usize) * segment;
-        list_at = (b * h_kv + hk) * entries.shape(2) + offsets[list] as usize + first;
-        n_rows = min(counts[list] as usize - first, segment) * g;
-    }
 
     let k_slice = load_slice::<F>(k, offset3::<F>(k, b, s_row, hk), part, scale, d_k, parts);
     let v_slice = load_slice::<F>(v, offset3::<F>(v, b, s_row, hk), part, 1.0f32, d_v, parts);
@@ -211,10 +172,7 @@ pub fn attention_backward_key<F: Float>(
             let mut stat_delta = 0.0f32;
             if i < count {
                 let at = row_first + i;
-                t = s0 + at / g;
-                if !window {
-                    t = entries[list_at + at / g] as usize;
-                }
+                t = cube.query_of(entries, at, window);
                 let h = hk * g + at % g;
                 stat_lse = lse[offset3::<f32>(lse, b, t, h)];
                 stat_delta = delta[offset3::<f32>(delta, b, t, h)];
@@ -279,18 +237,12 @@ pub fn attention_backward_key<F: Float>(
             store_slice::<F>(grad_v, offset3::<F>(grad_v, b, s, hk), part, &dv, 1.0f32, d_v, parts);
         } else {
             // This segment's share; `sum_segments` adds a block's shares up.
-            let at = segment_row(b, hk, h_kv, segment_block.shape(2), item, s - j * span, span) * (d_k + d_v);
+            let row = cube.partial_row(segment_block.shape(2), k.shape(2), s, span);
+            let at = row * (d_k + d_v);
             store_slice::<f32>(partial, at, part, &dk, scale, d_k, parts);
             store_slice::<f32>(partial, at + d_k, part, &dv, 1.0f32, d_v, parts);
         }
     }
-}
-
-/// Row of `partial [B * H_kv, segments, span * (d_k + d_v)]` holding segment `item`'s share
-/// for key `key` of its block (`key < span`), written by the key kernel, read by `sum_segments`.
-#[cube]
-fn segment_row(b: usize, hk: usize, h_kv: usize, segments: usize, item: usize, key: usize, span: usize) -> usize {
-    ((b * h_kv + hk) * segments + item) * span + key
 }
 
 /// Selection only: `dk`, `dv` of each key as the sum of its block's segment shares in

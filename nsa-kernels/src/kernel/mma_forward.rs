@@ -20,7 +20,7 @@ use super::rows::{offset3, store_slice, zero_slice, NEG_LARGE};
 /// Rows of a plane's tile, and the MMA shape on every axis.
 pub const TILE: usize = 16;
 /// Byte alignment of the shared tiles (wmma's 256-bit rule).
-const ALIGN: usize = 32;
+pub const ALIGN: usize = 32;
 
 /// `q [B, T, H_q, d_k]`, `k [B, T, H_kv, d_k]`, `v [B, T, H_kv, d_v]`, `blocks [B, T, H_kv, n]`
 /// (ignored for a window) -> `out [B, T, H_q, d_v]`, `lse [B, T, H_q]` (f32), as
@@ -62,20 +62,7 @@ pub fn attention_forward_mma<F: Float, I: Int>(
     let v_at = key_tile * d_k;
     stage_query_rows::<F>(q, &mut staged, cube.b, cube.t0, cube.hk, q.shape(2) / k.shape(2), rows, planes, d_k);
     sync_cube();
-    let mut q_frags = Sequence::<Matrix<F>>::new();
-    #[unroll]
-    for kk in 0..d_k / TILE {
-        let at = plane * TILE * d_k + kk * TILE;
-        q_frags.push(Matrix::<F>::from_slice(
-            MatrixIdent::A,
-            TILE,
-            TILE,
-            TILE,
-            MatrixLayout::RowMajor,
-            &staged.slice(at, at + comptime!(tile_span(d_k))),
-            d_k as u32,
-        ));
-    }
+    let q_frags = row_fragments::<F>(&staged, plane * TILE * d_k, d_k);
     sync_cube();
 
     // Per plane: scores `[16, key_tile]`, later a `[16, pv_cols]` slice of `p.v`; and the
@@ -242,7 +229,7 @@ fn accumulate_values<F: Float>(
 /// `hk * g + r % g`; rows past `rows` or the sequence are zero), all units cooperating.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn stage_query_rows<F: Float>(
+pub fn stage_query_rows<F: Float>(
     q: &Tensor<F>,
     staged: &mut SharedMemory<F>,
     b: usize,
@@ -272,7 +259,7 @@ fn stage_query_rows<F: Float>(
 /// at `at` of `staged`, in the storage type; rows past `count` are zero.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn stage_key_rows<F: Float>(
+pub fn stage_key_rows<F: Float>(
     src: &Tensor<F>,
     staged: &mut SharedMemory<F>,
     at: usize,
@@ -297,8 +284,28 @@ fn stage_key_rows<F: Float>(
 }
 
 /// Elements a 16x16 tile with row stride `stride` spans.
-const fn tile_span(stride: usize) -> usize {
+pub const fn tile_span(stride: usize) -> usize {
     (TILE - 1) * stride + TILE
+}
+
+/// The `d / 16` A fragments of the plane's 16 rows at `at` of `staged` (row stride `d`).
+#[cube]
+pub fn row_fragments<F: Float>(staged: &SharedMemory<F>, at: usize, #[comptime] d: usize) -> Sequence<Matrix<F>> {
+    let mut frags = Sequence::<Matrix<F>>::new();
+    #[unroll]
+    for kk in 0..d / TILE {
+        let from = at + kk * TILE;
+        frags.push(Matrix::<F>::from_slice(
+            MatrixIdent::A,
+            TILE,
+            TILE,
+            TILE,
+            MatrixLayout::RowMajor,
+            &staged.slice(from, from + comptime!(tile_span(d))),
+            d as u32,
+        ));
+    }
+    frags
 }
 
 /// `max` usable in comptime expressions.

@@ -7,6 +7,9 @@
 pub mod backward;
 pub mod forward;
 pub mod inverse;
+pub mod key;
+pub mod mma_backward;
+pub mod mma_dq;
 pub mod mma_forward;
 pub mod query;
 pub mod rows;

@@ -1,0 +1,115 @@
+//! Where a key-side cube (dK, dV) sits: its keys and the query rows that attend them.
+//!
+//! Cubes are numbered `(b, hk, tile)` with the tile fastest. A window's tile is `keys`
+//! consecutive keys and its query rows `(t, h)` (`h` fastest) have `t` in the contiguous
+//! `[s0, s_end - 1 + w)`. A selection's tile is sub-tile `u` of the block of segment `item` (see
+//! [`super::inverse`]), and its query rows are that segment's part of the block's list.
+
+use cubecl::prelude::*;
+
+use super::rows::offset3;
+
+#[derive(CubeType)]
+pub struct KeyCube {
+    /// False for surplus cubes: past the grid, past this `(b, hk)`'s segments, or a sub-tile
+    /// wholly past the end of a ragged last block.
+    pub exists: bool,
+    pub b: usize,
+    pub hk: usize,
+    pub g: usize,
+    /// The selected block and the segment (selection only).
+    pub j: usize,
+    pub item: usize,
+    /// The cube's keys `[s0, s_end)`.
+    pub s0: usize,
+    pub s_end: usize,
+    /// Query rows the cube walks, and where a selection's list part starts in `entries`.
+    pub n_rows: usize,
+    pub list_at: usize,
+}
+
+#[cube]
+impl KeyCube {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new<F: Float>(
+        q: &Tensor<F>,
+        k: &Tensor<F>,
+        offsets: &Tensor<u32>,
+        counts: &Tensor<u32>,
+        entries: &Tensor<u32>,
+        segment_base: &Tensor<u32>,
+        segment_block: &Tensor<u32>,
+        segment_total: &Tensor<u32>,
+        span: usize,
+        segment: usize,
+        #[comptime] window: bool,
+        #[comptime] keys: usize,
+    ) -> KeyCube {
+        let (t_len, h_q, h_kv) = (q.shape(1), q.shape(2), k.shape(2));
+        let g = h_q / h_kv;
+        let mut sub_tiles = 1usize;
+        let mut tiles = t_len.div_ceil(keys);
+        if !window {
+            sub_tiles = span.div_ceil(keys);
+            tiles = segment_block.shape(2) * sub_tiles;
+        }
+        let cube = CUBE_POS;
+        let mut exists = cube < q.shape(0) * h_kv * tiles;
+        let tile = cube % tiles;
+        let hk = (cube / tiles) % h_kv;
+        let b = cube / (tiles * h_kv);
+        let item = tile / sub_tiles;
+        let mut j = 0usize;
+        let mut s0 = tile * keys;
+        let mut s_end = s0 + keys;
+        if !window && exists {
+            // The grid is sized for the most segments a `(b, hk)` can have.
+            if item >= segment_total[b * h_kv + hk] as usize {
+                exists = false;
+            } else {
+                j = segment_block[offset3::<u32>(segment_block, b, hk, item)] as usize;
+                s0 = j * span + (tile % sub_tiles) * keys;
+                s_end = min(s0 + keys, j * span + span);
+            }
+        }
+        s_end = min(s_end, t_len);
+        if s0 >= s_end {
+            exists = false;
+        }
+        let mut n_rows = 0usize;
+        let mut list_at = 0usize;
+        if exists {
+            if window {
+                n_rows = (min(t_len, s_end - 1 + span) - s0) * g;
+            } else {
+                let list = offset3::<u32>(offsets, b, hk, j);
+                let first = (item - segment_base[list] as usize) * segment;
+                list_at = (b * h_kv + hk) * entries.shape(2) + offsets[list] as usize + first;
+                n_rows = min(counts[list] as usize - first, segment) * g;
+            }
+        }
+        KeyCube { exists, b, hk, g, j, item, s0, s_end, n_rows, list_at }
+    }
+
+    /// Query position of walked row `at`.
+    pub fn query_of(&self, entries: &Tensor<u32>, at: usize, #[comptime] window: bool) -> usize {
+        let mut t = self.s0 + at / self.g;
+        if !window {
+            t = entries[self.list_at + at / self.g] as usize;
+        }
+        t
+    }
+
+    /// Row of key `s` in a selection's `partial [B * H_kv, segments, span * (d_k + d_v)]`.
+    pub fn partial_row(&self, segments: usize, h_kv: usize, s: usize, span: usize) -> usize {
+        segment_row(self.b, self.hk, h_kv, segments, self.item, s - self.j * span, span)
+    }
+}
+
+/// Row of `partial [B * H_kv, segments, span * (d_k + d_v)]` holding segment `item`'s share
+/// for key `key` of its block (`key < span`), written by the key kernel, read by `sum_segments`.
+#[cube]
+pub fn segment_row(b: usize, hk: usize, h_kv: usize, segments: usize, item: usize, key: usize, span: usize) -> usize {
+    ((b * h_kv + hk) * segments + item) * span + key
+}
+

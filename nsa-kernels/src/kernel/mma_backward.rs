@@ -1,0 +1,320 @@
+//! dK/dV on tensor cores (CMMA 16x16x16, f16/bf16 in, f32 accumulation): the key cubes of
+//! [`super::backward::attention_backward_key`] (same keys, same query rows, same outputs), with
+//! every product a plane-wide matrix product.
+//!
+//! Plane `p` owns keys `s0 + 16p ..`; its K and V rows are A fragments held for the whole walk,
+//! and its dK and dV are accumulator fragments (no rescaling in a backward, so they never leave
+//! the tensor-core registers until the end). Per staged chunk of `q_rows` query rows:
+//! `s^T = K q^T` and `dp^T = V dO^T` go to f32 tiles in shared memory; two units per key row turn
+//! them into `p^T = exp(s^T scale - lse)` and `ds^T = p^T (dp^T - delta)` (masked, rounded to the
+//! storage type); then `dV += p^T dO` and `dK += ds^T q`.
+
+use cubecl::cmma::{self, Matrix, MatrixIdent, MatrixLayout};
+use cubecl::prelude::*;
+
+use super::key::KeyCube;
+use super::mma_forward::{max_usize, row_fragments, tile_span, ALIGN, TILE};
+use super::rows::{attends, offset3};
+
+/// Same arguments as the plain key kernel; cube `(32, planes)` units, `keys = 16 * planes`;
+/// `q_rows` query rows staged per step (a multiple of 32: two units per key row take half each).
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+pub fn attention_backward_key_mma<F: Float>(
+    q: &Tensor<F>,
+    k: &Tensor<F>,
+    v: &Tensor<F>,
+    grad_out: &Tensor<F>,
+    lse: &Tensor<f32>,
+    delta: &Tensor<f32>,
+    offsets: &Tensor<u32>,
+    counts: &Tensor<u32>,
+    entries: &Tensor<u32>,
+    segment_base: &Tensor<u32>,
+    segment_block: &Tensor<u32>,
+    segment_total: &Tensor<u32>,
+    grad_k: &mut Tensor<F>,
+    grad_v: &mut Tensor<F>,
+    partial: &mut Tensor<f32>,
+    scale: f32,
+    span: u32,
+    segment: u32,
+    #[comptime] window: bool,
+    #[comptime] d_k: usize,
+    #[comptime] d_v: usize,
+    #[comptime] planes: usize,
+    #[comptime] q_rows: usize,
+    #[define(F)] _dtype: StorageType,
+) {
+    let span = span as usize;
+    let keys = comptime!(planes * TILE);
+    let cube = KeyCube::new::<F>(
+        q, k, offsets, counts, entries, segment_base, segment_block, segment_total, span, segment as usize, window, keys,
+    );
+    if !cube.exists {
+        terminate!();
+    }
+    let plane = UNIT_POS_Y as usize;
+    let lane = UNIT_POS_X as usize;
+    let local = lane / 2;
+    let half = lane % 2;
+    // This unit's key row.
+    let s = cube.s0 + plane * TILE + local;
+
+    // One buffer: the cube's K and V rows while their fragments load, then each chunk's q, dO.
+    let mut staged = SharedMemory::<F>::new_aligned(
+        comptime!(max_usize(keys * (d_k + d_v), q_rows * (d_k + d_v))),
+        ALIGN,
+    );
+    stage_keys::<F>(k, &mut staged, 0usize, cube.b, cube.hk, cube.s0, cube.s_end, keys, d_k);
+    stage_keys::<F>(v, &mut staged, comptime!(keys * d_k), cube.b, cube.hk, cube.s0, cube.s_end, keys, d_v);
+    sync_cube();
+    let k_frags = row_fragments::<F>(&staged, plane * TILE * d_k, d_k);
+    let v_frags = row_fragments::<F>(&staged, comptime!(keys * d_k) + plane * TILE * d_v, d_v);
+    sync_cube();
+
+    let dk = zero_accumulators(d_k);
+    let dv = zero_accumulators(d_v);
+
+    // Per plane: f32 `s^T` and `dp^T` tiles `[16, q_rows]`; storage-type `p^T`, `ds^T`.
+    let region_len = comptime!(TILE * q_rows);
+    let mut scores = SharedMemory::<f32>::new_aligned(comptime!(2 * planes * TILE * q_rows), ALIGN);
+    let mut weights = SharedMemory::<F>::new_aligned(comptime!(2 * planes * TILE * q_rows), ALIGN);
+    let mut stats = SharedMemory::<f32>::new(comptime!(2 * q_rows));
+    let mut positions = SharedMemory::<u32>::new(q_rows);
+    let s_region = plane * 2 * region_len;
+    let dp_region = s_region + region_len;
+    let do_at = comptime!(q_rows * d_k);
+
+    let mut row_first = 0usize;
+    while row_first < cube.n_rows {
+        let count = min(cube.n_rows - row_first, q_rows);
+        stage_query_chunk::<F>(q, grad_out, lse, delta, entries, &cube, &mut staged, &mut stats, &mut positions, row_first, count, window, q_rows, d_k, d_v);
+        sync_cube();
+
+        // s^T = K q^T and dp^T = V dO^T (q and dO read column-major: their transposes).
+        #[unroll]
+        for n in 0..q_rows / TILE {
+            let st = Matrix::<f32>::from_value(MatrixIdent::Accumulator, TILE, TILE, TILE, MatrixLayout::Undefined, 0.0f32);
+            #[unroll]
+            for kk in 0..d_k / TILE {
+                let at = n * TILE * d_k + kk * TILE;
+                let qt = Matrix::<F>::from_slice(MatrixIdent::B, TILE, TILE, TILE, MatrixLayout::ColMajor, &staged.slice(at, at + comptime!(tile_span(d_k))), d_k as u32);
+                cmma::execute::<F, F, f32, f32>(k_frags.index(kk), &qt, &st, &st);
+            }
+            let at = s_region + n * TILE;
+            cmma::store(&mut scores.slice_mut(at, at + comptime!(tile_span(q_rows))), &st, q_rows as u32, MatrixLayout::RowMajor);
+            let dpt = Matrix::<f32>::from_value(MatrixIdent::Accumulator, TILE, TILE, TILE, MatrixLayout::Undefined, 0.0f32);
+            #[unroll]
+            for kk in 0..d_v / TILE {
+                let at = do_at + n * TILE * d_v + kk * TILE;
+                let dot = Matrix::<F>::from_slice(MatrixIdent::B, TILE, TILE, TILE, MatrixLayout::ColMajor, &staged.slice(at, at + comptime!(tile_span(d_v))), d_v as u32);
+                cmma::execute::<F, F, f32, f32>(v_frags.index(kk), &dot, &dpt, &dpt);
+            }
+            let at = dp_region + n * TILE;
+            cmma::store(&mut scores.slice_mut(at, at + comptime!(tile_span(q_rows))), &dpt, q_rows as u32, MatrixLayout::RowMajor);
+        }
+        sync_plane();
+
+        // p^T and ds^T for this unit's key row, half of the chunk's query rows.
+        let half_rows = comptime!(q_rows / 2);
+        #[unroll]
+        for c in 0..half_rows {
+            let col = half * half_rows + c;
+            let valid = col < count && s < cube.s_end && attends(positions[col] as usize, s, span, window);
+            let at = local * q_rows + col;
+            let p = select(valid, (scores[s_region + at] * scale - stats[col]).exp(), 0.0f32);
+            let ds = p * (scores[dp_region + at] - stats[q_rows + col]);
+            weights[s_region + at] = F::cast_from(p);
+            weights[dp_region + at] = F::cast_from(ds);
+        }
+        sync_plane();
+
+        // dV += p^T dO, dK += ds^T q.
+        #[unroll]
+        for kk in 0..q_rows / TILE {
+            let at = s_region + kk * TILE;
+            let pt = Matrix::<F>::from_slice(MatrixIdent::A, TILE, TILE, TILE, MatrixLayout::RowMajor, &weights.slice(at, at + comptime!(tile_span(q_rows))), q_rows as u32);
+            let at = dp_region + kk * TILE;
+            let dst = Matrix::<F>::from_slice(MatrixIdent::A, TILE, TILE, TILE, MatrixLayout::RowMajor, &weights.slice(at, at + comptime!(tile_span(q_rows))), q_rows as u32);
+            #[unroll]
+            for n in 0..d_v / TILE {
+                let at = do_at + kk * TILE * d_v + n * TILE;
+                let dob = Matrix::<F>::from_slice(MatrixIdent::B, TILE, TILE, TILE, MatrixLayout::RowMajor, &staged.slice(at, at + comptime!(tile_span(d_v))), d_v as u32);
+                cmma::execute::<F, F, f32, f32>(&pt, &dob, dv.index(n), dv.index(n));
+            }
+            #[unroll]
+            for n in 0..d_k / TILE {
+                let at = kk * TILE * d_k + n * TILE;
+                let qb = Matrix::<F>::from_slice(MatrixIdent::B, TILE, TILE, TILE, MatrixLayout::RowMajor, &staged.slice(at, at + comptime!(tile_span(d_k))), d_k as u32);
+                cmma::execute::<F, F, f32, f32>(&dst, &qb, dk.index(n), dk.index(n));
+            }
+        }
+        // The next chunk overwrites q, dO and the statistics.
+        sync_cube();
+        row_first += count;
+    }
+
+    // Out through the plane's score tile, one 16x16 fragment at a time.
+    let segments = segment_block.shape(2);
+    let h_kv = k.shape(2);
+    #[unroll]
+    for n in 0..d_k / TILE {
+        write_fragment::<F>(dk.index(n), &mut scores, s_region, grad_k, partial, &cube, s, n * TILE, scale, segments, h_kv, span, local, half, window, 0usize, d_k + d_v);
+    }
+    #[unroll]
+    for n in 0..d_v / TILE {
+        write_fragment::<F>(dv.index(n), &mut scores, s_region, grad_v, partial, &cube, s, n * TILE, 1.0f32, segments, h_kv, span, local, half, window, d_k, d_k + d_v);
+    }
+}
+
+/// `d / 16` accumulator fragments of zeros: a plane's `[16, d]` sum.
+#[cube]
+fn zero_accumulators(#[comptime] d: usize) -> Sequence<Matrix<f32>> {
+    let mut acc = Sequence::<Matrix<f32>>::new();
+    #[unroll]
+    for _ in 0..d / TILE {
+        acc.push(Matrix::<f32>::from_value(MatrixIdent::Accumulator, TILE, TILE, TILE, MatrixLayout::Undefined, 0.0f32));
+    }
+    acc
+}
+
+/// Key rows `s0..s_end` of head `hk` of `src [B, T, H_kv, d]` at `at` of `staged`, padded with
+/// zero rows to `keys`.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn stage_keys<F: Float>(
+    src: &Tensor<F>,
+    staged: &mut SharedMemory<F>,
+    at: usize,
+    b: usize,
+    hk: usize,
+    s0: usize,
+    s_end: usize,
+    #[comptime] keys: usize,
+    #[comptime] d: usize,
+) {
+    let mut idx = UNIT_POS as usize;
+    while idx < keys * d {
+        let row = idx / d;
+        let mut value = F::new(0.0);
+        if s0 + row < s_end {
+            value = src[offset3::<F>(src, b, s0 + row, hk) + idx % d];
+        }
+        staged[at + idx] = value;
+        idx += CUBE_DIM as usize;
+    }
+}
+
+/// Walked rows `row_first..row_first + count` (padded to `q_rows` with zeros): their query
+/// positions, `lse` and `delta` (at `q_rows`) in `stats`, and their q and dO rows in `staged`.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn stage_query_chunk<F: Float>(
+    q: &Tensor<F>,
+    grad_out: &Tensor<F>,
+    lse: &Tensor<f32>,
+    delta: &Tensor<f32>,
+    entries: &Tensor<u32>,
+    cube: &KeyCube,
+    staged: &mut SharedMemory<F>,
+    stats: &mut SharedMemory<f32>,
+    positions: &mut SharedMemory<u32>,
+    row_first: usize,
+    count: usize,
+    #[comptime] window: bool,
+    #[comptime] q_rows: usize,
+    #[comptime] d_k: usize,
+    #[comptime] d_v: usize,
+) {
+    let mut i = UNIT_POS as usize;
+    while i < q_rows {
+        let mut t = 0usize;
+        let mut row_lse = 0.0f32;
+        let mut row_delta = 0.0f32;
+        if i < count {
+            let at = row_first + i;
+            t = cube.query_of(entries, at, window);
+            let h = cube.hk * cube.g + at % cube.g;
+            row_lse = lse[offset3::<f32>(lse, cube.b, t, h)];
+            row_delta = delta[offset3::<f32>(delta, cube.b, t, h)];
+        }
+        positions[i] = t as u32;
+        stats[i] = row_lse;
+        stats[q_rows + i] = row_delta;
+        i += CUBE_DIM as usize;
+    }
+    sync_cube();
+    stage_rows_of::<F>(q, staged, 0usize, positions, cube, row_first, count, q_rows, d_k);
+    stage_rows_of::<F>(grad_out, staged, comptime!(q_rows * d_k), positions, cube, row_first, count, q_rows, d_v);
+}
+
+/// Rows `(positions[i], hk * g + (row_first + i) % g)` of `src [B, T, H_q, d]` at `at` of
+/// `staged`; rows past `count` are zero.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn stage_rows_of<F: Float>(
+    src: &Tensor<F>,
+    staged: &mut SharedMemory<F>,
+    at: usize,
+    positions: &SharedMemory<u32>,
+    cube: &KeyCube,
+    row_first: usize,
+    count: usize,
+    #[comptime] q_rows: usize,
+    #[comptime] d: usize,
+) {
+    let mut idx = UNIT_POS as usize;
+    while idx < q_rows * d {
+        let i = idx / d;
+        let mut value = F::new(0.0);
+        if i < count {
+            let h = cube.hk * cube.g + (row_first + i) % cube.g;
+            value = src[offset3::<F>(src, cube.b, positions[i] as usize, h) + idx % d];
+        }
+        staged[at + idx] = value;
+        idx += CUBE_DIM as usize;
+    }
+}
+
+/// Columns `col0..col0 + 16` of this unit's key row from one accumulator fragment, times
+/// `scale`: to `dst` for a window, to the segment's share in `partial` (at column `offset +
+/// col0` of a `width`-wide row) for a selection. Through the plane's shared tile at `region`.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn write_fragment<F: Float>(
+    frag: &Matrix<f32>,
+    tile: &mut SharedMemory<f32>,
+    region: usize,
+    dst: &mut Tensor<F>,
+    partial: &mut Tensor<f32>,
+    cube: &KeyCube,
+    s: usize,
+    col0: usize,
+    scale: f32,
+    segments: usize,
+    h_kv: usize,
+    span: usize,
+    local: usize,
+    half: usize,
+    #[comptime] window: bool,
+    offset: usize,
+    width: usize,
+) {
+    cmma::store(&mut tile.slice_mut(region, region + comptime!(tile_span(TILE))), frag, TILE as u32, MatrixLayout::RowMajor);
+    sync_plane();
+    if s < cube.s_end {
+        #[unroll]
+        for c in 0..TILE / 2 {
+            let col = half * (TILE / 2) + c;
+            let value = tile[region + local * TILE + col] * scale;
+            if window {
+                dst[offset3::<F>(dst, cube.b, s, cube.hk) + col0 + col] = F::cast_from(value);
+            } else {
+                let row = cube.partial_row(segments, h_kv, s, span);
+                partial[row * width + offset + col0 + col] = value;
+            }
+        }
+    }
+    sync_plane();
+}

@@ -1,0 +1,170 @@
+//! dQ of a window on tensor cores (CMMA 16x16x16, f16/bf16 in, f32 accumulation): the query
+//! cubes of [`super::mma_forward`] (same rows, same key walk), computing what
+//! [`super::backward::attention_backward_query`] does.
+//!
+//! A plane's q and dO rows are A fragments held for the whole walk and its dQ is accumulator
+//! fragments (a backward has no rescaling). Per staged key tile: `s = q K^T` and `dp = dO V^T`
+//! go to f32 tiles in shared memory; two units per row turn them into `ds = p (dp - delta)` with
+//! `p = exp(s scale - lse)` (masked, rounded to the storage type); then `dQ += ds K`.
+
+use cubecl::cmma::{self, Matrix, MatrixIdent, MatrixLayout};
+use cubecl::prelude::*;
+
+use super::mma_forward::{max_usize, row_fragments, stage_key_rows, stage_query_rows, tile_span, ALIGN, TILE};
+use super::query::QueryCube;
+use super::rows::offset3;
+
+/// Inputs as the plain query kernel; writes `grad_q` and `delta = dO . O` (for the key pass).
+/// Cube `(32, planes)` units, `rows <= 16 * planes` real rows, `key_tile` a multiple of 32.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+pub fn attention_backward_query_mma<F: Float, I: Int>(
+    q: &Tensor<F>,
+    k: &Tensor<F>,
+    v: &Tensor<F>,
+    blocks: &Tensor<I>,
+    out: &Tensor<F>,
+    grad_out: &Tensor<F>,
+    lse: &Tensor<f32>,
+    delta: &mut Tensor<f32>,
+    grad_q: &mut Tensor<F>,
+    scale: f32,
+    span: u32,
+    #[comptime] window: bool,
+    #[comptime] d_k: usize,
+    #[comptime] d_v: usize,
+    #[comptime] rows: usize,
+    #[comptime] planes: usize,
+    #[comptime] key_tile: usize,
+    #[define(F, I)] _dtypes: [StorageType; 2],
+) {
+    let cube = QueryCube::new::<F>(q, k, rows, 2usize);
+    if !cube.exists {
+        terminate!();
+    }
+    let span = span as usize;
+    let plane = UNIT_POS_Y as usize;
+    let local = (UNIT_POS_X as usize) / 2;
+    let half = cube.part;
+    let g = q.shape(2) / k.shape(2);
+
+    // This row's statistics: lse from the forward, delta = dO . O (two units, half each).
+    let (b, t, h) = (cube.b, cube.t, cube.h);
+    let row_lse = lse[offset3::<f32>(lse, b, t, h)];
+    let mut partial_delta = 0.0f32;
+    #[unroll]
+    for i in 0..d_v / 2 {
+        let e = 2 * i + half;
+        partial_delta += f32::cast_from(grad_out[offset3::<F>(grad_out, b, t, h) + e]) * f32::cast_from(out[offset3::<F>(out, b, t, h) + e]);
+    }
+    let row_delta = partial_delta + plane_shuffle_xor(partial_delta, 1u32);
+    if cube.active && half == 0usize {
+        delta[offset3::<f32>(delta, b, t, h)] = row_delta;
+    }
+
+    // One buffer: q rows, then dO rows, while their fragments load; then K and V tiles.
+    let mut staged = SharedMemory::<F>::new_aligned(
+        comptime!(max_usize(planes * TILE * max_usize(d_k, d_v), key_tile * (d_k + d_v))),
+        ALIGN,
+    );
+    let v_at = comptime!(key_tile * d_k);
+    stage_query_rows::<F>(q, &mut staged, b, cube.t0, cube.hk, g, rows, planes, d_k);
+    sync_cube();
+    let q_frags = row_fragments::<F>(&staged, plane * TILE * d_k, d_k);
+    sync_cube();
+    stage_query_rows::<F>(grad_out, &mut staged, b, cube.t0, cube.hk, g, rows, planes, d_v);
+    sync_cube();
+    let do_frags = row_fragments::<F>(&staged, plane * TILE * d_v, d_v);
+    sync_cube();
+
+    let mut dq = Sequence::<Matrix<f32>>::new();
+    #[unroll]
+    for _ in 0..d_k / TILE {
+        dq.push(Matrix::<f32>::from_value(MatrixIdent::Accumulator, TILE, TILE, TILE, MatrixLayout::Undefined, 0.0f32));
+    }
+
+    // Per plane: f32 `s` and `dp` tiles `[16, key_tile]`, and `ds` in the storage type.
+    let region_len = comptime!(TILE * key_tile);
+    let mut scores = SharedMemory::<f32>::new_aligned(comptime!(2 * planes * TILE * key_tile), ALIGN);
+    let mut weights = SharedMemory::<F>::new_aligned(comptime!(planes * TILE * key_tile), ALIGN);
+    let s_region = plane * 2 * region_len;
+    let dp_region = s_region + region_len;
+    let ds_region = plane * region_len;
+
+    for r in 0..cube.range_count::<I>(blocks, window) {
+        let (start, end) = cube.key_range::<I>(blocks, r, span, window);
+        let mut first = start;
+        while first < end {
+            let count = min(end - first, key_tile);
+            stage_key_rows::<F>(k, &mut staged, 0usize, b, first, count, cube.hk, key_tile, d_k);
+            stage_key_rows::<F>(v, &mut staged, v_at, b, first, count, cube.hk, key_tile, d_v);
+            sync_cube();
+
+            // s = q K^T, dp = dO V^T (K and V read column-major: their transposes).
+            #[unroll]
+            for n in 0..key_tile / TILE {
+                let s = Matrix::<f32>::from_value(MatrixIdent::Accumulator, TILE, TILE, TILE, MatrixLayout::Undefined, 0.0f32);
+                #[unroll]
+                for kk in 0..d_k / TILE {
+                    let at = n * TILE * d_k + kk * TILE;
+                    let kt = Matrix::<F>::from_slice(MatrixIdent::B, TILE, TILE, TILE, MatrixLayout::ColMajor, &staged.slice(at, at + comptime!(tile_span(d_k))), d_k as u32);
+                    cmma::execute::<F, F, f32, f32>(q_frags.index(kk), &kt, &s, &s);
+                }
+                let at = s_region + n * TILE;
+                cmma::store(&mut scores.slice_mut(at, at + comptime!(tile_span(key_tile))), &s, key_tile as u32, MatrixLayout::RowMajor);
+                let dp = Matrix::<f32>::from_value(MatrixIdent::Accumulator, TILE, TILE, TILE, MatrixLayout::Undefined, 0.0f32);
+                #[unroll]
+                for kk in 0..d_v / TILE {
+                    let at = v_at + n * TILE * d_v + kk * TILE;
+                    let vt = Matrix::<F>::from_slice(MatrixIdent::B, TILE, TILE, TILE, MatrixLayout::ColMajor, &staged.slice(at, at + comptime!(tile_span(d_v))), d_v as u32);
+                    cmma::execute::<F, F, f32, f32>(do_frags.index(kk), &vt, &dp, &dp);
+                }
+                let at = dp_region + n * TILE;
+                cmma::store(&mut scores.slice_mut(at, at + comptime!(tile_span(key_tile))), &dp, key_tile as u32, MatrixLayout::RowMajor);
+            }
+            sync_plane();
+
+            let half_keys = comptime!(key_tile / 2);
+            #[unroll]
+            for c in 0..half_keys {
+                let key = half * half_keys + c;
+                let valid = key < count && cube.attends(first + key, span, window);
+                let at = local * key_tile + key;
+                let p = select(valid, (scores[s_region + at] * scale - row_lse).exp(), 0.0f32);
+                weights[ds_region + at] = F::cast_from(p * (scores[dp_region + at] - row_delta));
+            }
+            sync_plane();
+
+            // dQ += ds K.
+            #[unroll]
+            for kk in 0..key_tile / TILE {
+                let at = ds_region + kk * TILE;
+                let ds = Matrix::<F>::from_slice(MatrixIdent::A, TILE, TILE, TILE, MatrixLayout::RowMajor, &weights.slice(at, at + comptime!(tile_span(key_tile))), key_tile as u32);
+                #[unroll]
+                for n in 0..d_k / TILE {
+                    let at = kk * TILE * d_k + n * TILE;
+                    let kb = Matrix::<F>::from_slice(MatrixIdent::B, TILE, TILE, TILE, MatrixLayout::RowMajor, &staged.slice(at, at + comptime!(tile_span(d_k))), d_k as u32);
+                    cmma::execute::<F, F, f32, f32>(&ds, &kb, dq.index(n), dq.index(n));
+                }
+            }
+            // The next tile overwrites K and V.
+            sync_cube();
+            first += count;
+        }
+    }
+
+    // Out through the plane's score tile, one 16x16 fragment at a time.
+    #[unroll]
+    for n in 0..d_k / TILE {
+        cmma::store(&mut scores.slice_mut(s_region, s_region + comptime!(tile_span(TILE))), dq.index(n), TILE as u32, MatrixLayout::RowMajor);
+        sync_plane();
+        if cube.active {
+            #[unroll]
+            for c in 0..TILE / 2 {
+                let col = half * (TILE / 2) + c;
+                grad_q[offset3::<F>(grad_q, b, t, h) + n * TILE + col] = F::cast_from(scores[s_region + local * TILE + col] * scale);
+            }
+        }
+        sync_plane();
+    }
+}
