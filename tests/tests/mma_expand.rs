@@ -1,5 +1,8 @@
 //! WIP diagnostic (branch only): expands the tensor-core kernels on WGPU to catch CubeCL
 //! expansion errors without a GPU; WGSL has no CMMA, so the compile step after expansion fails.
+//! The failure is a panic on the device thread, which these tests cannot catch: run with
+//! `--nocapture` and read it. "Cooperative matrix-multiply and accumulate not supported" from
+//! the WGSL compiler means the kernel expanded; any other panic is an expansion error.
 
 use burn::backend::wgpu::{CubeBackend, WgpuDevice, WgpuRuntime};
 use burn::tensor::{DType, Tensor};

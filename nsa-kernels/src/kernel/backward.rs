@@ -14,7 +14,7 @@ use cubecl::prelude::*;
 use super::key::{segment_row, KeyCube};
 use super::query::QueryCube;
 use super::rows::{
-    add_shared, attends, chunk_dots, dot_shared, dot_slices, load_slice, offset3, stage_rows, store_slice,
+    add_shared, attends, chunk_dots, dot_shared, dot_slices, load_slice, offset3, stage_listed_rows, stage_rows, store_slice,
     zero_slice,
 };
 
@@ -77,8 +77,8 @@ pub fn attention_backward_query<F: Float, I: Int>(
         let mut first = start;
         while first < end {
             let count = min(end - first, chunk);
-            stage_rows::<F>(k, &mut k_tile, b, first, count, hk, chunk, d_k);
-            stage_rows::<F>(v, &mut v_tile, b, first, count, hk, chunk, d_v);
+            stage_rows::<F, f32>(k, &mut k_tile, 0usize, b, first, count, hk, chunk, d_k);
+            stage_rows::<F, f32>(v, &mut v_tile, 0usize, b, first, count, hk, chunk, d_v);
             sync_cube();
 
             let scores = chunk_dots(&q_slice, &k_tile, &mut score_partials, &mut score_totals, row, part, d_k, chunk, parts);
@@ -183,8 +183,8 @@ pub fn attention_backward_key<F: Float>(
             i += CUBE_DIM as usize;
         }
         sync_cube();
-        stage_query_rows::<F>(q, &mut q_tile, &t_tile, b, hk, g, row_first, count, chunk, d_k);
-        stage_query_rows::<F>(grad_out, &mut do_tile, &t_tile, b, hk, g, row_first, count, chunk, d_v);
+        stage_listed_rows::<F, f32>(q, &mut q_tile, 0usize, &t_tile, b, hk, g, row_first, count, chunk, d_k);
+        stage_listed_rows::<F, f32>(grad_out, &mut do_tile, 0usize, &t_tile, b, hk, g, row_first, count, chunk, d_v);
         sync_cube();
 
         let mut scores = Array::<f32>::new(chunk);
@@ -288,31 +288,3 @@ pub fn sum_segments<F: Float>(
     }
 }
 
-/// Stages the rows `(t_tile[i], hk * g + (row_first + i) % g)` of `src [B, T, H_q, d]` into
-/// `tile [chunk * d]` as f32; rows past `count` are zero.
-#[cube]
-#[allow(clippy::too_many_arguments)]
-fn stage_query_rows<F: Float>(
-    src: &Tensor<F>,
-    tile: &mut SharedMemory<f32>,
-    t_tile: &SharedMemory<u32>,
-    b: usize,
-    hk: usize,
-    g: usize,
-    row_first: usize,
-    count: usize,
-    #[comptime] chunk: usize,
-    #[comptime] d: usize,
-) {
-    let mut idx = UNIT_POS as usize;
-    while idx < chunk * d {
-        let i = idx / d;
-        let mut value = 0.0f32;
-        if i < count {
-            let h = hk * g + (row_first + i) % g;
-            value = f32::cast_from(src[offset3::<F>(src, b, t_tile[i] as usize, h) + idx % d]);
-        }
-        tile[idx] = value;
-        idx += CUBE_DIM as usize;
-    }
-}

@@ -14,7 +14,7 @@ use cubecl::prelude::*;
 
 use super::key::KeyCube;
 use super::mma_forward::{max_usize, row_fragments, tile_span, ALIGN, TILE};
-use super::rows::{attends, offset3};
+use super::rows::{attends, offset3, stage_listed_rows, stage_rows};
 
 /// Same arguments as the plain key kernel; cube `(32, planes)` units, `keys = 16 * planes`;
 /// `q_rows` query rows staged per step (a multiple of 32: two units per key row take half each).
@@ -66,8 +66,8 @@ pub fn attention_backward_key_mma<F: Float>(
         comptime!(max_usize(keys * (d_k + d_v), q_rows * (d_k + d_v))),
         ALIGN,
     );
-    stage_keys::<F>(k, &mut staged, 0usize, cube.b, cube.hk, cube.s0, cube.s_end, keys, d_k);
-    stage_keys::<F>(v, &mut staged, comptime!(keys * d_k), cube.b, cube.hk, cube.s0, cube.s_end, keys, d_v);
+    stage_rows::<F, F>(k, &mut staged, 0usize, cube.b, cube.s0, cube.s_end - cube.s0, cube.hk, keys, d_k);
+    stage_rows::<F, F>(v, &mut staged, comptime!(keys * d_k), cube.b, cube.s0, cube.s_end - cube.s0, cube.hk, keys, d_v);
     sync_cube();
     let k_frags = row_fragments::<F>(&staged, plane * TILE * d_k, d_k);
     let v_frags = row_fragments::<F>(&staged, comptime!(keys * d_k) + plane * TILE * d_v, d_v);
@@ -179,33 +179,6 @@ fn zero_accumulators(#[comptime] d: usize) -> Sequence<Matrix<f32>> {
     acc
 }
 
-/// Key rows `s0..s_end` of head `hk` of `src [B, T, H_kv, d]` at `at` of `staged`, padded with
-/// zero rows to `keys`.
-#[cube]
-#[allow(clippy::too_many_arguments)]
-fn stage_keys<F: Float>(
-    src: &Tensor<F>,
-    staged: &mut SharedMemory<F>,
-    at: usize,
-    b: usize,
-    hk: usize,
-    s0: usize,
-    s_end: usize,
-    #[comptime] keys: usize,
-    #[comptime] d: usize,
-) {
-    let mut idx = UNIT_POS as usize;
-    while idx < keys * d {
-        let row = idx / d;
-        let mut value = F::new(0.0);
-        if s0 + row < s_end {
-            value = src[offset3::<F>(src, b, s0 + row, hk) + idx % d];
-        }
-        staged[at + idx] = value;
-        idx += CUBE_DIM as usize;
-    }
-}
-
 /// Walked rows `row_first..row_first + count` (padded to `q_rows` with zeros): their query
 /// positions, `lse` and `delta` (at `q_rows`) in `stats`, and their q and dO rows in `staged`.
 #[cube]
@@ -245,36 +218,8 @@ fn stage_query_chunk<F: Float>(
         i += CUBE_DIM as usize;
     }
     sync_cube();
-    stage_rows_of::<F>(q, staged, 0usize, positions, cube, row_first, count, q_rows, d_k);
-    stage_rows_of::<F>(grad_out, staged, comptime!(q_rows * d_k), positions, cube, row_first, count, q_rows, d_v);
-}
-
-/// Rows `(positions[i], hk * g + (row_first + i) % g)` of `src [B, T, H_q, d]` at `at` of
-/// `staged`; rows past `count` are zero.
-#[cube]
-#[allow(clippy::too_many_arguments)]
-fn stage_rows_of<F: Float>(
-    src: &Tensor<F>,
-    staged: &mut SharedMemory<F>,
-    at: usize,
-    positions: &SharedMemory<u32>,
-    cube: &KeyCube,
-    row_first: usize,
-    count: usize,
-    #[comptime] q_rows: usize,
-    #[comptime] d: usize,
-) {
-    let mut idx = UNIT_POS as usize;
-    while idx < q_rows * d {
-        let i = idx / d;
-        let mut value = F::new(0.0);
-        if i < count {
-            let h = cube.hk * cube.g + (row_first + i) % cube.g;
-            value = src[offset3::<F>(src, cube.b, positions[i] as usize, h) + idx % d];
-        }
-        staged[at + idx] = value;
-        idx += CUBE_DIM as usize;
-    }
+    stage_listed_rows::<F, F>(q, staged, 0usize, positions, cube.b, cube.hk, cube.g, row_first, count, q_rows, d_k);
+    stage_listed_rows::<F, F>(grad_out, staged, comptime!(q_rows * d_k), positions, cube.b, cube.hk, cube.g, row_first, count, q_rows, d_v);
 }
 
 /// Columns `col0..col0 + 16` of this unit's key row from one accumulator fragment, times

@@ -10,9 +10,9 @@
 use cubecl::cmma::{self, Matrix, MatrixIdent, MatrixLayout};
 use cubecl::prelude::*;
 
-use super::mma_forward::{max_usize, row_fragments, stage_key_rows, stage_query_rows, tile_span, ALIGN, TILE};
+use super::mma_forward::{max_usize, row_fragments, stage_query_rows, tile_span, ALIGN, TILE};
 use super::query::QueryCube;
-use super::rows::offset3;
+use super::rows::{offset3, stage_rows};
 
 /// Inputs as the plain query kernel; writes `grad_q` and `delta = dO . O` (for the key pass).
 /// Cube `(32, planes)` units, `rows <= 16 * planes` real rows, `key_tile` a multiple of 32.
@@ -96,8 +96,8 @@ pub fn attention_backward_query_mma<F: Float, I: Int>(
         let mut first = start;
         while first < end {
             let count = min(end - first, key_tile);
-            stage_key_rows::<F>(k, &mut staged, 0usize, b, first, count, cube.hk, key_tile, d_k);
-            stage_key_rows::<F>(v, &mut staged, v_at, b, first, count, cube.hk, key_tile, d_v);
+            stage_rows::<F, F>(k, &mut staged, 0usize, b, first, count, cube.hk, key_tile, d_k);
+            stage_rows::<F, F>(v, &mut staged, v_at, b, first, count, cube.hk, key_tile, d_v);
             sync_cube();
 
             // s = q K^T, dp = dO V^T (K and V read column-major: their transposes).

@@ -15,7 +15,7 @@ use cubecl::prelude::*;
 
 use super::forward::MASKED;
 use super::query::QueryCube;
-use super::rows::{offset3, store_slice, zero_slice, NEG_LARGE};
+use super::rows::{offset3, stage_rows, store_slice, zero_slice, NEG_LARGE};
 
 /// Rows of a plane's tile, and the MMA shape on every axis.
 pub const TILE: usize = 16;
@@ -82,8 +82,8 @@ pub fn attention_forward_mma<F: Float, I: Int>(
         let mut first = start;
         while first < end {
             let count = min(end - first, key_tile);
-            stage_key_rows::<F>(k, &mut staged, 0usize, cube.b, first, count, cube.hk, key_tile, d_k);
-            stage_key_rows::<F>(v, &mut staged, v_at, cube.b, first, count, cube.hk, key_tile, d_v);
+            stage_rows::<F, F>(k, &mut staged, 0usize, cube.b, first, count, cube.hk, key_tile, d_k);
+            stage_rows::<F, F>(v, &mut staged, v_at, cube.b, first, count, cube.hk, key_tile, d_v);
             sync_cube();
 
             // Scores of the plane's 16 rows against the tile's keys (K read column-major: k^T).
@@ -251,34 +251,6 @@ pub fn stage_query_rows<F: Float>(
             value = q[offset3::<F>(q, b, t, hk * g + r % g) + idx % d];
         }
         staged[idx] = value;
-        idx += units;
-    }
-}
-
-/// Stages key rows `first..first + count` (at most `tile`) of head `hk` of `src [B, T, H, d]`
-/// at `at` of `staged`, in the storage type; rows past `count` are zero.
-#[cube]
-#[allow(clippy::too_many_arguments)]
-pub fn stage_key_rows<F: Float>(
-    src: &Tensor<F>,
-    staged: &mut SharedMemory<F>,
-    at: usize,
-    b: usize,
-    first: usize,
-    count: usize,
-    hk: usize,
-    #[comptime] tile: usize,
-    #[comptime] d: usize,
-) {
-    let units = CUBE_DIM as usize;
-    let mut idx = UNIT_POS as usize;
-    while idx < tile * d {
-        let row = idx / d;
-        let mut value = F::new(0.0);
-        if row < count {
-            value = src[offset3::<F>(src, b, first + row, hk) + idx % d];
-        }
-        staged[at + idx] = value;
         idx += units;
     }
 }

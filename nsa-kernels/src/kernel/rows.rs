@@ -144,13 +144,15 @@ pub fn dot_slices(a: &Array<f32>, b: &Array<f32>, #[comptime] len: usize, #[comp
     sum
 }
 
-/// Stages rows `first..first + count` (at most `chunk`) of head `hk` of `src [B, T, H, d]` into
-/// `tile [chunk * d]` as f32, all units of the cube cooperating with coalesced reads. Rows past
-/// `count` are zero.
+/// Stages rows `first..first + count` (at most `chunk`) of head `hk` of `src [B, T, H, d]` at
+/// `at` of `tile` (`[chunk * d]`, converted to `E`), all units of the cube cooperating with
+/// coalesced reads. Rows past `count` are zero.
 #[cube]
-pub fn stage_rows<F: Float>(
+#[allow(clippy::too_many_arguments)]
+pub fn stage_rows<F: Float, E: Float>(
     src: &Tensor<F>,
-    tile: &mut SharedMemory<f32>,
+    tile: &mut SharedMemory<E>,
+    at: usize,
     b: usize,
     first: usize,
     count: usize,
@@ -158,16 +160,46 @@ pub fn stage_rows<F: Float>(
     #[comptime] chunk: usize,
     #[comptime] d: usize,
 ) {
-    let units = CUBE_DIM as usize;
     let mut idx = UNIT_POS as usize;
     while idx < chunk * d {
         let row = idx / d;
-        let mut value = 0.0f32;
+        let mut value = E::new(0.0);
         if row < count {
-            value = f32::cast_from(src[offset3::<F>(src, b, first + row, hk) + idx % d]);
+            value = E::cast_from(src[offset3::<F>(src, b, first + row, hk) + idx % d]);
         }
-        tile[idx] = value;
-        idx += units;
+        tile[at + idx] = value;
+        idx += CUBE_DIM as usize;
+    }
+}
+
+/// Stages the query rows `(positions[i], hk * g + (row_first + i) % g)`, `i < count`, of
+/// `src [B, T, H_q, d]` at `at` of `tile` (`[chunk * d]`, converted to `E`); rows past `count`
+/// are zero.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub fn stage_listed_rows<F: Float, E: Float>(
+    src: &Tensor<F>,
+    tile: &mut SharedMemory<E>,
+    at: usize,
+    positions: &SharedMemory<u32>,
+    b: usize,
+    hk: usize,
+    g: usize,
+    row_first: usize,
+    count: usize,
+    #[comptime] chunk: usize,
+    #[comptime] d: usize,
+) {
+    let mut idx = UNIT_POS as usize;
+    while idx < chunk * d {
+        let i = idx / d;
+        let mut value = E::new(0.0);
+        if i < count {
+            let h = hk * g + (row_first + i) % g;
+            value = E::cast_from(src[offset3::<F>(src, b, positions[i] as usize, h) + idx % d]);
+        }
+        tile[at + idx] = value;
+        idx += CUBE_DIM as usize;
     }
 }
 
