@@ -126,7 +126,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
                 call.d_k,
                 call.d_v,
                 tiling.rows,
-                tiling.planes,
+                tiling.planes(),
                 tiling.key_tile,
                 [dtype.into(), call.blocks.dtype.into()],
             );
