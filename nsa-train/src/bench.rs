@@ -1,5 +1,8 @@
 //! `nsa bench-kernels`: the sparse-attention op, fused path, timed forward and forward+backward
-//! at the issue's shapes, after a parity check against the reference path on the same device.
+//! at the issue's shapes, after a parity check of the op's output and gradients against the
+//! reference path in f64 on the CPU (`cpu` feature; on the device in the storage dtype without
+//! it). Burn's CUDA backend has no f64, and its f32 matmul may round through TF32 (10-bit
+//! mantissa, ~1e-3 relative), which would hide an f32 kernel's real error.
 //!
 //! Inputs are drawn once per shape (untimed); every timed run is synced and the median kept.
 //! Work is counted over attended keys only: forward `4 * keys * d * H_q` FLOPs (`q.k` and
@@ -9,7 +12,7 @@
 use std::time::Instant;
 
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::{DType, Distribution, ElementConversion, Int, Tensor, TensorData};
+use burn::tensor::{DType, Distribution, Int, Tensor, TensorData};
 use nsa_core::SparseAttentionBackend;
 use nsa_kernels::{reference, sparse_attention, Keys};
 use rand::rngs::StdRng;
@@ -69,11 +72,20 @@ fn random_blocks(rng: &mut StdRng, t_len: usize, h_kv: usize) -> (Vec<i64>, usiz
     (blocks, keys)
 }
 
+#[derive(Clone)]
 struct Inputs<B: Backend> {
     q: Tensor<B, 4>,
     k: Tensor<B, 4>,
     v: Tensor<B, 4>,
     grad_out: Tensor<B, 4>,
+}
+
+impl<B: Backend> Inputs<B> {
+    /// The same values on another backend in `dtype` (storage values are exact in f32).
+    fn to<C: Backend>(&self, dtype: DType, device: &C::Device) -> Inputs<C> {
+        let c = |t: &Tensor<B, 4>| Tensor::<C, 4>::from_data(t.to_data().convert::<f32>(), device).cast(dtype);
+        Inputs { q: c(&self.q), k: c(&self.k), v: c(&self.v), grad_out: c(&self.grad_out) }
+    }
 }
 
 fn inputs<B: Backend>(shape: Shape, t: usize, dtype: DType, device: &B::Device) -> Inputs<B> {
@@ -110,38 +122,87 @@ fn forward_backward<B: AutodiffBackend>(
     [out.inner(), g(&q), g(&k), g(&v)]
 }
 
-/// Max |a - b| over max |b|, in f32.
-fn rel_err<B: Backend>(a: Tensor<B, 4>, b: Tensor<B, 4>) -> f64 {
-    let (a, b) = (a.cast(DType::F32), b.cast(DType::F32));
-    let scale: f64 = b.clone().abs().max().into_scalar().elem::<f64>();
-    let diff: f64 = (a - b).abs().max().into_scalar().elem::<f64>();
+/// Max |a - b| over max |b|.
+fn rel_err(a: &[f64], b: &[f64]) -> f64 {
+    let scale = b.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+    let diff = a.iter().zip(b).fold(0.0f64, |m, (x, y)| m.max((x - y).abs()));
     diff / scale.max(1e-12)
+}
+
+fn host<B: Backend>(t: Tensor<B, 4>) -> Vec<f64> {
+    t.into_data().convert::<f64>().to_vec::<f64>().expect("float tensor data")
+}
+
+/// `[out, dq, dk, dv]` of the reference path on the parity inputs, on the host.
+fn reference_grads<R: AutodiffBackend>(x: &Inputs<R::InnerBackend>, keys: &Keys<R>) -> [Vec<f64>; 4] {
+    forward_backward::<R>(x, |q, k, v| reference::forward(q, k, v, keys).0).map(host)
+}
+
+/// The parity reference, window then selection: f64 on the CPU where built with it, else the
+/// device's storage dtype.
+#[cfg(feature = "cpu")]
+fn parity_reference<B: AutodiffBackend>(
+    x: &Inputs<B::InnerBackend>,
+    blocks: &[i64],
+    dims: [usize; 4],
+    _device: &B::Device,
+) -> (DType, [[Vec<f64>; 4]; 2]) {
+    type Cpu = burn::backend::Autodiff<burn::backend::NdArray>;
+    let device = Default::default();
+    let x = x.to::<burn::backend::NdArray>(DType::F64, &device);
+    let blocks = Tensor::<Cpu, 4, Int>::from_data(TensorData::new(blocks.to_vec(), dims), &device);
+    let window = reference_grads::<Cpu>(&x, &Keys::Window { w: W });
+    (DType::F64, [window, reference_grads::<Cpu>(&x, &Keys::selected(blocks, L_SEL))])
+}
+
+#[cfg(not(feature = "cpu"))]
+fn parity_reference<B: AutodiffBackend>(
+    x: &Inputs<B::InnerBackend>,
+    blocks: &[i64],
+    dims: [usize; 4],
+    device: &B::Device,
+) -> (DType, [[Vec<f64>; 4]; 2]) {
+    let blocks = Tensor::<B, 4, Int>::from_data(TensorData::new(blocks.to_vec(), dims), device);
+    let window = reference_grads::<B>(x, &Keys::Window { w: W });
+    (x.q.dtype(), [window, reference_grads::<B>(x, &Keys::selected(blocks, L_SEL))])
+}
+
+/// Parity tolerance (max error over max magnitude): f32 against an f64 reference 1e-4, against
+/// an f32 one (maybe TF32 matmuls) 1e-3; 16-bit storage 3e-2.
+fn tolerance(storage: DType, reference: DType) -> f64 {
+    match (storage, reference) {
+        (DType::F32, DType::F64) => 1e-4,
+        (DType::F32, _) => 1e-3,
+        _ => 3e-2,
+    }
 }
 
 /// Runs the sweep and prints a markdown table. Returns false when a parity check failed.
 pub fn bench_kernels<B: TrainBackend>(device: &B::Device, opts: &BenchOptions) -> bool {
     let mut rng = StdRng::seed_from_u64(0);
-    let tol = if opts.dtype == DType::F32 { 1e-3 } else { 3e-2 };
+    // Same inputs on every run, so that runs of two builds compare.
+    B::InnerBackend::seed(device, 0);
     println!("fused: {}", <B as SparseAttentionBackend>::has_fused_sparse_attention());
     let mut ok = true;
     for shape in opts.shapes.iter().copied().filter(|_| opts.check_len > 0) {
-        // Parity on a ragged length, both key sets, against the reference's tensor ops.
+        // Parity on a ragged length, both key sets.
         let t = opts.check_len;
         let x = inputs::<B::InnerBackend>(shape, t, opts.dtype, device);
         let (blocks, _) = random_blocks(&mut rng, t, shape.h_kv);
-        let blocks =
-            Tensor::<B::InnerBackend, 4, Int>::from_data(TensorData::new(blocks, [1, t, shape.h_kv, N]), device);
-        for (name, keys) in
-            [("window", Keys::Window { w: W }), ("selected", Keys::selected(Tensor::from_inner(blocks), L_SEL))]
+        let dims = [1, t, shape.h_kv, N];
+        let (ref_dtype, wanted) = parity_reference::<B>(&x, &blocks, dims, device);
+        let tol = tolerance(opts.dtype, ref_dtype);
+        let blocks = Tensor::<B, 4, Int>::from_data(TensorData::new(blocks, dims), device);
+        for ((name, keys), want) in
+            [("window", Keys::Window { w: W }), ("selected", Keys::selected(blocks, L_SEL))].into_iter().zip(wanted)
         {
-            let k: Keys<B> = keys;
-            let fused = forward_backward::<B>(&x, |q, kk, v| sparse_attention(q, kk, v, &k).0);
-            let want = forward_backward::<B>(&x, |q, kk, v| reference::forward(q, kk, v, &k).0);
-            let errs: Vec<f64> = fused.into_iter().zip(want).map(|(a, b)| rel_err(a, b)).collect();
+            let fused = forward_backward::<B>(&x, |q, k, v| sparse_attention(q, k, v, &keys).0).map(host);
+            let errs: Vec<f64> = fused.iter().zip(&want).map(|(a, b)| rel_err(a, b)).collect();
             let pass = errs.iter().all(|e| *e <= tol);
             ok &= pass;
             println!(
-                "parity {} {name} T={t}: out {:.1e} dq {:.1e} dk {:.1e} dv {:.1e} (tolerance {tol:.0e}) {}",
+                "parity {} {name} T={t} (reference {ref_dtype:?}): out {:.1e} dq {:.1e} dk {:.1e} dv {:.1e} \
+                 (tolerance {tol:.0e}) {}",
                 shape.name,
                 errs[0],
                 errs[1],
