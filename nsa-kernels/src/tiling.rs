@@ -128,6 +128,20 @@ const MMA_TILE: usize = 16;
 /// CubeCL's CUDA runtime opts into per kernel; tensor-core GPUs have 100-228 KiB per SM).
 pub const MMA_SHARED: usize = 96 * 1024;
 
+/// Row stride (elements) of a tensor-core kernel's 16-bit shared tile of `d`-wide rows: padded
+/// by 16 bytes. Unpadded 128- or 256-byte rows put the eight rows a fragment load reads at once
+/// in the same banks, and per-row scalar access by 16 rows of a plane in one bank; ncu showed
+/// the forward L1-bound (77% busy, 18% SM throughput) before this.
+pub const fn storage_stride(d: usize) -> usize {
+    d + 8
+}
+
+/// Row stride (elements) of a tensor-core kernel's f32 shared tile: padded by 16 bytes, as
+/// [`storage_stride`].
+pub const fn f32_stride(n: usize) -> usize {
+    n + 4
+}
+
 impl MmaTiling {
     /// `None` when the head dims are not multiples of the MMA tile or no key tile fits the
     /// shared memory; `elem_bytes` is the storage type's size.
@@ -159,12 +173,15 @@ impl MmaTiling {
     /// tiles (scores, or scores and `dp`) and the storage-type tiles (probabilities, or `ds`).
     pub fn shared_bytes(&self, pass: QueryPass, d_k: usize, d_v: usize, elem_bytes: usize) -> usize {
         let padded = self.planes() * MMA_TILE;
-        let keys = self.key_tile * (d_k + d_v);
+        let (ks, vs) = (storage_stride(d_k), storage_stride(d_v));
+        let keys = self.key_tile * (ks + vs);
         let (staged, f32_tiles) = match pass {
-            QueryPass::Forward => ((padded * d_k).max(keys), padded * self.key_tile.max(self.pv_cols)),
-            QueryPass::Gradient => ((padded * d_k.max(d_v)).max(keys), 2 * padded * self.key_tile),
+            QueryPass::Forward => {
+                ((padded * ks).max(keys), padded * f32_stride(self.key_tile).max(f32_stride(self.pv_cols)))
+            }
+            QueryPass::Gradient => ((padded * ks.max(vs)).max(keys), 2 * padded * f32_stride(self.key_tile)),
         };
-        staged * elem_bytes + f32_tiles * 4 + padded * self.key_tile * elem_bytes
+        staged * elem_bytes + f32_tiles * 4 + padded * storage_stride(self.key_tile) * elem_bytes
     }
 }
 
@@ -196,9 +213,10 @@ impl KeyMmaTiling {
     /// K and V rows, later q and dO rows (one buffer); f32 `s^T`, `dp^T` and storage-type
     /// `p^T`, `ds^T` tiles; the rows' statistics and positions.
     pub fn shared_bytes(&self, d_k: usize, d_v: usize, elem_bytes: usize) -> usize {
-        let staged = (self.keys() * (d_k + d_v)).max(self.q_rows * (d_k + d_v)) * elem_bytes;
-        let tiles = 2 * self.keys() * self.q_rows;
-        staged + tiles * (4 + elem_bytes) + 3 * self.q_rows * 4
+        let rows = storage_stride(d_k) + storage_stride(d_v);
+        let staged = self.keys().max(self.q_rows) * rows * elem_bytes;
+        let tiles = 2 * self.keys();
+        staged + tiles * (f32_stride(self.q_rows) * 4 + storage_stride(self.q_rows) * elem_bytes) + 3 * self.q_rows * 4
     }
 }
 

@@ -77,8 +77,8 @@ pub fn attention_backward_query<F: Float, I: Int>(
         let mut first = start;
         while first < end {
             let count = min(end - first, chunk);
-            stage_rows::<F, f32>(k, &mut k_tile, 0usize, b, first, count, hk, chunk, d_k);
-            stage_rows::<F, f32>(v, &mut v_tile, 0usize, b, first, count, hk, chunk, d_v);
+            stage_rows::<F, f32>(k, &mut k_tile, 0usize, b, first, count, hk, chunk, d_k, d_k);
+            stage_rows::<F, f32>(v, &mut v_tile, 0usize, b, first, count, hk, chunk, d_v, d_v);
             sync_cube();
 
             let scores = chunk_dots(&q_slice, &k_tile, &mut score_partials, &mut score_totals, row, part, d_k, chunk, parts);
@@ -183,8 +183,8 @@ pub fn attention_backward_key<F: Float>(
             i += CUBE_DIM as usize;
         }
         sync_cube();
-        stage_listed_rows::<F, f32>(q, &mut q_tile, 0usize, &t_tile, b, hk, g, row_first, count, chunk, d_k);
-        stage_listed_rows::<F, f32>(grad_out, &mut do_tile, 0usize, &t_tile, b, hk, g, row_first, count, chunk, d_v);
+        stage_listed_rows::<F, f32>(q, &mut q_tile, 0usize, &t_tile, b, hk, g, row_first, count, chunk, d_k, d_k);
+        stage_listed_rows::<F, f32>(grad_out, &mut do_tile, 0usize, &t_tile, b, hk, g, row_first, count, chunk, d_v, d_v);
         sync_cube();
 
         let mut scores = Array::<f32>::new(chunk);

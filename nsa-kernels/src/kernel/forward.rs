@@ -58,8 +58,8 @@ pub fn attention_forward<F: Float, I: Int>(
         let mut first = start;
         while first < end {
             let count = min(end - first, chunk);
-            stage_rows::<F, f32>(k, &mut k_tile, 0usize, b, first, count, hk, chunk, d_k);
-            stage_rows::<F, f32>(v, &mut v_tile, 0usize, b, first, count, hk, chunk, d_v);
+            stage_rows::<F, f32>(k, &mut k_tile, 0usize, b, first, count, hk, chunk, d_k, d_k);
+            stage_rows::<F, f32>(v, &mut v_tile, 0usize, b, first, count, hk, chunk, d_v, d_v);
             sync_cube();
 
             let mut scores = chunk_dots(&q_slice, &k_tile, &mut partials, &mut totals, row, part, d_k, chunk, parts);

@@ -15,6 +15,7 @@ use cubecl::prelude::*;
 use super::key::KeyCube;
 use super::mma_forward::{max_usize, row_fragments, tile_span, ALIGN, TILE};
 use super::rows::{attends, offset3, stage_listed_rows, stage_rows};
+use crate::tiling::{f32_stride, storage_stride};
 
 /// Same arguments as the plain key kernel; cube `(32, planes)` units, `keys = 16 * planes`;
 /// `q_rows` query rows staged per step (a multiple of 32: two units per key row take half each).
@@ -62,29 +63,32 @@ pub fn attention_backward_key_mma<F: Float>(
     let s = cube.s0 + plane * TILE + local;
 
     // One buffer: the cube's K and V rows while their fragments load, then each chunk's q, dO.
-    let mut staged = SharedMemory::<F>::new_aligned(
-        comptime!(max_usize(keys * (d_k + d_v), q_rows * (d_k + d_v))),
-        ALIGN,
-    );
-    stage_rows::<F, F>(k, &mut staged, 0usize, cube.b, cube.s0, cube.s_end - cube.s0, cube.hk, keys, d_k);
-    stage_rows::<F, F>(v, &mut staged, comptime!(keys * d_k), cube.b, cube.s0, cube.s_end - cube.s0, cube.hk, keys, d_v);
+    // Rows are padded (`storage_stride`, `f32_stride`) against shared-memory bank conflicts.
+    let ks = comptime!(storage_stride(d_k));
+    let vs = comptime!(storage_stride(d_v));
+    let mut staged = SharedMemory::<F>::new_aligned(comptime!(max_usize(keys, q_rows) * (ks + vs)), ALIGN);
+    stage_rows::<F, F>(k, &mut staged, 0usize, cube.b, cube.s0, cube.s_end - cube.s0, cube.hk, keys, d_k, ks);
+    stage_rows::<F, F>(v, &mut staged, comptime!(keys * ks), cube.b, cube.s0, cube.s_end - cube.s0, cube.hk, keys, d_v, vs);
     sync_cube();
-    let k_frags = row_fragments::<F>(&staged, plane * TILE * d_k, d_k);
-    let v_frags = row_fragments::<F>(&staged, comptime!(keys * d_k) + plane * TILE * d_v, d_v);
+    let k_frags = row_fragments::<F>(&staged, plane * TILE * ks, d_k, ks);
+    let v_frags = row_fragments::<F>(&staged, comptime!(keys * ks) + plane * TILE * vs, d_v, vs);
     sync_cube();
 
     let dk = zero_accumulators(d_k);
     let dv = zero_accumulators(d_v);
 
     // Per plane: f32 `s^T` and `dp^T` tiles `[16, q_rows]`; storage-type `p^T`, `ds^T`.
-    let region_len = comptime!(TILE * q_rows);
-    let mut scores = SharedMemory::<f32>::new_aligned(comptime!(2 * planes * TILE * q_rows), ALIGN);
-    let mut weights = SharedMemory::<F>::new_aligned(comptime!(2 * planes * TILE * q_rows), ALIGN);
+    let qst = comptime!(f32_stride(q_rows));
+    let wst = comptime!(storage_stride(q_rows));
+    let mut scores = SharedMemory::<f32>::new_aligned(comptime!(2 * planes * TILE * qst), ALIGN);
+    let mut weights = SharedMemory::<F>::new_aligned(comptime!(2 * planes * TILE * wst), ALIGN);
     let mut stats = SharedMemory::<f32>::new(comptime!(2 * q_rows));
     let mut positions = SharedMemory::<u32>::new(q_rows);
-    let s_region = plane * 2 * region_len;
-    let dp_region = s_region + region_len;
-    let do_at = comptime!(q_rows * d_k);
+    let s_region = plane * 2 * TILE * qst;
+    let dp_region = s_region + TILE * qst;
+    let p_region = plane * 2 * TILE * wst;
+    let ds_region = p_region + TILE * wst;
+    let do_at = comptime!(q_rows * ks);
 
     let mut row_first = 0usize;
     while row_first < cube.n_rows {
@@ -98,55 +102,55 @@ pub fn attention_backward_key_mma<F: Float>(
             let st = Matrix::<f32>::from_value(MatrixIdent::Accumulator, TILE, TILE, TILE, MatrixLayout::Undefined, 0.0f32);
             #[unroll]
             for kk in 0..d_k / TILE {
-                let at = n * TILE * d_k + kk * TILE;
-                let qt = Matrix::<F>::from_slice(MatrixIdent::B, TILE, TILE, TILE, MatrixLayout::ColMajor, &staged.slice(at, at + comptime!(tile_span(d_k))), d_k as u32);
+                let at = n * TILE * ks + kk * TILE;
+                let qt = Matrix::<F>::from_slice(MatrixIdent::B, TILE, TILE, TILE, MatrixLayout::ColMajor, &staged.slice(at, at + comptime!(tile_span(ks))), ks as u32);
                 cmma::execute::<F, F, f32, f32>(k_frags.index(kk), &qt, &st, &st);
             }
             let at = s_region + n * TILE;
-            cmma::store(&mut scores.slice_mut(at, at + comptime!(tile_span(q_rows))), &st, q_rows as u32, MatrixLayout::RowMajor);
+            cmma::store(&mut scores.slice_mut(at, at + comptime!(tile_span(qst))), &st, qst as u32, MatrixLayout::RowMajor);
             let dpt = Matrix::<f32>::from_value(MatrixIdent::Accumulator, TILE, TILE, TILE, MatrixLayout::Undefined, 0.0f32);
             #[unroll]
             for kk in 0..d_v / TILE {
-                let at = do_at + n * TILE * d_v + kk * TILE;
-                let dot = Matrix::<F>::from_slice(MatrixIdent::B, TILE, TILE, TILE, MatrixLayout::ColMajor, &staged.slice(at, at + comptime!(tile_span(d_v))), d_v as u32);
+                let at = do_at + n * TILE * vs + kk * TILE;
+                let dot = Matrix::<F>::from_slice(MatrixIdent::B, TILE, TILE, TILE, MatrixLayout::ColMajor, &staged.slice(at, at + comptime!(tile_span(vs))), vs as u32);
                 cmma::execute::<F, F, f32, f32>(v_frags.index(kk), &dot, &dpt, &dpt);
             }
             let at = dp_region + n * TILE;
-            cmma::store(&mut scores.slice_mut(at, at + comptime!(tile_span(q_rows))), &dpt, q_rows as u32, MatrixLayout::RowMajor);
+            cmma::store(&mut scores.slice_mut(at, at + comptime!(tile_span(qst))), &dpt, qst as u32, MatrixLayout::RowMajor);
         }
         sync_plane();
 
-        // p^T and ds^T for this unit's key row, half of the chunk's query rows.
-        let half_rows = comptime!(q_rows / 2);
+        // p^T and ds^T for this unit's key row, every other query row of the chunk (the two
+        // units of a key row read neighbouring words).
         #[unroll]
-        for c in 0..half_rows {
-            let col = half * half_rows + c;
+        for c in 0..q_rows / 2 {
+            let col = 2 * c + half;
             let valid = col < count && s < cube.s_end && attends(positions[col] as usize, s, span, window);
-            let at = local * q_rows + col;
+            let at = local * qst + col;
             let p = select(valid, (scores[s_region + at] * scale - stats[col]).exp(), 0.0f32);
             let ds = p * (scores[dp_region + at] - stats[q_rows + col]);
-            weights[s_region + at] = F::cast_from(p);
-            weights[dp_region + at] = F::cast_from(ds);
+            weights[p_region + local * wst + col] = F::cast_from(p);
+            weights[ds_region + local * wst + col] = F::cast_from(ds);
         }
         sync_plane();
 
         // dV += p^T dO, dK += ds^T q.
         #[unroll]
         for kk in 0..q_rows / TILE {
-            let at = s_region + kk * TILE;
-            let pt = Matrix::<F>::from_slice(MatrixIdent::A, TILE, TILE, TILE, MatrixLayout::RowMajor, &weights.slice(at, at + comptime!(tile_span(q_rows))), q_rows as u32);
-            let at = dp_region + kk * TILE;
-            let dst = Matrix::<F>::from_slice(MatrixIdent::A, TILE, TILE, TILE, MatrixLayout::RowMajor, &weights.slice(at, at + comptime!(tile_span(q_rows))), q_rows as u32);
+            let at = p_region + kk * TILE;
+            let pt = Matrix::<F>::from_slice(MatrixIdent::A, TILE, TILE, TILE, MatrixLayout::RowMajor, &weights.slice(at, at + comptime!(tile_span(wst))), wst as u32);
+            let at = ds_region + kk * TILE;
+            let dst = Matrix::<F>::from_slice(MatrixIdent::A, TILE, TILE, TILE, MatrixLayout::RowMajor, &weights.slice(at, at + comptime!(tile_span(wst))), wst as u32);
             #[unroll]
             for n in 0..d_v / TILE {
-                let at = do_at + kk * TILE * d_v + n * TILE;
-                let dob = Matrix::<F>::from_slice(MatrixIdent::B, TILE, TILE, TILE, MatrixLayout::RowMajor, &staged.slice(at, at + comptime!(tile_span(d_v))), d_v as u32);
+                let at = do_at + kk * TILE * vs + n * TILE;
+                let dob = Matrix::<F>::from_slice(MatrixIdent::B, TILE, TILE, TILE, MatrixLayout::RowMajor, &staged.slice(at, at + comptime!(tile_span(vs))), vs as u32);
                 cmma::execute::<F, F, f32, f32>(&pt, &dob, dv.index(n), dv.index(n));
             }
             #[unroll]
             for n in 0..d_k / TILE {
-                let at = kk * TILE * d_k + n * TILE;
-                let qb = Matrix::<F>::from_slice(MatrixIdent::B, TILE, TILE, TILE, MatrixLayout::RowMajor, &staged.slice(at, at + comptime!(tile_span(d_k))), d_k as u32);
+                let at = kk * TILE * ks + n * TILE;
+                let qb = Matrix::<F>::from_slice(MatrixIdent::B, TILE, TILE, TILE, MatrixLayout::RowMajor, &staged.slice(at, at + comptime!(tile_span(ks))), ks as u32);
                 cmma::execute::<F, F, f32, f32>(&dst, &qb, dk.index(n), dk.index(n));
             }
         }
@@ -218,8 +222,10 @@ fn stage_query_chunk<F: Float>(
         i += CUBE_DIM as usize;
     }
     sync_cube();
-    stage_listed_rows::<F, F>(q, staged, 0usize, positions, cube.b, cube.hk, cube.g, row_first, count, q_rows, d_k);
-    stage_listed_rows::<F, F>(grad_out, staged, comptime!(q_rows * d_k), positions, cube.b, cube.hk, cube.g, row_first, count, q_rows, d_v);
+    let ks = comptime!(storage_stride(d_k));
+    let vs = comptime!(storage_stride(d_v));
+    stage_listed_rows::<F, F>(q, staged, 0usize, positions, cube.b, cube.hk, cube.g, row_first, count, q_rows, d_k, ks);
+    stage_listed_rows::<F, F>(grad_out, staged, comptime!(q_rows * ks), positions, cube.b, cube.hk, cube.g, row_first, count, q_rows, d_v, vs);
 }
 
 /// Columns `col0..col0 + 16` of this unit's key row from one accumulator fragment, times
@@ -246,13 +252,14 @@ fn write_fragment<F: Float>(
     offset: usize,
     width: usize,
 ) {
-    cmma::store(&mut tile.slice_mut(region, region + comptime!(tile_span(TILE))), frag, TILE as u32, MatrixLayout::RowMajor);
+    let ost = comptime!(f32_stride(TILE));
+    cmma::store(&mut tile.slice_mut(region, region + comptime!(tile_span(ost))), frag, ost as u32, MatrixLayout::RowMajor);
     sync_plane();
     if s < cube.s_end {
         #[unroll]
         for c in 0..TILE / 2 {
-            let col = half * (TILE / 2) + c;
-            let value = tile[region + local * TILE + col] * scale;
+            let col = 2 * c + half;
+            let value = tile[region + local * ost + col] * scale;
             if window {
                 dst[offset3::<F>(dst, cube.b, s, cube.hk) + col0 + col] = F::cast_from(value);
             } else {

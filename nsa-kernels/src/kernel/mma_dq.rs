@@ -13,6 +13,7 @@ use cubecl::prelude::*;
 use super::mma_forward::{max_usize, row_fragments, stage_query_rows, tile_span, ALIGN, TILE};
 use super::query::QueryCube;
 use super::rows::{offset3, stage_rows};
+use crate::tiling::{f32_stride, storage_stride};
 
 /// Inputs as the plain query kernel; writes `grad_q` and `delta = dO . O` (for the key pass).
 /// Cube `(32, planes)` units, `rows <= 16 * planes` real rows, `key_tile` a multiple of 32.
@@ -63,18 +64,19 @@ pub fn attention_backward_query_mma<F: Float, I: Int>(
     }
 
     // One buffer: q rows, then dO rows, while their fragments load; then K and V tiles.
-    let mut staged = SharedMemory::<F>::new_aligned(
-        comptime!(max_usize(planes * TILE * max_usize(d_k, d_v), key_tile * (d_k + d_v))),
-        ALIGN,
-    );
-    let v_at = comptime!(key_tile * d_k);
-    stage_query_rows::<F>(q, &mut staged, b, cube.t0, cube.hk, g, rows, planes, d_k);
+    // Rows are padded (`storage_stride`, `f32_stride`) against shared-memory bank conflicts.
+    let ks = comptime!(storage_stride(d_k));
+    let vs = comptime!(storage_stride(d_v));
+    let mut staged =
+        SharedMemory::<F>::new_aligned(comptime!(max_usize(planes * TILE * max_usize(ks, vs), key_tile * (ks + vs))), ALIGN);
+    let v_at = comptime!(key_tile * ks);
+    stage_query_rows::<F>(q, &mut staged, b, cube.t0, cube.hk, g, rows, planes, d_k, ks);
     sync_cube();
-    let q_frags = row_fragments::<F>(&staged, plane * TILE * d_k, d_k);
+    let q_frags = row_fragments::<F>(&staged, plane * TILE * ks, d_k, ks);
     sync_cube();
-    stage_query_rows::<F>(grad_out, &mut staged, b, cube.t0, cube.hk, g, rows, planes, d_v);
+    stage_query_rows::<F>(grad_out, &mut staged, b, cube.t0, cube.hk, g, rows, planes, d_v, vs);
     sync_cube();
-    let do_frags = row_fragments::<F>(&staged, plane * TILE * d_v, d_v);
+    let do_frags = row_fragments::<F>(&staged, plane * TILE * vs, d_v, vs);
     sync_cube();
 
     let mut dq = Sequence::<Matrix<f32>>::new();
@@ -84,20 +86,22 @@ pub fn attention_backward_query_mma<F: Float, I: Int>(
     }
 
     // Per plane: f32 `s` and `dp` tiles `[16, key_tile]`, and `ds` in the storage type.
-    let region_len = comptime!(TILE * key_tile);
-    let mut scores = SharedMemory::<f32>::new_aligned(comptime!(2 * planes * TILE * key_tile), ALIGN);
-    let mut weights = SharedMemory::<F>::new_aligned(comptime!(planes * TILE * key_tile), ALIGN);
+    let sst = comptime!(f32_stride(key_tile));
+    let pst = comptime!(storage_stride(key_tile));
+    let region_len = comptime!(TILE * sst);
+    let mut scores = SharedMemory::<f32>::new_aligned(comptime!(2 * planes * TILE * sst), ALIGN);
+    let mut weights = SharedMemory::<F>::new_aligned(comptime!(planes * TILE * pst), ALIGN);
     let s_region = plane * 2 * region_len;
     let dp_region = s_region + region_len;
-    let ds_region = plane * region_len;
+    let ds_region = plane * TILE * pst;
 
     for r in 0..cube.range_count::<I>(blocks, window) {
         let (start, end) = cube.key_range::<I>(blocks, r, span, window);
         let mut first = start;
         while first < end {
             let count = min(end - first, key_tile);
-            stage_rows::<F, F>(k, &mut staged, 0usize, b, first, count, cube.hk, key_tile, d_k);
-            stage_rows::<F, F>(v, &mut staged, v_at, b, first, count, cube.hk, key_tile, d_v);
+            stage_rows::<F, F>(k, &mut staged, 0usize, b, first, count, cube.hk, key_tile, d_k, ks);
+            stage_rows::<F, F>(v, &mut staged, v_at, b, first, count, cube.hk, key_tile, d_v, vs);
             sync_cube();
 
             // s = q K^T, dp = dO V^T (K and V read column-major: their transposes).
@@ -106,32 +110,32 @@ pub fn attention_backward_query_mma<F: Float, I: Int>(
                 let s = Matrix::<f32>::from_value(MatrixIdent::Accumulator, TILE, TILE, TILE, MatrixLayout::Undefined, 0.0f32);
                 #[unroll]
                 for kk in 0..d_k / TILE {
-                    let at = n * TILE * d_k + kk * TILE;
-                    let kt = Matrix::<F>::from_slice(MatrixIdent::B, TILE, TILE, TILE, MatrixLayout::ColMajor, &staged.slice(at, at + comptime!(tile_span(d_k))), d_k as u32);
+                    let at = n * TILE * ks + kk * TILE;
+                    let kt = Matrix::<F>::from_slice(MatrixIdent::B, TILE, TILE, TILE, MatrixLayout::ColMajor, &staged.slice(at, at + comptime!(tile_span(ks))), ks as u32);
                     cmma::execute::<F, F, f32, f32>(q_frags.index(kk), &kt, &s, &s);
                 }
                 let at = s_region + n * TILE;
-                cmma::store(&mut scores.slice_mut(at, at + comptime!(tile_span(key_tile))), &s, key_tile as u32, MatrixLayout::RowMajor);
+                cmma::store(&mut scores.slice_mut(at, at + comptime!(tile_span(sst))), &s, sst as u32, MatrixLayout::RowMajor);
                 let dp = Matrix::<f32>::from_value(MatrixIdent::Accumulator, TILE, TILE, TILE, MatrixLayout::Undefined, 0.0f32);
                 #[unroll]
                 for kk in 0..d_v / TILE {
-                    let at = v_at + n * TILE * d_v + kk * TILE;
-                    let vt = Matrix::<F>::from_slice(MatrixIdent::B, TILE, TILE, TILE, MatrixLayout::ColMajor, &staged.slice(at, at + comptime!(tile_span(d_v))), d_v as u32);
+                    let at = v_at + n * TILE * vs + kk * TILE;
+                    let vt = Matrix::<F>::from_slice(MatrixIdent::B, TILE, TILE, TILE, MatrixLayout::ColMajor, &staged.slice(at, at + comptime!(tile_span(vs))), vs as u32);
                     cmma::execute::<F, F, f32, f32>(do_frags.index(kk), &vt, &dp, &dp);
                 }
                 let at = dp_region + n * TILE;
-                cmma::store(&mut scores.slice_mut(at, at + comptime!(tile_span(key_tile))), &dp, key_tile as u32, MatrixLayout::RowMajor);
+                cmma::store(&mut scores.slice_mut(at, at + comptime!(tile_span(sst))), &dp, sst as u32, MatrixLayout::RowMajor);
             }
             sync_plane();
 
-            let half_keys = comptime!(key_tile / 2);
+            // Every other key per unit: the two units of a row read neighbouring words.
             #[unroll]
-            for c in 0..half_keys {
-                let key = half * half_keys + c;
+            for c in 0..key_tile / 2 {
+                let key = 2 * c + half;
                 let valid = key < count && cube.attends(first + key, span, window);
-                let at = local * key_tile + key;
+                let at = local * sst + key;
                 let p = select(valid, (scores[s_region + at] * scale - row_lse).exp(), 0.0f32);
-                weights[ds_region + at] = F::cast_from(p * (scores[dp_region + at] - row_delta));
+                weights[ds_region + local * pst + key] = F::cast_from(p * (scores[dp_region + at] - row_delta));
             }
             sync_plane();
 
@@ -139,11 +143,11 @@ pub fn attention_backward_query_mma<F: Float, I: Int>(
             #[unroll]
             for kk in 0..key_tile / TILE {
                 let at = ds_region + kk * TILE;
-                let ds = Matrix::<F>::from_slice(MatrixIdent::A, TILE, TILE, TILE, MatrixLayout::RowMajor, &weights.slice(at, at + comptime!(tile_span(key_tile))), key_tile as u32);
+                let ds = Matrix::<F>::from_slice(MatrixIdent::A, TILE, TILE, TILE, MatrixLayout::RowMajor, &weights.slice(at, at + comptime!(tile_span(pst))), pst as u32);
                 #[unroll]
                 for n in 0..d_k / TILE {
-                    let at = kk * TILE * d_k + n * TILE;
-                    let kb = Matrix::<F>::from_slice(MatrixIdent::B, TILE, TILE, TILE, MatrixLayout::RowMajor, &staged.slice(at, at + comptime!(tile_span(d_k))), d_k as u32);
+                    let at = kk * TILE * ks + n * TILE;
+                    let kb = Matrix::<F>::from_slice(MatrixIdent::B, TILE, TILE, TILE, MatrixLayout::RowMajor, &staged.slice(at, at + comptime!(tile_span(ks))), ks as u32);
                     cmma::execute::<F, F, f32, f32>(&ds, &kb, dq.index(n), dq.index(n));
                 }
             }
@@ -154,15 +158,16 @@ pub fn attention_backward_query_mma<F: Float, I: Int>(
     }
 
     // Out through the plane's score tile, one 16x16 fragment at a time.
+    let ost = comptime!(f32_stride(TILE));
     #[unroll]
     for n in 0..d_k / TILE {
-        cmma::store(&mut scores.slice_mut(s_region, s_region + comptime!(tile_span(TILE))), dq.index(n), TILE as u32, MatrixLayout::RowMajor);
+        cmma::store(&mut scores.slice_mut(s_region, s_region + comptime!(tile_span(ost))), dq.index(n), ost as u32, MatrixLayout::RowMajor);
         sync_plane();
         if cube.active {
             #[unroll]
             for c in 0..TILE / 2 {
-                let col = half * (TILE / 2) + c;
-                grad_q[offset3::<F>(grad_q, b, t, h) + n * TILE + col] = F::cast_from(scores[s_region + local * TILE + col] * scale);
+                let col = 2 * c + half;
+                grad_q[offset3::<F>(grad_q, b, t, h) + n * TILE + col] = F::cast_from(scores[s_region + local * ost + col] * scale);
             }
         }
         sync_plane();

@@ -16,6 +16,7 @@ use cubecl::prelude::*;
 use super::forward::MASKED;
 use super::query::QueryCube;
 use super::rows::{offset3, stage_rows, store_slice, zero_slice, NEG_LARGE};
+use crate::tiling::{f32_stride, storage_stride};
 
 /// Rows of a plane's tile, and the MMA shape on every axis.
 pub const TILE: usize = 16;
@@ -57,21 +58,26 @@ pub fn attention_forward_mma<F: Float, I: Int>(
 
     // One buffer holds the query rows while their fragments load, then the K and V tiles.
     // wmma loads and stores need 256-bit aligned tile addresses.
+    // Rows are padded (`storage_stride`, `f32_stride`) against shared-memory bank conflicts.
+    let ks = comptime!(storage_stride(d_k));
+    let vs = comptime!(storage_stride(d_v));
     let mut staged =
-        SharedMemory::<F>::new_aligned(comptime!(max_usize(planes * TILE * d_k, key_tile * (d_k + d_v))), ALIGN);
-    let v_at = key_tile * d_k;
-    stage_query_rows::<F>(q, &mut staged, cube.b, cube.t0, cube.hk, q.shape(2) / k.shape(2), rows, planes, d_k);
+        SharedMemory::<F>::new_aligned(comptime!(max_usize(planes * TILE * ks, key_tile * (ks + vs))), ALIGN);
+    let v_at = comptime!(key_tile * ks);
+    stage_query_rows::<F>(q, &mut staged, cube.b, cube.t0, cube.hk, q.shape(2) / k.shape(2), rows, planes, d_k, ks);
     sync_cube();
-    let q_frags = row_fragments::<F>(&staged, plane * TILE * d_k, d_k);
+    let q_frags = row_fragments::<F>(&staged, plane * TILE * ks, d_k, ks);
     sync_cube();
 
     // Per plane: scores `[16, key_tile]`, later a `[16, pv_cols]` slice of `p.v`; and the
     // probabilities `[16, key_tile]` in the storage type.
-    let region_len = comptime!(TILE * max_usize(key_tile, pv_cols));
+    let sst = comptime!(f32_stride(key_tile));
+    let pst = comptime!(storage_stride(key_tile));
+    let region_len = comptime!(TILE * max_usize(f32_stride(key_tile), f32_stride(pv_cols)));
     let mut scores = SharedMemory::<f32>::new_aligned(planes * region_len, ALIGN);
-    let mut probs = SharedMemory::<F>::new_aligned(planes * TILE * key_tile, ALIGN);
+    let mut probs = SharedMemory::<F>::new_aligned(comptime!(planes * TILE * pst), ALIGN);
     let region = plane * region_len;
-    let p_region = plane * TILE * key_tile;
+    let p_region = plane * TILE * pst;
 
     let mut acc = zero_slice(d_v, 2usize);
     let mut row_max = f32::new(NEG_LARGE);
@@ -82,8 +88,8 @@ pub fn attention_forward_mma<F: Float, I: Int>(
         let mut first = start;
         while first < end {
             let count = min(end - first, key_tile);
-            stage_rows::<F, F>(k, &mut staged, 0usize, cube.b, first, count, cube.hk, key_tile, d_k);
-            stage_rows::<F, F>(v, &mut staged, v_at, cube.b, first, count, cube.hk, key_tile, d_v);
+            stage_rows::<F, F>(k, &mut staged, 0usize, cube.b, first, count, cube.hk, key_tile, d_k, ks);
+            stage_rows::<F, F>(v, &mut staged, v_at, cube.b, first, count, cube.hk, key_tile, d_v, vs);
             sync_cube();
 
             // Scores of the plane's 16 rows against the tile's keys (K read column-major: k^T).
@@ -92,45 +98,46 @@ pub fn attention_forward_mma<F: Float, I: Int>(
                 let s = Matrix::<f32>::from_value(MatrixIdent::Accumulator, TILE, TILE, TILE, MatrixLayout::Undefined, 0.0f32);
                 #[unroll]
                 for kk in 0..d_k / TILE {
-                    let at = n * TILE * d_k + kk * TILE;
+                    let at = n * TILE * ks + kk * TILE;
                     let kt = Matrix::<F>::from_slice(
                         MatrixIdent::B,
                         TILE,
                         TILE,
                         TILE,
                         MatrixLayout::ColMajor,
-                        &staged.slice(at, at + comptime!(tile_span(d_k))),
-                        d_k as u32,
+                        &staged.slice(at, at + comptime!(tile_span(ks))),
+                        ks as u32,
                     );
                     cmma::execute::<F, F, f32, f32>(q_frags.index(kk), &kt, &s, &s);
                 }
                 let at = region + n * TILE;
-                cmma::store(&mut scores.slice_mut(at, at + comptime!(tile_span(key_tile))), &s, key_tile as u32, MatrixLayout::RowMajor);
+                cmma::store(&mut scores.slice_mut(at, at + comptime!(tile_span(sst))), &s, sst as u32, MatrixLayout::RowMajor);
             }
             sync_plane();
 
-            // Online softmax over this unit's half of the row's keys.
+            // Online softmax over this unit's half of the row's keys (every other key: the two
+            // units of a row read neighbouring words).
             let half_keys = comptime!(key_tile / 2);
-            let s_at = region + local * key_tile + half * half_keys;
+            let s_at = region + local * sst;
             let mut row_scores = Array::<f32>::new(half_keys);
             let mut tile_max = f32::new(NEG_LARGE);
             #[unroll]
             for c in 0..half_keys {
-                let key = half * half_keys + c;
+                let key = 2 * c + half;
                 let valid = key < count && cube.attends(first + key, span, window);
-                row_scores[c] = select(valid, scores[s_at + c] * scale, f32::new(NEG_LARGE));
+                row_scores[c] = select(valid, scores[s_at + key] * scale, f32::new(NEG_LARGE));
                 tile_max = max(tile_max, row_scores[c]);
             }
             tile_max = max(tile_max, plane_shuffle_xor(tile_max, 1u32));
             let new_max = max(row_max, tile_max);
             let correction = (row_max - new_max).exp();
             let mut tile_sum = 0.0f32;
-            let p_at = p_region + local * key_tile + half * half_keys;
+            let p_at = p_region + local * pst;
             #[unroll]
             for c in 0..half_keys {
                 let p = select(row_scores[c] > MASKED, (row_scores[c] - new_max).exp(), 0.0f32);
                 tile_sum += p;
-                probs[p_at + c] = F::cast_from(p);
+                probs[p_at + 2 * c + half] = F::cast_from(p);
             }
             tile_sum += plane_shuffle_xor(tile_sum, 1u32);
             sum = sum * correction + tile_sum;
@@ -181,6 +188,9 @@ fn accumulate_values<F: Float>(
     #[comptime] pv_cols: usize,
 ) {
     let mut p_frags = Sequence::<Matrix<F>>::new();
+    let vs = comptime!(storage_stride(d_v));
+    let pst = comptime!(storage_stride(key_tile));
+    let pvs = comptime!(f32_stride(pv_cols));
     #[unroll]
     for kk in 0..key_tile / TILE {
         let at = p_region + kk * TILE;
@@ -190,8 +200,8 @@ fn accumulate_values<F: Float>(
             TILE,
             TILE,
             MatrixLayout::RowMajor,
-            &probs.slice(at, at + comptime!(tile_span(key_tile))),
-            key_tile as u32,
+            &probs.slice(at, at + comptime!(tile_span(pst))),
+            pst as u32,
         ));
     }
     #[unroll]
@@ -201,31 +211,31 @@ fn accumulate_values<F: Float>(
             let o = Matrix::<f32>::from_value(MatrixIdent::Accumulator, TILE, TILE, TILE, MatrixLayout::Undefined, 0.0f32);
             #[unroll]
             for kk in 0..key_tile / TILE {
-                let at = v_at + kk * TILE * d_v + j * pv_cols + n * TILE;
+                let at = v_at + kk * TILE * vs + j * pv_cols + n * TILE;
                 let vt = Matrix::<F>::from_slice(
                     MatrixIdent::B,
                     TILE,
                     TILE,
                     TILE,
                     MatrixLayout::RowMajor,
-                    &staged.slice(at, at + comptime!(tile_span(d_v))),
-                    d_v as u32,
+                    &staged.slice(at, at + comptime!(tile_span(vs))),
+                    vs as u32,
                 );
                 cmma::execute::<F, F, f32, f32>(p_frags.index(kk), &vt, &o, &o);
             }
             let at = region + n * TILE;
-            cmma::store(&mut scores.slice_mut(at, at + comptime!(tile_span(pv_cols))), &o, pv_cols as u32, MatrixLayout::RowMajor);
+            cmma::store(&mut scores.slice_mut(at, at + comptime!(tile_span(pvs))), &o, pvs as u32, MatrixLayout::RowMajor);
         }
         sync_plane();
         #[unroll]
         for i in 0..pv_cols / 2 {
-            acc[j * (pv_cols / 2) + i] += scores[region + local * pv_cols + 2 * i + half];
+            acc[j * (pv_cols / 2) + i] += scores[region + local * pvs + 2 * i + half];
         }
         sync_plane();
     }
 }
 
-/// Stages the cube's query rows `[16 * planes, d]` (row `r` is query `t0 + r / g`, head
+/// Stages the cube's query rows `[16 * planes, stride]` (row `r` is query `t0 + r / g`, head
 /// `hk * g + r % g`; rows past `rows` or the sequence are zero), all units cooperating.
 #[cube]
 #[allow(clippy::too_many_arguments)]
@@ -239,6 +249,7 @@ pub fn stage_query_rows<F: Float>(
     #[comptime] rows: usize,
     #[comptime] planes: usize,
     #[comptime] d: usize,
+    #[comptime] stride: usize,
 ) {
     let t_len = q.shape(1);
     let units = CUBE_DIM as usize;
@@ -250,7 +261,7 @@ pub fn stage_query_rows<F: Float>(
         if r < rows && t < t_len {
             value = q[offset3::<F>(q, b, t, hk * g + r % g) + idx % d];
         }
-        staged[idx] = value;
+        staged[r * stride + idx % d] = value;
         idx += units;
     }
 }
@@ -260,9 +271,14 @@ pub const fn tile_span(stride: usize) -> usize {
     (TILE - 1) * stride + TILE
 }
 
-/// The `d / 16` A fragments of the plane's 16 rows at `at` of `staged` (row stride `d`).
+/// The `d / 16` A fragments of the plane's 16 rows at `at` of `staged` (row stride `stride`).
 #[cube]
-pub fn row_fragments<F: Float>(staged: &SharedMemory<F>, at: usize, #[comptime] d: usize) -> Sequence<Matrix<F>> {
+pub fn row_fragments<F: Float>(
+    staged: &SharedMemory<F>,
+    at: usize,
+    #[comptime] d: usize,
+    #[comptime] stride: usize,
+) -> Sequence<Matrix<F>> {
     let mut frags = Sequence::<Matrix<F>>::new();
     #[unroll]
     for kk in 0..d / TILE {
@@ -273,8 +289,8 @@ pub fn row_fragments<F: Float>(staged: &SharedMemory<F>, at: usize, #[comptime] 
             TILE,
             TILE,
             MatrixLayout::RowMajor,
-            &staged.slice(from, from + comptime!(tile_span(d))),
-            d as u32,
+            &staged.slice(from, from + comptime!(tile_span(stride))),
+            stride as u32,
         ));
     }
     frags

@@ -145,8 +145,8 @@ pub fn dot_slices(a: &Array<f32>, b: &Array<f32>, #[comptime] len: usize, #[comp
 }
 
 /// Stages rows `first..first + count` (at most `chunk`) of head `hk` of `src [B, T, H, d]` at
-/// `at` of `tile` (`[chunk * d]`, converted to `E`), all units of the cube cooperating with
-/// coalesced reads. Rows past `count` are zero.
+/// `at` of `tile` (`[chunk, stride]`, converted to `E`), all units of the cube cooperating with
+/// coalesced reads. Rows past `count` are zero; padding columns are left as they are.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 pub fn stage_rows<F: Float, E: Float>(
@@ -159,6 +159,7 @@ pub fn stage_rows<F: Float, E: Float>(
     hk: usize,
     #[comptime] chunk: usize,
     #[comptime] d: usize,
+    #[comptime] stride: usize,
 ) {
     let mut idx = UNIT_POS as usize;
     while idx < chunk * d {
@@ -167,14 +168,14 @@ pub fn stage_rows<F: Float, E: Float>(
         if row < count {
             value = E::cast_from(src[offset3::<F>(src, b, first + row, hk) + idx % d]);
         }
-        tile[at + idx] = value;
+        tile[at + row * stride + idx % d] = value;
         idx += CUBE_DIM as usize;
     }
 }
 
 /// Stages the query rows `(positions[i], hk * g + (row_first + i) % g)`, `i < count`, of
-/// `src [B, T, H_q, d]` at `at` of `tile` (`[chunk * d]`, converted to `E`); rows past `count`
-/// are zero.
+/// `src [B, T, H_q, d]` at `at` of `tile` (`[chunk, stride]`, converted to `E`); rows past
+/// `count` are zero.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 pub fn stage_listed_rows<F: Float, E: Float>(
@@ -189,6 +190,7 @@ pub fn stage_listed_rows<F: Float, E: Float>(
     count: usize,
     #[comptime] chunk: usize,
     #[comptime] d: usize,
+    #[comptime] stride: usize,
 ) {
     let mut idx = UNIT_POS as usize;
     while idx < chunk * d {
@@ -198,7 +200,7 @@ pub fn stage_listed_rows<F: Float, E: Float>(
             let h = hk * g + (row_first + i) % g;
             value = E::cast_from(src[offset3::<F>(src, b, positions[i] as usize, h) + idx % d]);
         }
-        tile[at + idx] = value;
+        tile[at + i * stride + idx % d] = value;
         idx += CUBE_DIM as usize;
     }
 }
