@@ -354,7 +354,7 @@ impl<R: CubeRuntime> Call<R> {
     /// The tensor-core dK/dV tiling (window or selection), under the same conditions.
     fn key_mma_tiling(&self) -> Option<KeyMmaTiling> {
         let shared = self.mma_shared_bytes()?;
-        KeyMmaTiling::plan(self.d_k, self.d_v, self.q.dtype.size(), shared)
+        KeyMmaTiling::plan(self.window, self.d_k, self.d_v, self.q.dtype.size(), shared)
     }
 
     /// Shared memory for a tensor-core kernel, or `None` when the device has no 16x16x16 MMA

@@ -194,16 +194,19 @@ pub struct KeyMmaTiling {
 }
 
 impl KeyMmaTiling {
-    /// `None` when the head dims are not multiples of the MMA tile or the tiles do not fit.
-    pub fn plan(d_k: usize, d_v: usize, elem_bytes: usize, shared_bytes: usize) -> Option<Self> {
+    /// The first of the candidate tilings that fits, or `None` when the head dims are not
+    /// multiples of the MMA tile or nothing fits. A window cube takes 128 keys where they fit
+    /// (each staged query row then serves twice the keys); a selection's stays at 64, its
+    /// block size (a larger cube would leave planes idle past the block's end).
+    pub fn plan(window: bool, d_k: usize, d_v: usize, elem_bytes: usize, shared_bytes: usize) -> Option<Self> {
         if d_k % MMA_TILE != 0 || d_v % MMA_TILE != 0 {
             return None;
         }
-        let mut tiling = KeyMmaTiling { planes: 4, q_rows: 64 };
-        while tiling.shared_bytes(d_k, d_v, elem_bytes) > shared_bytes && tiling.q_rows > 32 {
-            tiling.q_rows /= 2;
-        }
-        (tiling.shared_bytes(d_k, d_v, elem_bytes) <= shared_bytes).then_some(tiling)
+        let wide: &[(usize, usize)] = if window { &[(8, 64), (8, 32)] } else { &[] };
+        wide.iter()
+            .chain(&[(4, 64), (4, 32)])
+            .map(|&(planes, q_rows)| KeyMmaTiling { planes, q_rows })
+            .find(|t| t.shared_bytes(d_k, d_v, elem_bytes) <= shared_bytes)
     }
 
     pub fn keys(&self) -> usize {
@@ -275,11 +278,14 @@ mod tests {
     #[test]
     fn tensor_core_key_tiles_fit_the_shared_memory_at_every_head_dim() {
         for (d_k, d_v) in [(64, 64), (128, 128), (192, 128), (16, 16)] {
-            let t = KeyMmaTiling::plan(d_k, d_v, 2, MMA_SHARED).unwrap();
-            assert!(t.shared_bytes(d_k, d_v, 2) <= MMA_SHARED && t.q_rows % 32 == 0, "{t:?}");
+            for window in [true, false] {
+                let t = KeyMmaTiling::plan(window, d_k, d_v, 2, MMA_SHARED).unwrap();
+                assert!(t.shared_bytes(d_k, d_v, 2) <= MMA_SHARED && t.q_rows % 32 == 0, "{t:?}");
+            }
         }
-        assert_eq!(KeyMmaTiling::plan(64, 64, 2, MMA_SHARED), Some(KeyMmaTiling { planes: 4, q_rows: 64 }));
-        assert_eq!(KeyMmaTiling::plan(64, 72, 2, MMA_SHARED), None);
+        assert_eq!(KeyMmaTiling::plan(true, 64, 64, 2, MMA_SHARED), Some(KeyMmaTiling { planes: 8, q_rows: 32 }));
+        assert_eq!(KeyMmaTiling::plan(false, 64, 64, 2, MMA_SHARED), Some(KeyMmaTiling { planes: 4, q_rows: 64 }));
+        assert_eq!(KeyMmaTiling::plan(true, 64, 72, 2, MMA_SHARED), None);
     }
 
     #[test]
