@@ -187,23 +187,11 @@ fn accumulate_values<F: Float>(
     #[comptime] key_tile: usize,
     #[comptime] pv_cols: usize,
 ) {
-    let mut p_frags = Sequence::<Matrix<F>>::new();
     let vs = comptime!(storage_stride(d_v));
     let pst = comptime!(storage_stride(key_tile));
     let pvs = comptime!(f32_stride(pv_cols));
-    #[unroll]
-    for kk in 0..key_tile / TILE {
-        let at = p_region + kk * TILE;
-        p_frags.push(Matrix::<F>::from_slice(
-            MatrixIdent::A,
-            TILE,
-            TILE,
-            TILE,
-            MatrixLayout::RowMajor,
-            &probs.slice(at, at + comptime!(tile_span(pst))),
-            pst as u32,
-        ));
-    }
+    // The probabilities are the A operand, as query rows are for the scores.
+    let p_frags = row_fragments::<F>(probs, p_region, key_tile, pst);
     #[unroll]
     for j in 0..d_v / pv_cols {
         #[unroll]
