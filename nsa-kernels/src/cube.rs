@@ -170,9 +170,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
             call.empty(Shape::new([b * h_kv, segments, call.span as usize * (call.d_k + call.d_v)]), DType::F32)
         };
         if let Some(tiling) = call.key_mma_tiling() {
-            let dim = CubeDim::new_2d(32, tiling.planes as u32);
-            let cubes = call.key_cubes(tiling.keys(), &index);
-            let count = calculate_cube_count_elemwise(&call.client(), cubes * dim.num_elems() as usize, dim);
+            let (count, dim) = call.plane_grid(call.key_cubes(tiling.keys(), &index), tiling.planes);
             mma_backward::attention_backward_key_mma::launch::<R>(
                 &call.client(),
                 count,
@@ -343,11 +341,11 @@ impl<R: CubeRuntime> Call<R> {
     /// f16/bf16); `None` runs the plain kernel (a selection, f32 storage, WGPU, head dims off
     /// the MMA tile).
     fn mma_tiling(&self, pass: QueryPass) -> Option<MmaTiling> {
-        let shared = self.mma_shared_bytes()?;
-        let g = self.q.meta.shape()[2] / self.k.meta.shape()[2];
         if !self.window {
             return None;
         }
+        let shared = self.mma_shared_bytes()?;
+        let g = self.q.meta.shape()[2] / self.k.meta.shape()[2];
         MmaTiling::plan(pass, g, self.d_k, self.d_v, self.q.dtype.size(), shared)
     }
 
@@ -376,8 +374,12 @@ impl<R: CubeRuntime> Call<R> {
     fn mma_grid(&self, tiling: &MmaTiling) -> (CubeCount, CubeDim) {
         let [b, t, h_q, _] = self.q.meta.shape().dims::<4>();
         let h_kv = self.k.meta.shape()[2];
-        let dim = CubeDim::new_2d(32, tiling.planes() as u32);
-        let cubes = b * h_kv * t.div_ceil(tiling.queries(h_q / h_kv));
+        self.plane_grid(b * h_kv * t.div_ceil(tiling.queries(h_q / h_kv)), tiling.planes())
+    }
+
+    /// `cubes` cubes of `planes` planes of 32 units (the tensor-core kernels).
+    fn plane_grid(&self, cubes: usize, planes: usize) -> (CubeCount, CubeDim) {
+        let dim = CubeDim::new_2d(32, planes as u32);
         (calculate_cube_count_elemwise(&self.client(), cubes * dim.num_elems() as usize, dim), dim)
     }
 

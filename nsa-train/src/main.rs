@@ -127,8 +127,8 @@ enum Command {
         /// Storage dtype of q, k, v (bf16 needs CUDA).
         #[arg(long, value_enum, default_value_t = Precision::F32)]
         precision: Precision,
-        /// Length of the parity check against the reference path in f64 on the CPU (O(T^2): the
-        /// paper shape at 2049 takes minutes there, 777 seconds); 0 skips it (a memcheck run).
+        /// Length of the parity check against the reference path in f64 on the CPU (O(T^2): at
+        /// the paper shape 2049 takes minutes there, 777 seconds); 0 skips it (a memcheck run).
         #[arg(long, default_value_t = 500)]
         check_len: usize,
         /// Shapes to check and time (production: H_q 12, H_kv 2, d 64; paper: 64, 4, 128).

@@ -1,91 +1,133 @@
-//! WIP diagnostic (branch only): expands the tensor-core kernels on WGPU to catch CubeCL
-//! expansion errors without a GPU; WGSL has no CMMA, so the compile step after expansion fails.
-//! The failure is a panic on the device thread, which these tests cannot catch: run with
-//! `--nocapture` and read it. "Cooperative matrix-multiply and accumulate not supported" from
-//! the WGSL compiler means the kernel expanded; any other panic is an expansion error.
+//! The tensor-core kernels expand in CubeCL (no GPU needed): each is launched on WGPU, whose
+//! WGSL compiler has no CMMA and panics on the device thread after expansion. A panic hook
+//! records every panic message; a launch passes when it produced panics and all of them are
+//! that compiler's "no CMMA" message, so an expansion error (any other panic) fails the test.
+//! Their numerics are checked on the H100 by `nsa bench-kernels` (docs/kernels.md).
+
+use std::sync::{Mutex, Once};
 
 use burn::backend::wgpu::{CubeBackend, WgpuDevice, WgpuRuntime};
-use burn::tensor::{DType, Tensor};
+use burn::tensor::backend::Backend;
+use burn::tensor::{DType, Int, Tensor};
+use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 use cubecl::CubeDim;
 
 type B = CubeBackend<WgpuRuntime, f32, i32, u32>;
 
-fn t(shape: [usize; 4], device: &WgpuDevice) -> burn_cubecl::tensor::CubeTensor<WgpuRuntime> {
+const NO_CMMA: &str = "Cooperative matrix-multiply and accumulate not supported";
+
+static PANICS: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+fn record_panics() {
+    static HOOK: Once = Once::new();
+    HOOK.call_once(|| {
+        let report = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let message = info
+                .payload()
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| info.payload().downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            // The expected compiler panics stay quiet; anything else (a failed assertion too)
+            // is reported as usual.
+            if !message.contains(NO_CMMA) {
+                report(info);
+            }
+            PANICS.lock().unwrap_or_else(|e| e.into_inner()).push(message);
+        }))
+    });
+}
+
+/// Runs `launch` and syncs; returns the panic messages it caused (on any thread).
+fn panics_of(device: &WgpuDevice, launch: impl FnOnce()) -> Vec<String> {
+    PANICS.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        launch();
+        let _ = <B as Backend>::sync(device);
+    }));
+    std::mem::take(&mut *PANICS.lock().unwrap_or_else(|e| e.into_inner()))
+}
+
+fn assert_expanded(kernel: &str, panics: &[String]) {
+    assert!(!panics.is_empty(), "{kernel}: no panic, so WGSL compiled a CMMA kernel or nothing ran");
+    for p in panics {
+        assert!(p.contains(NO_CMMA), "{kernel}: expansion failed: {p}");
+    }
+}
+
+fn float(shape: [usize; 4], device: &WgpuDevice) -> CubeTensor<WgpuRuntime> {
     Tensor::<B, 4>::zeros(shape, device).into_primitive().tensor()
 }
 
-fn u(shape: [usize; 3], device: &WgpuDevice) -> burn_cubecl::tensor::CubeTensor<WgpuRuntime> {
-    Tensor::<B, 3, burn::tensor::Int>::zeros(shape, device).cast(DType::U32).into_primitive()
+fn stats(device: &WgpuDevice) -> CubeTensor<WgpuRuntime> {
+    Tensor::<B, 3>::zeros([1, 64, 2], device).into_primitive().tensor()
 }
 
+fn index(device: &WgpuDevice) -> CubeTensor<WgpuRuntime> {
+    Tensor::<B, 3, Int>::zeros([1, 1, 1], device).cast(DType::U32).into_primitive()
+}
+
+// One test: the panic hook is process-wide, so the launches must not overlap.
 #[test]
-fn expand_mma_key_kernel() {
+fn tensor_core_kernels_expand() {
+    record_panics();
     let device = WgpuDevice::default();
-    let (q, k, v, go) = (t([1, 64, 2, 64], &device), t([1, 64, 1, 64], &device), t([1, 64, 1, 64], &device), t([1, 64, 2, 64], &device));
-    let stat = Tensor::<B, 3>::zeros([1, 64, 2], &device).into_primitive().tensor();
-    let client = q.client.clone();
+    let client = float([1, 1, 1, 1], &device).client.clone();
+    // q, dO: 2 heads; k, v: 1 head; d = 64, T = 64.
+    let (q, kv) = (|| float([1, 64, 2, 64], &device), || float([1, 64, 1, 64], &device));
+
     for window in [false, true] {
-    let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        nsa_kernels::kernel::mma_backward::attention_backward_key_mma::launch::<WgpuRuntime>(
-            &client,
-            CubeCount::Static(1, 1, 1),
-            CubeDim::new_2d(32, 4),
-            q.clone().into_tensor_arg(),
-            k.clone().into_tensor_arg(),
-            v.clone().into_tensor_arg(),
-            go.clone().into_tensor_arg(),
-            stat.clone().into_tensor_arg(),
-            stat.clone().into_tensor_arg(),
-            u([1, 1, 1], &device).into_tensor_arg(),
-            u([1, 1, 1], &device).into_tensor_arg(),
-            u([1, 1, 1], &device).into_tensor_arg(),
-            u([1, 1, 1], &device).into_tensor_arg(),
-            u([1, 1, 1], &device).into_tensor_arg(),
-            u([1, 1, 1], &device).into_tensor_arg(),
-            t([1, 64, 1, 64], &device).into_tensor_arg(),
-            t([1, 64, 1, 64], &device).into_tensor_arg(),
-            Tensor::<B, 3>::zeros([1, 1, 1], &device).into_primitive().tensor().into_tensor_arg(),
-            0.125,
-            512,
-            512,
-            window,
-            64,
-            64,
-            4,
-            64,
-            DType::F16.into(),
-        );
-        <B as burn::tensor::backend::Backend>::sync(&device).unwrap();
-    }));
-    match res {
-        Ok(()) => println!("launched (unexpected on WGSL)"),
-        Err(e) => println!("panic: {:?}", e.downcast_ref::<String>().cloned().or(e.downcast_ref::<&str>().map(|s| s.to_string()))),
+        let panics = panics_of(&device, || {
+            nsa_kernels::kernel::mma_backward::attention_backward_key_mma::launch::<WgpuRuntime>(
+                &client,
+                CubeCount::Static(1, 1, 1),
+                CubeDim::new_2d(32, 4),
+                q().into_tensor_arg(),
+                kv().into_tensor_arg(),
+                kv().into_tensor_arg(),
+                q().into_tensor_arg(),
+                stats(&device).into_tensor_arg(),
+                stats(&device).into_tensor_arg(),
+                index(&device).into_tensor_arg(),
+                index(&device).into_tensor_arg(),
+                index(&device).into_tensor_arg(),
+                index(&device).into_tensor_arg(),
+                index(&device).into_tensor_arg(),
+                index(&device).into_tensor_arg(),
+                kv().into_tensor_arg(),
+                kv().into_tensor_arg(),
+                Tensor::<B, 3>::zeros([1, 1, 1], &device).into_primitive().tensor().into_tensor_arg(),
+                0.125,
+                512,
+                512,
+                window,
+                64,
+                64,
+                4,
+                64,
+                DType::F16.into(),
+            );
+        });
+        assert_expanded(&format!("attention_backward_key_mma (window {window})"), &panics);
     }
-    }
-}
 
-#[test]
-fn expand_mma_dq_kernel() {
-    let device = WgpuDevice::default();
-    let (q, k, v) = (t([1, 64, 2, 64], &device), t([1, 64, 1, 64], &device), t([1, 64, 1, 64], &device));
-    let stat = Tensor::<B, 3>::zeros([1, 64, 2], &device).into_primitive().tensor();
-    let blocks = Tensor::<B, 4, burn::tensor::Int>::zeros([1, 1, 1, 1], &device).into_primitive();
-    let client = q.client.clone();
-    let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+    let blocks = || Tensor::<B, 4, Int>::zeros([1, 1, 1, 1], &device).into_primitive();
+    let panics = panics_of(&device, || {
         nsa_kernels::kernel::mma_dq::attention_backward_query_mma::launch::<WgpuRuntime>(
             &client,
             CubeCount::Static(1, 1, 1),
             CubeDim::new_2d(32, 8),
-            q.clone().into_tensor_arg(),
-            k.clone().into_tensor_arg(),
-            v.clone().into_tensor_arg(),
-            blocks.clone().into_tensor_arg(),
-            q.clone().into_tensor_arg(),
-            q.clone().into_tensor_arg(),
-            stat.clone().into_tensor_arg(),
-            stat.clone().into_tensor_arg(),
-            t([1, 64, 2, 64], &device).into_tensor_arg(),
+            q().into_tensor_arg(),
+            kv().into_tensor_arg(),
+            kv().into_tensor_arg(),
+            blocks().into_tensor_arg(),
+            q().into_tensor_arg(),
+            q().into_tensor_arg(),
+            stats(&device).into_tensor_arg(),
+            stats(&device).into_tensor_arg(),
+            q().into_tensor_arg(),
             0.125,
             512,
             true,
@@ -96,9 +138,31 @@ fn expand_mma_dq_kernel() {
             64,
             [DType::F16.into(), DType::I32.into()],
         );
-        <B as burn::tensor::backend::Backend>::sync(&device).unwrap();
-    }));
-    if let Err(e) = res {
-        println!("panic: {:?}", e.downcast_ref::<String>().cloned().or(e.downcast_ref::<&str>().map(|s| s.to_string())));
-    }
+    });
+    assert_expanded("attention_backward_query_mma", &panics);
+
+    let panics = panics_of(&device, || {
+        nsa_kernels::kernel::mma_forward::attention_forward_mma::launch::<WgpuRuntime>(
+            &client,
+            CubeCount::Static(1, 1, 1),
+            CubeDim::new_2d(32, 8),
+            q().into_tensor_arg(),
+            kv().into_tensor_arg(),
+            kv().into_tensor_arg(),
+            blocks().into_tensor_arg(),
+            q().into_tensor_arg(),
+            stats(&device).into_tensor_arg(),
+            0.125,
+            512,
+            true,
+            64,
+            64,
+            126,
+            8,
+            64,
+            64,
+            [DType::F16.into(), DType::I32.into()],
+        );
+    });
+    assert_expanded("attention_forward_mma", &panics);
 }
