@@ -11,8 +11,8 @@ use cubecl::prelude::*;
 use cubecl::{calculate_cube_count_elemwise, CubeDim};
 
 use crate::api::{Keys, SparseAttentionBackend, SparseAttentionGrads};
-use crate::kernel::{backward, forward, inverse, mma_backward, mma_dq, mma_forward};
-use crate::tiling::{KeyMmaTiling, KeyTiling, MmaTiling, QueryPass, QueryTiling, MMA_SHARED};
+use crate::kernel::{backward, forward, inverse, mma_backward, mma_dq, mma_forward, mma_select, mma_select_dq};
+use crate::tiling::{KeyMmaTiling, KeyTiling, MmaTiling, QueryPass, QueryTiling, SelectMmaTiling, MMA_SHARED};
 
 /// Units per cube of the inverted-index kernels.
 const UNITS_PER_CUBE: u32 = 128;
@@ -39,6 +39,29 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
         let [b, t, h_q, _] = call.q.meta.shape().dims::<4>();
         let out = call.empty(Shape::new([b, t, h_q, call.d_v]), call.q.dtype);
         let lse = call.empty(Shape::new([b, t, h_q]), DType::F32);
+        if let Some(tiling) = call.select_mma_tiling(QueryPass::Forward) {
+            let (count, dim) = call.select_grid(&tiling);
+            mma_select::selection_forward_mma::launch::<R>(
+                &call.client(),
+                count,
+                dim,
+                call.q.clone().into_tensor_arg(),
+                call.k.clone().into_tensor_arg(),
+                call.v.clone().into_tensor_arg(),
+                call.blocks.clone().into_tensor_arg(),
+                out.clone().into_tensor_arg(),
+                lse.clone().into_tensor_arg(),
+                call.scale,
+                call.span,
+                call.d_k,
+                call.d_v,
+                tiling.planes,
+                tiling.key_tile,
+                tiling.pv_cols,
+                [call.q.dtype.into(), call.blocks.dtype.into()],
+            );
+            return (out, lse);
+        }
         if let Some(tiling) = call.mma_tiling(QueryPass::Forward) {
             let (count, dim) = call.mma_grid(&tiling);
             mma_forward::attention_forward_mma::launch::<R>(
@@ -105,7 +128,30 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
         let h_kv = call.k.meta.shape()[2];
         let delta = call.empty(Shape::new([b, t, h_q]), DType::F32);
         let grad_q = call.empty(call.q.meta.shape().clone(), dtype);
-        if let Some(tiling) = call.mma_tiling(QueryPass::Gradient) {
+        if let Some(tiling) = call.select_mma_tiling(QueryPass::Gradient) {
+            let (count, dim) = call.select_grid(&tiling);
+            mma_select_dq::selection_backward_query_mma::launch::<R>(
+                &call.client(),
+                count,
+                dim,
+                call.q.clone().into_tensor_arg(),
+                call.k.clone().into_tensor_arg(),
+                call.v.clone().into_tensor_arg(),
+                call.blocks.clone().into_tensor_arg(),
+                out.into_tensor_arg(),
+                grad_out.clone().into_tensor_arg(),
+                lse.clone().into_tensor_arg(),
+                delta.clone().into_tensor_arg(),
+                grad_q.clone().into_tensor_arg(),
+                call.scale,
+                call.span,
+                call.d_k,
+                call.d_v,
+                tiling.planes,
+                tiling.key_tile,
+                [dtype.into(), call.blocks.dtype.into()],
+            );
+        } else if let Some(tiling) = call.mma_tiling(QueryPass::Gradient) {
             let (count, dim) = call.mma_grid(&tiling);
             mma_dq::attention_backward_query_mma::launch::<R>(
                 &call.client(),
@@ -336,10 +382,10 @@ impl<R: CubeRuntime> Call<R> {
         QueryTiling::plan(pass, self.window, g, self.d_k, self.d_v, self.shared_bytes())
     }
 
-    /// The tensor-core forward's tiling for a window when the device has 16x16x16 MMA for the
+    /// The tensor-core window tiling (forward, dQ) when the device has 16x16x16 MMA for the
     /// storage type with f32 accumulation and 32-unit planes (CUDA on tensor-core GPUs,
-    /// f16/bf16); `None` runs the plain kernel (a selection, f32 storage, WGPU, head dims off
-    /// the MMA tile).
+    /// f16/bf16); `None` runs the plain kernel (f32 storage, WGPU, head dims off the MMA tile)
+    /// or, for a selection, [`Call::select_mma_tiling`]'s.
     fn mma_tiling(&self, pass: QueryPass) -> Option<MmaTiling> {
         if !self.window {
             return None;
@@ -347,6 +393,30 @@ impl<R: CubeRuntime> Call<R> {
         let shared = self.mma_shared_bytes()?;
         let g = self.q.meta.shape()[2] / self.k.meta.shape()[2];
         MmaTiling::plan(pass, g, self.d_k, self.d_v, self.q.dtype.size(), shared)
+    }
+
+    /// The tensor-core selection tiling (forward, dQ), under the same conditions, when K and V
+    /// fragments can load from global memory: wmma needs 32-byte aligned fragment addresses
+    /// and row strides of whole 16-byte multiples, i.e. aligned buffers and strides of
+    /// 16-element multiples.
+    fn select_mma_tiling(&self, pass: QueryPass) -> Option<SelectMmaTiling> {
+        if self.window {
+            return None;
+        }
+        let shared = self.mma_shared_bytes()?;
+        let strides_fit = [&self.k, &self.v].iter().all(|x| x.meta.strides()[..3].iter().all(|s| s % 16 == 0));
+        if !strides_fit || self.client().properties().memory.alignment % 32 != 0 {
+            return None;
+        }
+        SelectMmaTiling::plan(pass, self.d_k, self.d_v, self.q.dtype.size(), shared)
+    }
+
+    /// One plane per `(b, hk, 16-head tile, t)`, `planes` per cube.
+    fn select_grid(&self, tiling: &SelectMmaTiling) -> (CubeCount, CubeDim) {
+        let [b, t, h_q, _] = self.q.meta.shape().dims::<4>();
+        let h_kv = self.k.meta.shape()[2];
+        let items = b * h_kv * SelectMmaTiling::head_tiles(h_q / h_kv) * t;
+        self.plane_grid(items.div_ceil(tiling.planes), tiling.planes)
     }
 
     /// The tensor-core dK/dV tiling (window or selection), under the same conditions.

@@ -107,9 +107,9 @@ impl KeyTiling {
 
 /// Tensor-core forward of a window (see `kernel::mma_forward`): a cube of `planes` planes of 32
 /// units holds `rows` real rows (the `g` heads of `rows / g` consecutive queries) padded to
-/// `16 * planes`, and stages `key_tile` keys per step. A selection stays on the plain kernel:
-/// its cube has one query (`g` rows, 6 of a 16-row tile at the production shape) and the
-/// tensor-core version measured 2.5x slower there (H100, 64k, docs/benchmarks.md).
+/// `16 * planes`, and stages `key_tile` keys per step. A selection takes [`SelectMmaTiling`]:
+/// with one query per cube (`g` rows, 6 of a 16-row tile at the production shape) this layout
+/// measured 2.5x slower than the plain kernel (H100, 64k, docs/benchmarks.md).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MmaTiling {
     pub rows: usize,
@@ -223,6 +223,50 @@ impl KeyMmaTiling {
     }
 }
 
+/// Tensor-core selected attention, forward and dQ (see `kernel::mma_select`): each of a cube's
+/// `planes` planes takes one query's 16-row head tile on its own (no cube-wide barrier) and
+/// walks its selected blocks `key_tile` keys at a time, reading K and V fragments straight
+/// from global memory; `pv_cols` as in [`MmaTiling`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SelectMmaTiling {
+    pub planes: usize,
+    pub key_tile: usize,
+    pub pv_cols: usize,
+}
+
+impl SelectMmaTiling {
+    /// The first candidate that fits: four planes and 64-key steps (one block of the paper's
+    /// `l_sel`), then fewer planes, then 32-key steps; `None` when the head dims are not
+    /// multiples of the MMA tile or nothing fits.
+    pub fn plan(pass: QueryPass, d_k: usize, d_v: usize, elem_bytes: usize, shared_bytes: usize) -> Option<Self> {
+        if d_k % MMA_TILE != 0 || d_v % MMA_TILE != 0 {
+            return None;
+        }
+        let pv_cols = [64, 32, 16].into_iter().find(|c| d_v % c == 0)?;
+        [(4, 64), (2, 64), (1, 64), (1, 32)]
+            .into_iter()
+            .map(|(planes, key_tile)| SelectMmaTiling { planes, key_tile, pv_cols })
+            .find(|t| t.shared_bytes(pass, d_k, d_v, elem_bytes) <= shared_bytes)
+    }
+
+    /// Row tiles of 16 heads per query: `g` rounded up.
+    pub fn head_tiles(g: usize) -> usize {
+        g.div_ceil(MMA_TILE)
+    }
+
+    /// Per plane: the staged query (and dO) rows, later the spill tile of 16 K and 16 V rows;
+    /// the f32 tiles (scores or the `p . v` slice; or scores and `dp`); the storage-type tile
+    /// (probabilities, or `ds`).
+    pub fn shared_bytes(&self, pass: QueryPass, d_k: usize, d_v: usize, elem_bytes: usize) -> usize {
+        let staged = MMA_TILE * (storage_stride(d_k) + storage_stride(d_v)) * elem_bytes;
+        let f32_tiles = match pass {
+            QueryPass::Forward => MMA_TILE * f32_stride(self.key_tile).max(f32_stride(self.pv_cols)),
+            QueryPass::Gradient => 2 * MMA_TILE * f32_stride(self.key_tile),
+        };
+        self.planes * (staged + f32_tiles * 4 + MMA_TILE * storage_stride(self.key_tile) * elem_bytes)
+    }
+}
+
 /// The smallest power-of-two split that keeps `floats / parts` within the register budget and
 /// divides both head dims; 1 when no split divides them.
 fn fitting_parts(floats: usize, d_k: usize, d_v: usize) -> usize {
@@ -286,6 +330,23 @@ mod tests {
         assert_eq!(KeyMmaTiling::plan(true, 64, 64, 2, MMA_SHARED), Some(KeyMmaTiling { planes: 8, q_rows: 32 }));
         assert_eq!(KeyMmaTiling::plan(false, 64, 64, 2, MMA_SHARED), Some(KeyMmaTiling { planes: 4, q_rows: 64 }));
         assert_eq!(KeyMmaTiling::plan(true, 64, 72, 2, MMA_SHARED), None);
+    }
+
+    #[test]
+    fn tensor_core_selection_tiles_fit_the_shared_memory_at_every_head_dim() {
+        for pass in [QueryPass::Forward, QueryPass::Gradient] {
+            for (d_k, d_v) in [(64, 64), (128, 128), (192, 128), (16, 16)] {
+                let t = SelectMmaTiling::plan(pass, d_k, d_v, 2, MMA_SHARED).unwrap();
+                assert!(t.shared_bytes(pass, d_k, d_v, 2) <= MMA_SHARED && d_v % t.pv_cols == 0, "{t:?}");
+            }
+        }
+        let prod = SelectMmaTiling::plan(QueryPass::Gradient, 64, 64, 2, MMA_SHARED);
+        assert_eq!(prod, Some(SelectMmaTiling { planes: 4, key_tile: 64, pv_cols: 64 }));
+        // A small shared memory takes fewer planes before shorter steps.
+        let small = SelectMmaTiling::plan(QueryPass::Forward, 128, 128, 2, 20 * 1024).unwrap();
+        assert_eq!((small.planes, small.key_tile), (1, 64));
+        assert_eq!(SelectMmaTiling::plan(QueryPass::Forward, 64, 72, 2, MMA_SHARED), None);
+        assert_eq!((SelectMmaTiling::head_tiles(6), SelectMmaTiling::head_tiles(16), SelectMmaTiling::head_tiles(17)), (1, 1, 2));
     }
 
     #[test]

@@ -165,4 +165,52 @@ fn tensor_core_kernels_expand() {
         );
     });
     assert_expanded("attention_forward_mma", &panics);
+
+    let panics = panics_of(&device, || {
+        nsa_kernels::kernel::mma_select::selection_forward_mma::launch::<WgpuRuntime>(
+            &client,
+            CubeCount::Static(1, 1, 1),
+            CubeDim::new_2d(32, 4),
+            q().into_tensor_arg(),
+            kv().into_tensor_arg(),
+            kv().into_tensor_arg(),
+            blocks().into_tensor_arg(),
+            q().into_tensor_arg(),
+            stats(&device).into_tensor_arg(),
+            0.125,
+            64,
+            64,
+            64,
+            4,
+            64,
+            64,
+            [DType::F16.into(), DType::I32.into()],
+        );
+    });
+    assert_expanded("selection_forward_mma", &panics);
+
+    let panics = panics_of(&device, || {
+        nsa_kernels::kernel::mma_select_dq::selection_backward_query_mma::launch::<WgpuRuntime>(
+            &client,
+            CubeCount::Static(1, 1, 1),
+            CubeDim::new_2d(32, 4),
+            q().into_tensor_arg(),
+            kv().into_tensor_arg(),
+            kv().into_tensor_arg(),
+            blocks().into_tensor_arg(),
+            q().into_tensor_arg(),
+            q().into_tensor_arg(),
+            stats(&device).into_tensor_arg(),
+            stats(&device).into_tensor_arg(),
+            q().into_tensor_arg(),
+            0.125,
+            64,
+            64,
+            64,
+            4,
+            64,
+            [DType::F16.into(), DType::I32.into()],
+        );
+    });
+    assert_expanded("selection_backward_query_mma", &panics);
 }

@@ -15,7 +15,7 @@ use cubecl::prelude::*;
 
 use super::forward::MASKED;
 use super::query::QueryCube;
-use super::rows::{offset3, stage_rows, store_slice, zero_slice, NEG_LARGE};
+use super::rows::{attends, offset3, stage_rows, store_slice, zero_slice, NEG_LARGE};
 use crate::tiling::{f32_stride, storage_stride};
 
 /// Rows of a plane's tile, and the MMA shape on every axis.
@@ -115,33 +115,25 @@ pub fn attention_forward_mma<F: Float, I: Int>(
             }
             sync_plane();
 
-            // Online softmax over this unit's half of the row's keys (every other key: the two
-            // units of a row read neighbouring words).
-            let half_keys = comptime!(key_tile / 2);
-            let s_at = region + local * sst;
-            let mut row_scores = Array::<f32>::new(half_keys);
-            let mut tile_max = f32::new(NEG_LARGE);
-            #[unroll]
-            for c in 0..half_keys {
-                let key = 2 * c + half;
-                let valid = key < count && cube.attends(first + key, span, window);
-                row_scores[c] = select(valid, scores[s_at + key] * scale, f32::new(NEG_LARGE));
-                tile_max = max(tile_max, row_scores[c]);
-            }
-            tile_max = max(tile_max, plane_shuffle_xor(tile_max, 1u32));
-            let new_max = max(row_max, tile_max);
-            let correction = (row_max - new_max).exp();
-            let mut tile_sum = 0.0f32;
-            let p_at = p_region + local * pst;
-            #[unroll]
-            for c in 0..half_keys {
-                let p = select(row_scores[c] > MASKED, (row_scores[c] - new_max).exp(), 0.0f32);
-                tile_sum += p;
-                probs[p_at + 2 * c + half] = F::cast_from(p);
-            }
-            tile_sum += plane_shuffle_xor(tile_sum, 1u32);
-            sum = sum * correction + tile_sum;
+            let (new_max, new_sum, correction) = softmax_tile::<F>(
+                &scores,
+                region + local * sst,
+                &mut probs,
+                p_region + local * pst,
+                row_max,
+                sum,
+                scale,
+                count,
+                first,
+                cube.t,
+                span,
+                cube.active,
+                half,
+                window,
+                key_tile,
+            );
             row_max = new_max;
+            sum = new_sum;
             #[unroll]
             for i in 0..d_v / 2 {
                 acc[i] *= correction;
@@ -167,6 +159,54 @@ pub fn attention_forward_mma<F: Float, I: Int>(
             lse[offset3::<f32>(lse, cube.b, cube.t, cube.h)] = row_lse;
         }
     }
+}
+
+/// One key tile of the online softmax for this unit's half of a row (every other key, so the
+/// two units of a row read neighbouring words): scales the raw scores at `s_at`, masks keys
+/// past `count` or not attended by query `t` (inactive rows mask everything), writes the
+/// probabilities, rounded to the storage type, at `p_at`, and returns the row's new maximum,
+/// its new sum and the factor that rescales what was accumulated under the old maximum.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub fn softmax_tile<F: Float>(
+    scores: &SharedMemory<f32>,
+    s_at: usize,
+    probs: &mut SharedMemory<F>,
+    p_at: usize,
+    row_max: f32,
+    sum: f32,
+    scale: f32,
+    count: usize,
+    first: usize,
+    t: usize,
+    span: usize,
+    active: bool,
+    half: usize,
+    #[comptime] window: bool,
+    #[comptime] key_tile: usize,
+) -> (f32, f32, f32) {
+    let half_keys = comptime!(key_tile / 2);
+    let mut row_scores = Array::<f32>::new(half_keys);
+    let mut tile_max = f32::new(NEG_LARGE);
+    #[unroll]
+    for c in 0..half_keys {
+        let key = 2 * c + half;
+        let valid = key < count && attends(t, first + key, span, window) && active;
+        row_scores[c] = select(valid, scores[s_at + key] * scale, f32::new(NEG_LARGE));
+        tile_max = max(tile_max, row_scores[c]);
+    }
+    tile_max = max(tile_max, plane_shuffle_xor(tile_max, 1u32));
+    let new_max = max(row_max, tile_max);
+    let correction = (row_max - new_max).exp();
+    let mut tile_sum = 0.0f32;
+    #[unroll]
+    for c in 0..half_keys {
+        let p = select(row_scores[c] > MASKED, (row_scores[c] - new_max).exp(), 0.0f32);
+        tile_sum += p;
+        probs[p_at + 2 * c + half] = F::cast_from(p);
+    }
+    tile_sum += plane_shuffle_xor(tile_sum, 1u32);
+    (new_max, sum * correction + tile_sum, correction)
 }
 
 /// `acc += p . v` for the plane's 16 rows, `pv_cols` output columns per pass through the

@@ -1,0 +1,182 @@
+//! dQ of a selection on tensor cores, one query per plane: the planes of
+//! [`super::mma_select`] (same tiles, same fragments straight from global memory, same spill
+//! of a ragged end) computing what [`super::mma_dq`] computes for a window.
+//!
+//! A plane's q and dO rows are A fragments held for the whole walk and its dQ is accumulator
+//! fragments (a backward has no rescaling). Per step: `s = q K^T` and `dp = dO V^T` go to f32
+//! tiles in shared memory; two units per row turn them into `ds = p (dp - delta)` with
+//! `p = exp(s scale - lse)` (masked, rounded to the storage type); then `dQ += ds K`.
+
+use cubecl::cmma::{self, Matrix, MatrixIdent, MatrixLayout};
+use cubecl::prelude::*;
+
+use super::mma_forward::{row_fragments, tile_span, ALIGN, TILE};
+use super::mma_select::{key_fragment, step_subtiles, SelectPlane};
+use super::rows::{block_range, offset3};
+use crate::tiling::{f32_stride, storage_stride};
+
+/// Inputs as the plain query kernel for a selection; writes `grad_q` and `delta = dO . O` (for
+/// the key pass). Cube `(32, planes)` units; dims and strides as
+/// [`super::mma_select::selection_forward_mma`].
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+pub fn selection_backward_query_mma<F: Float, I: Int>(
+    q: &Tensor<F>,
+    k: &Tensor<F>,
+    v: &Tensor<F>,
+    blocks: &Tensor<I>,
+    out: &Tensor<F>,
+    grad_out: &Tensor<F>,
+    lse: &Tensor<f32>,
+    delta: &mut Tensor<f32>,
+    grad_q: &mut Tensor<F>,
+    scale: f32,
+    span: u32,
+    #[comptime] d_k: usize,
+    #[comptime] d_v: usize,
+    #[comptime] planes: usize,
+    #[comptime] key_tile: usize,
+    #[define(F, I)] _dtypes: [StorageType; 2],
+) {
+    let plane = SelectPlane::new::<F>(q, k, planes);
+    if !plane.exists {
+        terminate!();
+    }
+    let span = span as usize;
+    let (b, hk, t, h, local, half) = (plane.b, plane.hk, plane.t, plane.h, plane.local, plane.half);
+    let p_index = UNIT_POS_Y as usize;
+
+    // This row's statistics: lse from the forward, delta = dO . O (two units, half each).
+    let row_lse = lse[offset3::<f32>(lse, b, t, h)];
+    let mut partial_delta = 0.0f32;
+    #[unroll]
+    for i in 0..d_v / 2 {
+        let e = 2 * i + half;
+        partial_delta += f32::cast_from(grad_out[offset3::<F>(grad_out, b, t, h) + e]) * f32::cast_from(out[offset3::<F>(out, b, t, h) + e]);
+    }
+    let row_delta = partial_delta + plane_shuffle_xor(partial_delta, 1u32);
+    if plane.active && half == 0usize {
+        delta[offset3::<f32>(delta, b, t, h)] = row_delta;
+    }
+
+    // Per plane: q and dO rows while their fragments load, then the spill tile (16 K rows,
+    // then 16 V rows).
+    let ks = comptime!(storage_stride(d_k));
+    let vs = comptime!(storage_stride(d_v));
+    let stage_len = comptime!(TILE * (ks + vs));
+    let mut staged = SharedMemory::<F>::new_aligned(comptime!(planes * stage_len), ALIGN);
+    let k_spill = p_index * stage_len;
+    let v_spill = k_spill + comptime!(TILE * ks);
+    plane.stage_rows::<F>(q, &mut staged, k_spill, d_k, ks);
+    plane.stage_rows::<F>(grad_out, &mut staged, v_spill, d_v, vs);
+    sync_plane();
+    let q_frags = row_fragments::<F>(&staged, k_spill, d_k, ks);
+    let do_frags = row_fragments::<F>(&staged, v_spill, d_v, vs);
+    sync_plane();
+
+    let mut dq = Sequence::<Matrix<f32>>::new();
+    #[unroll]
+    for _ in 0..d_k / TILE {
+        dq.push(Matrix::<f32>::from_value(MatrixIdent::Accumulator, TILE, TILE, TILE, MatrixLayout::Undefined, 0.0f32));
+    }
+
+    // Per plane: f32 `s` and `dp` tiles `[16, key_tile]`, and `ds` in the storage type.
+    let sst = comptime!(f32_stride(key_tile));
+    let pst = comptime!(storage_stride(key_tile));
+    let region_len = comptime!(TILE * sst);
+    let mut scores = SharedMemory::<f32>::new_aligned(comptime!(2 * planes * region_len), ALIGN);
+    let mut weights = SharedMemory::<F>::new_aligned(comptime!(planes * TILE * pst), ALIGN);
+    let s_region = p_index * 2 * region_len;
+    let dp_region = s_region + region_len;
+    let ds_region = p_index * TILE * pst;
+
+    let t_len = k.shape(1);
+    let slots = offset3::<I>(blocks, b, t, hk);
+    for r in 0..blocks.shape(3) {
+        let (start, end) = block_range::<I>(blocks, slots, r, t, span);
+        let mut first = start;
+        while first < end {
+            let count = min(end - first, key_tile);
+            let (subtiles, spilled) = step_subtiles(first, count, t_len);
+            if spilled {
+                let last = first + (subtiles - 1) * TILE;
+                plane.stage_keys::<F>(k, &mut staged, k_spill, last, d_k, ks);
+                plane.stage_keys::<F>(v, &mut staged, v_spill, last, d_v, vs);
+                sync_plane();
+            }
+
+            // s = q K^T, dp = dO V^T (K and V read column-major: their transposes).
+            #[unroll]
+            for n in 0..key_tile / TILE {
+                if n < subtiles {
+                    let spill = spilled && n + 1 == subtiles;
+                    let key = first + n * TILE;
+                    let s = Matrix::<f32>::from_value(MatrixIdent::Accumulator, TILE, TILE, TILE, MatrixLayout::Undefined, 0.0f32);
+                    #[unroll]
+                    for kk in 0..d_k / TILE {
+                        let kt = key_fragment::<F>(k, b, hk, key, kk * TILE, &staged, k_spill + kk * TILE, spill, MatrixLayout::ColMajor, ks);
+                        cmma::execute::<F, F, f32, f32>(q_frags.index(kk), &kt, &s, &s);
+                    }
+                    let at = s_region + n * TILE;
+                    cmma::store(&mut scores.slice_mut(at, at + comptime!(tile_span(sst))), &s, sst as u32, MatrixLayout::RowMajor);
+                    let dp = Matrix::<f32>::from_value(MatrixIdent::Accumulator, TILE, TILE, TILE, MatrixLayout::Undefined, 0.0f32);
+                    #[unroll]
+                    for kk in 0..d_v / TILE {
+                        let vt = key_fragment::<F>(v, b, hk, key, kk * TILE, &staged, v_spill + kk * TILE, spill, MatrixLayout::ColMajor, vs);
+                        cmma::execute::<F, F, f32, f32>(do_frags.index(kk), &vt, &dp, &dp);
+                    }
+                    let at = dp_region + n * TILE;
+                    cmma::store(&mut scores.slice_mut(at, at + comptime!(tile_span(sst))), &dp, sst as u32, MatrixLayout::RowMajor);
+                }
+            }
+            sync_plane();
+
+            // Every other key per unit: the two units of a row read neighbouring words. Keys
+            // past `count` (uncomputed sub-tiles included) get zero weight.
+            #[unroll]
+            for c in 0..key_tile / 2 {
+                let key = 2 * c + half;
+                let valid = key < count && plane.active;
+                let at = local * sst + key;
+                let p = select(valid, (scores[s_region + at] * scale - row_lse).exp(), 0.0f32);
+                let ds = select(valid, p * (scores[dp_region + at] - row_delta), 0.0f32);
+                weights[ds_region + local * pst + key] = F::cast_from(ds);
+            }
+            sync_plane();
+
+            // dQ += ds K.
+            #[unroll]
+            for kk in 0..key_tile / TILE {
+                if kk < subtiles {
+                    let spill = spilled && kk + 1 == subtiles;
+                    let at = ds_region + kk * TILE;
+                    let ds = Matrix::<F>::from_slice(MatrixIdent::A, TILE, TILE, TILE, MatrixLayout::RowMajor, &weights.slice(at, at + comptime!(tile_span(pst))), pst as u32);
+                    #[unroll]
+                    for n in 0..d_k / TILE {
+                        let kb = key_fragment::<F>(k, b, hk, first + kk * TILE, n * TILE, &staged, k_spill + n * TILE, spill, MatrixLayout::RowMajor, ks);
+                        cmma::execute::<F, F, f32, f32>(&ds, &kb, dq.index(n), dq.index(n));
+                    }
+                }
+            }
+            // The next step overwrites the tiles and the spill.
+            sync_plane();
+            first += count;
+        }
+    }
+
+    // Out through the plane's score tile, one 16x16 fragment at a time.
+    let ost = comptime!(f32_stride(TILE));
+    #[unroll]
+    for n in 0..d_k / TILE {
+        cmma::store(&mut scores.slice_mut(s_region, s_region + comptime!(tile_span(ost))), dq.index(n), ost as u32, MatrixLayout::RowMajor);
+        sync_plane();
+        if plane.active {
+            #[unroll]
+            for c in 0..TILE / 2 {
+                let col = 2 * c + half;
+                grad_q[offset3::<F>(grad_q, b, t, h) + n * TILE + col] = F::cast_from(scores[s_region + local * ost + col] * scale);
+            }
+        }
+        sync_plane();
+    }
+}
