@@ -1,7 +1,9 @@
-"""Sums CubeCL profiling-log kernel times (second half of the log: steady steps) by kind."""
+"""Sums CubeCL profiling-log kernel times by kind: the second half of the log (a training run's
+steady steps), or all of it with a second argument `all` (a benchmark's log)."""
 import re, sys, collections
 lines = [l for l in open(sys.argv[1], errors="replace") if l.startswith("|")]
-lines = lines[len(lines) // 2:]
+if sys.argv[2:] != ["all"]:
+    lines = lines[len(lines) // 2:]
 unit = {"ns": 1e-6, "µs": 1e-3, "us": 1e-3, "ms": 1.0, "s": 1e3}
 by_name, by_kind = collections.Counter(), collections.Counter()
 for l in lines:
@@ -21,5 +23,5 @@ print(f"kernels timed: {len(lines)}, total {total:.1f} ms")
 for k, v in by_kind.most_common():
     print(f"{k:24s} {v:10.1f} ms {100 * v / total:5.1f}%")
 print("top kernels:")
-for k, v in by_name.most_common(12):
+for k, v in by_name.most_common(20):
     print(f"{v:10.1f} ms {100 * v / total:5.1f}%  {k}")
