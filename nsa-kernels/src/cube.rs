@@ -45,6 +45,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
                 &call.client(),
                 count,
                 dim,
+                mma_select::VECTOR,
                 call.q.clone().into_tensor_arg(),
                 call.k.clone().into_tensor_arg(),
                 call.v.clone().into_tensor_arg(),
@@ -134,6 +135,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
                 &call.client(),
                 count,
                 dim,
+                mma_select::VECTOR,
                 call.q.clone().into_tensor_arg(),
                 call.k.clone().into_tensor_arg(),
                 call.v.clone().into_tensor_arg(),
@@ -395,17 +397,16 @@ impl<R: CubeRuntime> Call<R> {
         MmaTiling::plan(pass, g, self.d_k, self.d_v, self.q.dtype.size(), shared)
     }
 
-    /// The tensor-core selection tiling (forward, dQ), under the same conditions, when K and V
-    /// fragments can load from global memory: wmma needs 32-byte aligned fragment addresses
-    /// and row strides of whole 16-byte multiples, i.e. aligned buffers and strides of
-    /// 16-element multiples.
+    /// The tensor-core selection tiling (forward, dQ), under the same conditions, when the
+    /// inputs read as 16-byte vectors: aligned buffers and strides of whole vectors.
     fn select_mma_tiling(&self, pass: QueryPass) -> Option<SelectMmaTiling> {
         if self.window {
             return None;
         }
         let shared = self.mma_shared_bytes()?;
-        let strides_fit = [&self.k, &self.v].iter().all(|x| x.meta.strides()[..3].iter().all(|s| s % 16 == 0));
-        if !strides_fit || self.client().properties().memory.alignment % 32 != 0 {
+        let vector = mma_select::VECTOR;
+        let strides_fit = [&self.q, &self.k, &self.v].iter().all(|x| x.meta.strides()[..3].iter().all(|s| s % vector == 0));
+        if !strides_fit || !self.client().properties().memory.alignment.is_multiple_of((vector * 2) as u64) {
             return None;
         }
         SelectMmaTiling::plan(pass, self.d_k, self.d_v, self.q.dtype.size(), shared)

@@ -225,8 +225,8 @@ impl KeyMmaTiling {
 
 /// Tensor-core selected attention, forward and dQ (see `kernel::mma_select`): each of a cube's
 /// `planes` planes takes one query's 16-row head tile on its own (no cube-wide barrier) and
-/// walks its selected blocks `key_tile` keys at a time, reading K and V fragments straight
-/// from global memory; `pv_cols` as in [`MmaTiling`].
+/// walks its selected blocks `key_tile` keys at a time, staging them in its own shared tile;
+/// `pv_cols` as in [`MmaTiling`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SelectMmaTiling {
     pub planes: usize,
@@ -235,15 +235,15 @@ pub struct SelectMmaTiling {
 }
 
 impl SelectMmaTiling {
-    /// The first candidate that fits: four planes and 64-key steps (one block of the paper's
-    /// `l_sel`), then fewer planes, then 32-key steps; `None` when the head dims are not
-    /// multiples of the MMA tile or nothing fits.
+    /// The first candidate that fits: four planes (a cube of 128 units), 64-key steps (one
+    /// block of the paper's `l_sel`) where they fit, else 32; then fewer planes. `None` when the
+    /// head dims are not multiples of the MMA tile or nothing fits.
     pub fn plan(pass: QueryPass, d_k: usize, d_v: usize, elem_bytes: usize, shared_bytes: usize) -> Option<Self> {
         if d_k % MMA_TILE != 0 || d_v % MMA_TILE != 0 {
             return None;
         }
         let pv_cols = [64, 32, 16].into_iter().find(|c| d_v % c == 0)?;
-        [(4, 64), (2, 64), (1, 64), (1, 32)]
+        [(4, 64), (4, 32), (2, 32), (1, 32), (1, 16)]
             .into_iter()
             .map(|(planes, key_tile)| SelectMmaTiling { planes, key_tile, pv_cols })
             .find(|t| t.shared_bytes(pass, d_k, d_v, elem_bytes) <= shared_bytes)
@@ -254,11 +254,11 @@ impl SelectMmaTiling {
         g.div_ceil(MMA_TILE)
     }
 
-    /// Per plane: the staged query (and dO) rows, later the spill tile of 16 K and 16 V rows;
+    /// Per plane: the staged K and V rows of a step (first the query and dO rows, 16 of each);
     /// the f32 tiles (scores or the `p . v` slice; or scores and `dp`); the storage-type tile
     /// (probabilities, or `ds`).
     pub fn shared_bytes(&self, pass: QueryPass, d_k: usize, d_v: usize, elem_bytes: usize) -> usize {
-        let staged = MMA_TILE * (storage_stride(d_k) + storage_stride(d_v)) * elem_bytes;
+        let staged = self.key_tile.max(MMA_TILE) * (storage_stride(d_k) + storage_stride(d_v)) * elem_bytes;
         let f32_tiles = match pass {
             QueryPass::Forward => MMA_TILE * f32_stride(self.key_tile).max(f32_stride(self.pv_cols)),
             QueryPass::Gradient => 2 * MMA_TILE * f32_stride(self.key_tile),
@@ -341,10 +341,10 @@ mod tests {
             }
         }
         let prod = SelectMmaTiling::plan(QueryPass::Gradient, 64, 64, 2, MMA_SHARED);
-        assert_eq!(prod, Some(SelectMmaTiling { planes: 4, key_tile: 64, pv_cols: 64 }));
-        // A small shared memory takes fewer planes before shorter steps.
-        let small = SelectMmaTiling::plan(QueryPass::Forward, 128, 128, 2, 20 * 1024).unwrap();
-        assert_eq!((small.planes, small.key_tile), (1, 64));
+        assert_eq!(prod, Some(SelectMmaTiling { planes: 4, key_tile: 32, pv_cols: 64 }));
+        // A small shared memory takes shorter steps, then fewer planes.
+        let small = SelectMmaTiling::plan(QueryPass::Forward, 128, 128, 2, 24 * 1024).unwrap();
+        assert_eq!((small.planes, small.key_tile), (1, 32));
         assert_eq!(SelectMmaTiling::plan(QueryPass::Forward, 64, 72, 2, MMA_SHARED), None);
         assert_eq!((SelectMmaTiling::head_tiles(6), SelectMmaTiling::head_tiles(16), SelectMmaTiling::head_tiles(17)), (1, 1, 2));
     }

@@ -1,6 +1,6 @@
 //! dQ of a selection on tensor cores, one query per plane: the planes of
-//! [`super::mma_select`] (same tiles, same fragments straight from global memory, same spill
-//! of a ragged end) computing what [`super::mma_dq`] computes for a window.
+//! [`super::mma_select`] (same tiles, same 16-byte staging of each step's K and V rows in the
+//! plane's shared tile) computing what [`super::mma_dq`] computes for a window.
 //!
 //! A plane's q and dO rows are A fragments held for the whole walk and its dQ is accumulator
 //! fragments (a backward has no rescaling). Per step: `s = q K^T` and `dp = dO V^T` go to f32
@@ -10,23 +10,23 @@
 use cubecl::cmma::{self, Matrix, MatrixIdent, MatrixLayout};
 use cubecl::prelude::*;
 
-use super::mma_forward::{row_fragments, tile_span, ALIGN, TILE};
-use super::mma_select::{key_fragment, step_subtiles, SelectPlane};
+use super::mma_forward::{tile_span, ALIGN, TILE};
+use super::mma_select::{tile_fragment, tile_row_fragments, SelectPlane, VECTOR};
 use super::rows::{block_range, offset3};
 use crate::tiling::{f32_stride, storage_stride};
 
-/// Inputs as the plain query kernel for a selection; writes `grad_q` and `delta = dO . O` (for
-/// the key pass). Cube `(32, planes)` units; dims and strides as
-/// [`super::mma_select::selection_forward_mma`].
+/// Inputs as the plain query kernel for a selection (`q`, `k`, `v`, `out`, `grad_out` as
+/// vectors of [`VECTOR`]); writes `grad_q` and `delta = dO . O` (for the key pass). Cube
+/// `(32, planes)` units; dims as [`super::mma_select::selection_forward_mma`].
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-pub fn selection_backward_query_mma<F: Float, I: Int>(
-    q: &Tensor<F>,
-    k: &Tensor<F>,
-    v: &Tensor<F>,
+pub fn selection_backward_query_mma<F: Float, I: Int, N: Size>(
+    q: &Tensor<Vector<F, N>>,
+    k: &Tensor<Vector<F, N>>,
+    v: &Tensor<Vector<F, N>>,
     blocks: &Tensor<I>,
-    out: &Tensor<F>,
-    grad_out: &Tensor<F>,
+    out: &Tensor<Vector<F, N>>,
+    grad_out: &Tensor<Vector<F, N>>,
     lse: &Tensor<f32>,
     delta: &mut Tensor<f32>,
     grad_q: &mut Tensor<F>,
@@ -38,7 +38,7 @@ pub fn selection_backward_query_mma<F: Float, I: Int>(
     #[comptime] key_tile: usize,
     #[define(F, I)] _dtypes: [StorageType; 2],
 ) {
-    let plane = SelectPlane::new::<F>(q, k, planes);
+    let plane = SelectPlane::new::<Vector<F, N>>(q, k, planes);
     if !plane.exists {
         terminate!();
     }
@@ -46,32 +46,39 @@ pub fn selection_backward_query_mma<F: Float, I: Int>(
     let (b, hk, t, h, local, half) = (plane.b, plane.hk, plane.t, plane.h, plane.local, plane.half);
     let p_index = UNIT_POS_Y as usize;
 
-    // This row's statistics: lse from the forward, delta = dO . O (two units, half each).
+    // This row's statistics: lse from the forward, delta = dO . O (two units, alternate
+    // vectors each).
     let row_lse = lse[offset3::<f32>(lse, b, t, h)];
+    let o_row = offset3::<Vector<F, N>>(out, b, t, h) / VECTOR;
+    let do_row = offset3::<Vector<F, N>>(grad_out, b, t, h) / VECTOR;
     let mut partial_delta = 0.0f32;
     #[unroll]
-    for i in 0..d_v / 2 {
-        let e = 2 * i + half;
-        partial_delta += f32::cast_from(grad_out[offset3::<F>(grad_out, b, t, h) + e]) * f32::cast_from(out[offset3::<F>(out, b, t, h) + e]);
+    for i in 0..d_v / (2 * VECTOR) {
+        let c = 2 * i + half;
+        let (o, d_o) = (out[o_row + c], grad_out[do_row + c]);
+        #[unroll]
+        for e in 0..VECTOR {
+            partial_delta += f32::cast_from(d_o[e]) * f32::cast_from(o[e]);
+        }
     }
     let row_delta = partial_delta + plane_shuffle_xor(partial_delta, 1u32);
     if plane.active && half == 0usize {
         delta[offset3::<f32>(delta, b, t, h)] = row_delta;
     }
 
-    // Per plane: q and dO rows while their fragments load, then the spill tile (16 K rows,
-    // then 16 V rows).
+    // Per plane: `key_tile` K rows then `key_tile` V rows; the q and dO rows first, while
+    // their fragments load.
     let ks = comptime!(storage_stride(d_k));
     let vs = comptime!(storage_stride(d_v));
-    let stage_len = comptime!(TILE * (ks + vs));
-    let mut staged = SharedMemory::<F>::new_aligned(comptime!(planes * stage_len), ALIGN);
-    let k_spill = p_index * stage_len;
-    let v_spill = k_spill + comptime!(TILE * ks);
-    plane.stage_rows::<F>(q, &mut staged, k_spill, d_k, ks);
-    plane.stage_rows::<F>(grad_out, &mut staged, v_spill, d_v, vs);
+    let stage_len = comptime!(key_tile * (ks + vs));
+    let mut staged = SharedMemory::<Vector<F, N>>::new_aligned(comptime!(planes * stage_len / VECTOR), ALIGN);
+    let k_at = p_index * stage_len;
+    let v_at = k_at + comptime!(key_tile * ks);
+    plane.stage_query_rows::<F, N>(q, &mut staged, k_at, d_k, ks);
+    plane.stage_query_rows::<F, N>(grad_out, &mut staged, v_at, d_v, vs);
     sync_plane();
-    let q_frags = row_fragments::<F>(&staged, k_spill, d_k, ks);
-    let do_frags = row_fragments::<F>(&staged, v_spill, d_v, vs);
+    let q_frags = tile_row_fragments::<F, N>(&staged, k_at, d_k, ks);
+    let do_frags = tile_row_fragments::<F, N>(&staged, v_at, d_v, vs);
     sync_plane();
 
     let mut dq = Sequence::<Matrix<f32>>::new();
@@ -90,31 +97,25 @@ pub fn selection_backward_query_mma<F: Float, I: Int>(
     let dp_region = s_region + region_len;
     let ds_region = p_index * TILE * pst;
 
-    let t_len = k.shape(1);
     let slots = offset3::<I>(blocks, b, t, hk);
     for r in 0..blocks.shape(3) {
         let (start, end) = block_range::<I>(blocks, slots, r, t, span);
         let mut first = start;
         while first < end {
             let count = min(end - first, key_tile);
-            let (subtiles, spilled) = step_subtiles(first, count, t_len);
-            if spilled {
-                let last = first + (subtiles - 1) * TILE;
-                plane.stage_keys::<F>(k, &mut staged, k_spill, last, d_k, ks);
-                plane.stage_keys::<F>(v, &mut staged, v_spill, last, d_v, vs);
-                sync_plane();
-            }
+            let subtiles = count.div_ceil(TILE);
+            plane.stage_key_rows::<F, N>(k, &mut staged, k_at, first, count, key_tile, d_k, ks);
+            plane.stage_key_rows::<F, N>(v, &mut staged, v_at, first, count, key_tile, d_v, vs);
+            sync_plane();
 
             // s = q K^T, dp = dO V^T (K and V read column-major: their transposes).
             #[unroll]
             for n in 0..key_tile / TILE {
                 if n < subtiles {
-                    let spill = spilled && n + 1 == subtiles;
-                    let key = first + n * TILE;
                     let s = Matrix::<f32>::from_value(MatrixIdent::Accumulator, TILE, TILE, TILE, MatrixLayout::Undefined, 0.0f32);
                     #[unroll]
                     for kk in 0..d_k / TILE {
-                        let kt = key_fragment::<F>(k, b, hk, key, kk * TILE, &staged, k_spill + kk * TILE, spill, MatrixLayout::ColMajor, ks);
+                        let kt = tile_fragment::<F, N>(&staged, k_at + n * TILE * ks + kk * TILE, MatrixIdent::B, MatrixLayout::ColMajor, ks);
                         cmma::execute::<F, F, f32, f32>(q_frags.index(kk), &kt, &s, &s);
                     }
                     let at = s_region + n * TILE;
@@ -122,7 +123,7 @@ pub fn selection_backward_query_mma<F: Float, I: Int>(
                     let dp = Matrix::<f32>::from_value(MatrixIdent::Accumulator, TILE, TILE, TILE, MatrixLayout::Undefined, 0.0f32);
                     #[unroll]
                     for kk in 0..d_v / TILE {
-                        let vt = key_fragment::<F>(v, b, hk, key, kk * TILE, &staged, v_spill + kk * TILE, spill, MatrixLayout::ColMajor, vs);
+                        let vt = tile_fragment::<F, N>(&staged, v_at + n * TILE * vs + kk * TILE, MatrixIdent::B, MatrixLayout::ColMajor, vs);
                         cmma::execute::<F, F, f32, f32>(do_frags.index(kk), &vt, &dp, &dp);
                     }
                     let at = dp_region + n * TILE;
@@ -148,17 +149,16 @@ pub fn selection_backward_query_mma<F: Float, I: Int>(
             #[unroll]
             for kk in 0..key_tile / TILE {
                 if kk < subtiles {
-                    let spill = spilled && kk + 1 == subtiles;
                     let at = ds_region + kk * TILE;
                     let ds = Matrix::<F>::from_slice(MatrixIdent::A, TILE, TILE, TILE, MatrixLayout::RowMajor, &weights.slice(at, at + comptime!(tile_span(pst))), pst as u32);
                     #[unroll]
                     for n in 0..d_k / TILE {
-                        let kb = key_fragment::<F>(k, b, hk, first + kk * TILE, n * TILE, &staged, k_spill + n * TILE, spill, MatrixLayout::RowMajor, ks);
+                        let kb = tile_fragment::<F, N>(&staged, k_at + kk * TILE * ks + n * TILE, MatrixIdent::B, MatrixLayout::RowMajor, ks);
                         cmma::execute::<F, F, f32, f32>(&ds, &kb, dq.index(n), dq.index(n));
                     }
                 }
             }
-            // The next step overwrites the tiles and the spill.
+            // The next step overwrites the tiles.
             sync_plane();
             first += count;
         }
