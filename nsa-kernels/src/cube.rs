@@ -45,7 +45,6 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
                 &call.client(),
                 count,
                 dim,
-                mma_select::VECTOR,
                 call.q.clone().into_tensor_arg(),
                 call.k.clone().into_tensor_arg(),
                 call.v.clone().into_tensor_arg(),

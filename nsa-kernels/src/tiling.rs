@@ -225,8 +225,8 @@ impl KeyMmaTiling {
 
 /// Tensor-core selected attention, forward and dQ (see `kernel::mma_select`): each of a cube's
 /// `planes` planes takes one query's 16-row head tile on its own (no cube-wide barrier) and
-/// walks its selected blocks `key_tile` keys at a time, staging them in its own shared tile;
-/// `pv_cols` as in [`MmaTiling`].
+/// walks its selected blocks `key_tile` keys at a time (dQ stages them in its own shared tile,
+/// the forward reads fragments from global memory); `pv_cols` as in [`MmaTiling`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SelectMmaTiling {
     pub planes: usize,
@@ -254,11 +254,16 @@ impl SelectMmaTiling {
         g.div_ceil(MMA_TILE)
     }
 
-    /// Per plane: the staged K and V rows of a step (first the query and dO rows, 16 of each);
-    /// the f32 tiles (scores or the `p . v` slice; or scores and `dp`); the storage-type tile
-    /// (probabilities, or `ds`).
+    /// Per plane: the staged rows (forward: 16 query rows, later the 16 K and 16 V rows of a
+    /// spilled sub-tile; dQ: 16 q and dO rows, later a step's K and V rows); the f32 tiles
+    /// (scores or the `p . v` slice; or scores and `dp`); the storage-type tile (probabilities,
+    /// or `ds`).
     pub fn shared_bytes(&self, pass: QueryPass, d_k: usize, d_v: usize, elem_bytes: usize) -> usize {
-        let staged = self.key_tile.max(MMA_TILE) * (storage_stride(d_k) + storage_stride(d_v)) * elem_bytes;
+        let staged_rows = match pass {
+            QueryPass::Forward => MMA_TILE,
+            QueryPass::Gradient => self.key_tile.max(MMA_TILE),
+        };
+        let staged = staged_rows * (storage_stride(d_k) + storage_stride(d_v)) * elem_bytes;
         let f32_tiles = match pass {
             QueryPass::Forward => MMA_TILE * f32_stride(self.key_tile).max(f32_stride(self.pv_cols)),
             QueryPass::Gradient => 2 * MMA_TILE * f32_stride(self.key_tile),
@@ -342,8 +347,10 @@ mod tests {
         }
         let prod = SelectMmaTiling::plan(QueryPass::Gradient, 64, 64, 2, MMA_SHARED);
         assert_eq!(prod, Some(SelectMmaTiling { planes: 4, key_tile: 32, pv_cols: 64 }));
+        let prod = SelectMmaTiling::plan(QueryPass::Forward, 64, 64, 2, MMA_SHARED);
+        assert_eq!(prod, Some(SelectMmaTiling { planes: 4, key_tile: 64, pv_cols: 64 }));
         // A small shared memory takes shorter steps, then fewer planes.
-        let small = SelectMmaTiling::plan(QueryPass::Forward, 128, 128, 2, 24 * 1024).unwrap();
+        let small = SelectMmaTiling::plan(QueryPass::Gradient, 128, 128, 2, 24 * 1024).unwrap();
         assert_eq!((small.planes, small.key_tile), (1, 32));
         assert_eq!(SelectMmaTiling::plan(QueryPass::Forward, 64, 72, 2, MMA_SHARED), None);
         assert_eq!((SelectMmaTiling::head_tiles(6), SelectMmaTiling::head_tiles(16), SelectMmaTiling::head_tiles(17)), (1, 1, 2));

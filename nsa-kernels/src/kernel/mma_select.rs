@@ -1,18 +1,23 @@
-//! Selected attention's forward on tensor cores (CMMA 16x16x16, f16/bf16 in, f32 accumulation),
-//! one query per plane.
+//! Selected attention on tensor cores (CMMA 16x16x16, f16/bf16 in, f32 accumulation), one query
+//! per plane: the forward here, dQ in [`super::mma_select_dq`].
 //!
 //! Each query has its own blocks, so a cube-wide kernel (one query per cube, K/V staged once
 //! for all its planes, [`super::mma_forward`]'s layout) shares nothing between its planes; it
 //! measured 2.5x slower than the plain kernel. Here a plane owns one query's 16-row head tile
-//! (`g = 6` fills 6 rows, `g = 16` all) and walks its blocks alone, with plane barriers only:
-//! per step it stages `key_tile` K and V rows in its own shared tile with 16-byte loads (the
-//! inputs are read as vectors of [`VECTOR`] elements), rows past the step's keys zero, and
-//! multiplies fragments from there. Loading the fragments straight from global memory instead
-//! measured L1-bound (94% busy at a tenth of its bandwidth: wmma reads a fragment's rows in
-//! 4-byte pieces).
+//! (`g = 6` fills 6 rows, `g = 16` all) and walks its blocks alone, with plane barriers only.
 //!
-//! The softmax and `p . v` steps are [`super::mma_forward`]'s: scores through an f32 tile in
-//! shared memory, two units per row, the output accumulator in registers.
+//! Where its K and V fragments come from was measured (H100, 64k, docs/benchmarks.md):
+//! - the forward loads each 16x16 fragment straight from global memory (a block's rows of one
+//!   KV head are `stride(1)` apart, which wmma takes as the leading dimension). The last 16 keys
+//!   of a ragged sequence would read past the tensor, so that sub-tile is staged with zero rows
+//!   ("spilled") in the plane's shared tile. Staging every step with 16-byte loads instead
+//!   measured 1.3x slower here (its steps shrink to 32 keys to fit, and nothing hides the
+//!   staging's latency);
+//! - dQ stages each step's K and V rows with 16-byte loads (the inputs read as vectors of
+//!   [`VECTOR`]): it reads K twice (`s = q K^T`, `dQ += ds K`), and staged it measured faster.
+//!
+//! The forward's softmax and `p . v` steps are [`super::mma_forward`]'s: scores through an f32
+//! tile in shared memory, two units per row, the output accumulator in registers.
 
 use cubecl::cmma::{self, Matrix, MatrixIdent, MatrixLayout};
 use cubecl::prelude::*;
@@ -66,6 +71,51 @@ impl SelectPlane {
         SelectPlane { exists: b < q.shape(0), b, hk, t, head0, rows, local, half: UNIT_POS_X as usize % 2, active, h }
     }
 
+    /// Stages the tile's rows of `src [B, T, H_q, d]` at `at` of `staged` (row stride
+    /// `stride`); padding rows are zero. The plane's units cooperate.
+    pub fn stage_rows<F: Float>(
+        &self,
+        src: &Tensor<F>,
+        staged: &mut SharedMemory<F>,
+        at: usize,
+        #[comptime] d: usize,
+        #[comptime] stride: usize,
+    ) {
+        let mut idx = UNIT_POS_X as usize;
+        while idx < TILE * d {
+            let r = idx / d;
+            let mut value = F::new(0.0);
+            if r < self.rows {
+                value = src[offset3::<F>(src, self.b, self.t, self.head0 + r) + idx % d];
+            }
+            staged[at + r * stride + idx % d] = value;
+            idx += CUBE_DIM_X as usize;
+        }
+    }
+
+    /// Stages key rows `first..first + 16` of `src [B, T, H_kv, d]` (K or V) at `at`, rows
+    /// past the sequence zero: the spill tile.
+    pub fn stage_keys<F: Float>(
+        &self,
+        src: &Tensor<F>,
+        staged: &mut SharedMemory<F>,
+        at: usize,
+        first: usize,
+        #[comptime] d: usize,
+        #[comptime] stride: usize,
+    ) {
+        let mut idx = UNIT_POS_X as usize;
+        while idx < TILE * d {
+            let r = idx / d;
+            let mut value = F::new(0.0);
+            if first + r < src.shape(1) {
+                value = src[offset3::<F>(src, self.b, first + r, self.hk) + idx % d];
+            }
+            staged[at + r * stride + idx % d] = value;
+            idx += CUBE_DIM_X as usize;
+        }
+    }
+
     /// Stages the tile's 16 rows of `src [B, T, H_q, d]` at element `at` of `tile` (row stride
     /// `stride` elements); padding rows are zero. The plane's units cooperate.
     pub fn stage_query_rows<F: Float, N: Size>(
@@ -117,6 +167,42 @@ impl SelectPlane {
     }
 }
 
+/// The B fragment of key rows `first..first + 16`, columns `col..col + 16` of head `hk` of
+/// `src` (K or V) in `layout` (column-major reads the transpose), from global memory, or from
+/// the spill tile (its column `col` at `spill_at`) when `spilled`.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub fn key_fragment<F: Float>(
+    src: &Tensor<F>,
+    b: usize,
+    hk: usize,
+    first: usize,
+    col: usize,
+    staged: &SharedMemory<F>,
+    spill_at: usize,
+    spilled: bool,
+    layout: MatrixLayout,
+    #[comptime] stride: usize,
+) -> Matrix<F> {
+    let frag = unsafe { Matrix::<F>::uninitialized(MatrixIdent::B, TILE, TILE, TILE, layout) };
+    if spilled {
+        cmma::load(&frag, &staged.slice(spill_at, spill_at + comptime!(tile_span(stride))), stride as u32);
+    } else {
+        let ld = src.stride(1);
+        let at = offset3::<F>(src, b, first, hk) + col;
+        cmma::load(&frag, &src.slice(at, at + (TILE - 1) * ld + TILE), ld as u32);
+    }
+    frag
+}
+
+/// The sub-tiles of 16 keys a step of `count` keys from `first` covers, and whether the last
+/// one runs past the sequence (`t_len`) and must be spilled.
+#[cube]
+pub fn step_subtiles(first: usize, count: usize, t_len: usize) -> (usize, bool) {
+    let subtiles = count.div_ceil(TILE);
+    (subtiles, first + subtiles * TILE > t_len)
+}
+
 /// The 16x16 fragment `ident` in `layout` (column-major reads the transpose) at element `at` of
 /// a staged tile with row stride `stride` elements.
 #[cube]
@@ -149,16 +235,16 @@ pub fn tile_row_fragments<F: Float, N: Size>(
     frags
 }
 
-/// `q [B, T, H_q, d_k]`, `k [B, T, H_kv, d_k]`, `v [B, T, H_kv, d_v]` (vectors of [`VECTOR`]),
-/// `blocks [B, T, H_kv, n]` -> `out [B, T, H_q, d_v]`, `lse [B, T, H_q]` (f32), as
-/// [`super::forward::attention_forward`] for a selection. Cube `(32, planes)` units; `d_k`,
-/// `d_v`, `key_tile`, `pv_cols` multiples of 16, `pv_cols` dividing `d_v`.
+/// `q [B, T, H_q, d_k]`, `k [B, T, H_kv, d_k]`, `v [B, T, H_kv, d_v]`, `blocks [B, T, H_kv, n]`
+/// -> `out [B, T, H_q, d_v]`, `lse [B, T, H_q]` (f32), as [`super::forward::attention_forward`]
+/// for a selection. Cube `(32, planes)` units; `d_k`, `d_v`, `key_tile`, `pv_cols` multiples
+/// of 16, `pv_cols` dividing `d_v`; K, V strides multiples of 16 elements (32-byte fragments).
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-pub fn selection_forward_mma<F: Float, I: Int, N: Size>(
-    q: &Tensor<Vector<F, N>>,
-    k: &Tensor<Vector<F, N>>,
-    v: &Tensor<Vector<F, N>>,
+pub fn selection_forward_mma<F: Float, I: Int>(
+    q: &Tensor<F>,
+    k: &Tensor<F>,
+    v: &Tensor<F>,
     blocks: &Tensor<I>,
     out: &mut Tensor<F>,
     lse: &mut Tensor<f32>,
@@ -171,7 +257,7 @@ pub fn selection_forward_mma<F: Float, I: Int, N: Size>(
     #[comptime] pv_cols: usize,
     #[define(F, I)] _dtypes: [StorageType; 2],
 ) {
-    let plane = SelectPlane::new::<Vector<F, N>>(q, k, planes);
+    let plane = SelectPlane::new::<F>(q, k, planes);
     if !plane.exists {
         terminate!();
     }
@@ -179,17 +265,17 @@ pub fn selection_forward_mma<F: Float, I: Int, N: Size>(
     let (b, hk, t, local, half) = (plane.b, plane.hk, plane.t, plane.local, plane.half);
     let p_index = UNIT_POS_Y as usize;
 
-    // Per plane: `key_tile` K rows then `key_tile` V rows (the query rows first, while their
-    // fragments load). Rows are padded against bank conflicts (`storage_stride`).
+    // Per plane: the query rows while their fragments load, then the spill tile (16 K rows,
+    // then 16 V rows). Rows are padded against bank conflicts (`storage_stride`).
     let ks = comptime!(storage_stride(d_k));
     let vs = comptime!(storage_stride(d_v));
-    let stage_len = comptime!(key_tile * (ks + vs));
-    let mut staged = SharedMemory::<Vector<F, N>>::new_aligned(comptime!(planes * stage_len / VECTOR), ALIGN);
-    let k_at = p_index * stage_len;
-    let v_at = k_at + comptime!(key_tile * ks);
-    plane.stage_query_rows::<F, N>(q, &mut staged, k_at, d_k, ks);
+    let stage_len = comptime!(TILE * (ks + vs));
+    let mut staged = SharedMemory::<F>::new_aligned(comptime!(planes * stage_len), ALIGN);
+    let k_spill = p_index * stage_len;
+    let v_spill = k_spill + comptime!(TILE * ks);
+    plane.stage_rows::<F>(q, &mut staged, k_spill, d_k, ks);
     sync_plane();
-    let q_frags = tile_row_fragments::<F, N>(&staged, k_at, d_k, ks);
+    let q_frags = row_fragments::<F>(&staged, k_spill, d_k, ks);
     sync_plane();
 
     // Per plane: scores `[16, key_tile]`, later a `[16, pv_cols]` slice of `p . v`; and the
@@ -206,6 +292,7 @@ pub fn selection_forward_mma<F: Float, I: Int, N: Size>(
     let mut acc = zero_slice(d_v, 2usize);
     let mut row_max = f32::new(NEG_LARGE);
     let mut sum = 0.0f32;
+    let t_len = k.shape(1);
     let slots = offset3::<I>(blocks, b, t, hk);
 
     for r in 0..blocks.shape(3) {
@@ -213,19 +300,23 @@ pub fn selection_forward_mma<F: Float, I: Int, N: Size>(
         let mut first = start;
         while first < end {
             let count = min(end - first, key_tile);
-            let subtiles = count.div_ceil(TILE);
-            plane.stage_key_rows::<F, N>(k, &mut staged, k_at, first, count, key_tile, d_k, ks);
-            plane.stage_key_rows::<F, N>(v, &mut staged, v_at, first, count, key_tile, d_v, vs);
-            sync_plane();
+            let (subtiles, spilled) = step_subtiles(first, count, t_len);
+            if spilled {
+                let last = first + (subtiles - 1) * TILE;
+                plane.stage_keys::<F>(k, &mut staged, k_spill, last, d_k, ks);
+                plane.stage_keys::<F>(v, &mut staged, v_spill, last, d_v, vs);
+                sync_plane();
+            }
 
             // Scores of the tile's 16 rows against the step's keys (K read column-major: k^T).
             #[unroll]
             for n in 0..key_tile / TILE {
                 if n < subtiles {
+                    let spill = spilled && n + 1 == subtiles;
                     let s = Matrix::<f32>::from_value(MatrixIdent::Accumulator, TILE, TILE, TILE, MatrixLayout::Undefined, 0.0f32);
                     #[unroll]
                     for kk in 0..d_k / TILE {
-                        let kt = tile_fragment::<F, N>(&staged, k_at + n * TILE * ks + kk * TILE, MatrixIdent::B, MatrixLayout::ColMajor, ks);
+                        let kt = key_fragment::<F>(k, b, hk, first + n * TILE, kk * TILE, &staged, k_spill + kk * TILE, spill, MatrixLayout::ColMajor, ks);
                         cmma::execute::<F, F, f32, f32>(q_frags.index(kk), &kt, &s, &s);
                     }
                     let at = region + n * TILE;
@@ -268,11 +359,12 @@ pub fn selection_forward_mma<F: Float, I: Int, N: Size>(
                 #[unroll]
                 for n in 0..pv_cols / TILE {
                     let o = Matrix::<f32>::from_value(MatrixIdent::Accumulator, TILE, TILE, TILE, MatrixLayout::Undefined, 0.0f32);
+                    let col = j * pv_cols + n * TILE;
                     #[unroll]
                     for kk in 0..key_tile / TILE {
                         if kk < subtiles {
-                            let at = v_at + kk * TILE * vs + j * pv_cols + n * TILE;
-                            let vt = tile_fragment::<F, N>(&staged, at, MatrixIdent::B, MatrixLayout::RowMajor, vs);
+                            let spill = spilled && kk + 1 == subtiles;
+                            let vt = key_fragment::<F>(v, b, hk, first + kk * TILE, col, &staged, v_spill + col, spill, MatrixLayout::RowMajor, vs);
                             cmma::execute::<F, F, f32, f32>(p_frags.index(kk), &vt, &o, &o);
                         }
                     }
