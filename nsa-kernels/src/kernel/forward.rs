@@ -9,7 +9,7 @@
 use cubecl::prelude::*;
 
 use super::query::QueryCube;
-use super::rows::{add_shared, chunk_dots, load_slice, offset3, stage_rows, store_slice, zero_slice, NEG_LARGE};
+use super::rows::{add_shared, chunk_dots, load_slice, offset3, stage_rows, store_row_result, zero_slice, NEG_LARGE};
 
 /// Scores at or below this are masked keys.
 pub const MASKED: f32 = -1.0e29;
@@ -95,15 +95,6 @@ pub fn attention_forward<F: Float, I: Int>(
     }
 
     if cube.active {
-        let mut inv = 0.0f32;
-        let mut row_lse = f32::new(NEG_LARGE);
-        if sum > 0.0f32 {
-            inv = 1.0f32 / sum;
-            row_lse = row_max + sum.ln();
-        }
-        store_slice::<F>(out, offset3::<F>(out, b, t, h), part, &acc, inv, d_v, parts);
-        if part == 0usize {
-            lse[offset3::<f32>(lse, b, t, h)] = row_lse;
-        }
+        store_row_result::<F>(out, lse, b, t, h, part, &acc, row_max, sum, d_v, parts);
     }
 }

@@ -157,17 +157,38 @@ pub fn attention_backward_query_mma<F: Float, I: Int>(
         }
     }
 
-    // Out through the plane's score tile, one 16x16 fragment at a time.
+    store_dq_rows::<F>(&dq, &mut scores, s_region, grad_q, b, t, h, local, half, cube.active, scale, d_k);
+}
+
+/// Writes a plane's dQ accumulators, times `scale`, to the rows `(b, t, h)` of `grad_q`
+/// through the plane's f32 tile at `region` (one 16x16 fragment at a time; two units per row,
+/// alternate columns); only active rows write.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub fn store_dq_rows<F: Float>(
+    dq: &Sequence<Matrix<f32>>,
+    scores: &mut SharedMemory<f32>,
+    region: usize,
+    grad_q: &mut Tensor<F>,
+    b: usize,
+    t: usize,
+    h: usize,
+    local: usize,
+    half: usize,
+    active: bool,
+    scale: f32,
+    #[comptime] d_k: usize,
+) {
     let ost = comptime!(f32_stride(TILE));
     #[unroll]
     for n in 0..d_k / TILE {
-        cmma::store(&mut scores.slice_mut(s_region, s_region + comptime!(tile_span(ost))), dq.index(n), ost as u32, MatrixLayout::RowMajor);
+        cmma::store(&mut scores.slice_mut(region, region + comptime!(tile_span(ost))), dq.index(n), ost as u32, MatrixLayout::RowMajor);
         sync_plane();
-        if cube.active {
+        if active {
             #[unroll]
             for c in 0..TILE / 2 {
                 let col = 2 * c + half;
-                grad_q[offset3::<F>(grad_q, b, t, h) + n * TILE + col] = F::cast_from(scores[s_region + local * ost + col] * scale);
+                grad_q[offset3::<F>(grad_q, b, t, h) + n * TILE + col] = F::cast_from(scores[region + local * ost + col] * scale);
             }
         }
         sync_plane();

@@ -15,7 +15,7 @@ use cubecl::prelude::*;
 
 use super::forward::MASKED;
 use super::query::QueryCube;
-use super::rows::{attends, offset3, stage_rows, store_slice, zero_slice, NEG_LARGE};
+use super::rows::{attends, offset3, stage_rows, store_row_result, zero_slice, NEG_LARGE};
 use crate::tiling::{f32_stride, storage_stride};
 
 /// Rows of a plane's tile, and the MMA shape on every axis.
@@ -148,16 +148,7 @@ pub fn attention_forward_mma<F: Float, I: Int>(
     }
 
     if cube.active {
-        let mut inv = 0.0f32;
-        let mut row_lse = f32::new(NEG_LARGE);
-        if sum > 0.0f32 {
-            inv = 1.0f32 / sum;
-            row_lse = row_max + sum.ln();
-        }
-        store_slice::<F>(out, offset3::<F>(out, cube.b, cube.t, cube.h), half, &acc, inv, d_v, 2usize);
-        if half == 0usize {
-            lse[offset3::<f32>(lse, cube.b, cube.t, cube.h)] = row_lse;
-        }
+        store_row_result::<F>(out, lse, cube.b, cube.t, cube.h, half, &acc, row_max, sum, d_v, 2usize);
     }
 }
 

@@ -23,7 +23,7 @@ use cubecl::cmma::{self, Matrix, MatrixIdent, MatrixLayout};
 use cubecl::prelude::*;
 
 use super::mma_forward::{max_usize, row_fragments, softmax_tile, tile_span, ALIGN, TILE};
-use super::rows::{block_range, offset3, store_slice, zero_slice, NEG_LARGE};
+use super::rows::{block_range, offset3, store_row_result, zero_slice, NEG_LARGE};
 use crate::tiling::{f32_stride, storage_stride};
 
 /// Elements per vector of the staged inputs: 16 bytes of a 16-bit type. The launch passes it
@@ -383,15 +383,6 @@ pub fn selection_forward_mma<F: Float, I: Int>(
     }
 
     if plane.active {
-        let mut inv = 0.0f32;
-        let mut row_lse = f32::new(NEG_LARGE);
-        if sum > 0.0f32 {
-            inv = 1.0f32 / sum;
-            row_lse = row_max + sum.ln();
-        }
-        store_slice::<F>(out, offset3::<F>(out, b, t, plane.h), half, &acc, inv, d_v, 2usize);
-        if half == 0usize {
-            lse[offset3::<f32>(lse, b, t, plane.h)] = row_lse;
-        }
+        store_row_result::<F>(out, lse, b, t, plane.h, half, &acc, row_max, sum, d_v, 2usize);
     }
 }

@@ -10,6 +10,7 @@
 use cubecl::cmma::{self, Matrix, MatrixIdent, MatrixLayout};
 use cubecl::prelude::*;
 
+use super::mma_dq::store_dq_rows;
 use super::mma_forward::{tile_span, ALIGN, TILE};
 use super::mma_select::{tile_fragment, tile_row_fragments, SelectPlane, VECTOR};
 use super::rows::{block_range, offset3};
@@ -164,19 +165,5 @@ pub fn selection_backward_query_mma<F: Float, I: Int, N: Size>(
         }
     }
 
-    // Out through the plane's score tile, one 16x16 fragment at a time.
-    let ost = comptime!(f32_stride(TILE));
-    #[unroll]
-    for n in 0..d_k / TILE {
-        cmma::store(&mut scores.slice_mut(s_region, s_region + comptime!(tile_span(ost))), dq.index(n), ost as u32, MatrixLayout::RowMajor);
-        sync_plane();
-        if plane.active {
-            #[unroll]
-            for c in 0..TILE / 2 {
-                let col = 2 * c + half;
-                grad_q[offset3::<F>(grad_q, b, t, h) + n * TILE + col] = F::cast_from(scores[s_region + local * ost + col] * scale);
-            }
-        }
-        sync_plane();
-    }
+    store_dq_rows::<F>(&dq, &mut scores, s_region, grad_q, b, t, h, local, half, plane.active, scale, d_k);
 }

@@ -87,6 +87,36 @@ pub fn store_slice<F: Float>(
     }
 }
 
+/// Ends a row's online softmax: writes `acc / sum` (this unit's slice) to the row `(b, t, h)` of
+/// `out` and, from part 0, the row's log-sum-exp (`NEG_LARGE` and a zero row when it attended
+/// nothing).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub fn store_row_result<F: Float>(
+    out: &mut Tensor<F>,
+    lse: &mut Tensor<f32>,
+    b: usize,
+    t: usize,
+    h: usize,
+    part: usize,
+    acc: &Array<f32>,
+    row_max: f32,
+    sum: f32,
+    #[comptime] d_v: usize,
+    #[comptime] parts: usize,
+) {
+    let mut inv = 0.0f32;
+    let mut row_lse = f32::new(NEG_LARGE);
+    if sum > 0.0f32 {
+        inv = 1.0f32 / sum;
+        row_lse = row_max + sum.ln();
+    }
+    store_slice::<F>(out, offset3::<F>(out, b, t, h), part, acc, inv, d_v, parts);
+    if part == 0usize {
+        lse[offset3::<f32>(lse, b, t, h)] = row_lse;
+    }
+}
+
 /// An f32 slice of zeros.
 #[cube]
 pub fn zero_slice(#[comptime] len: usize, #[comptime] parts: usize) -> Array<f32> {
