@@ -68,6 +68,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
                 &call.client(),
                 count,
                 dim,
+                mma_forward::VECTOR,
                 call.q.clone().into_tensor_arg(),
                 call.k.clone().into_tensor_arg(),
                 call.v.clone().into_tensor_arg(),
@@ -134,7 +135,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
                 &call.client(),
                 count,
                 dim,
-                mma_select::VECTOR,
+                mma_forward::VECTOR,
                 call.q.clone().into_tensor_arg(),
                 call.k.clone().into_tensor_arg(),
                 call.v.clone().into_tensor_arg(),
@@ -158,6 +159,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
                 &call.client(),
                 count,
                 dim,
+                mma_forward::VECTOR,
                 call.q.clone().into_tensor_arg(),
                 call.k.clone().into_tensor_arg(),
                 call.v.clone().into_tensor_arg(),
@@ -222,6 +224,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
                 &call.client(),
                 count,
                 dim,
+                mma_forward::VECTOR,
                 call.q.clone().into_tensor_arg(),
                 call.k.clone().into_tensor_arg(),
                 call.v.clone().into_tensor_arg(),
@@ -396,18 +399,12 @@ impl<R: CubeRuntime> Call<R> {
         MmaTiling::plan(pass, g, self.d_k, self.d_v, self.q.dtype.size(), shared)
     }
 
-    /// The tensor-core selection tiling (forward, dQ), under the same conditions, when the
-    /// inputs read as 16-byte vectors: aligned buffers and strides of whole vectors.
+    /// The tensor-core selection tiling (forward, dQ), under the same conditions.
     fn select_mma_tiling(&self, pass: QueryPass) -> Option<SelectMmaTiling> {
         if self.window {
             return None;
         }
         let shared = self.mma_shared_bytes()?;
-        let vector = mma_select::VECTOR;
-        let strides_fit = [&self.q, &self.k, &self.v].iter().all(|x| x.meta.strides()[..3].iter().all(|s| s % vector == 0));
-        if !strides_fit || !self.client().properties().memory.alignment.is_multiple_of((vector * 2) as u64) {
-            return None;
-        }
         SelectMmaTiling::plan(pass, self.d_k, self.d_v, self.q.dtype.size(), shared)
     }
 
@@ -426,10 +423,18 @@ impl<R: CubeRuntime> Call<R> {
     }
 
     /// Shared memory for a tensor-core kernel, or `None` when the device has no 16x16x16 MMA
-    /// for the storage type with f32 accumulation on 32-unit planes.
+    /// for the storage type with f32 accumulation on 32-unit planes, or the inputs do not read
+    /// as 16-byte vectors (the query-side kernels stage them so): aligned buffers and strides
+    /// of whole vectors (`out` and `dO` are made contiguous, with strides of whole rows).
     fn mma_shared_bytes(&self) -> Option<usize> {
         let dtype = self.q.dtype;
         if !matches!(dtype, DType::F16 | DType::BF16) {
+            return None;
+        }
+        let vector = mma_forward::VECTOR;
+        let strides_fit = [&self.q, &self.k, &self.v].iter().all(|x| x.meta.strides()[..3].iter().all(|s| s % vector == 0));
+        let rows_fit = self.d_k % vector == 0 && self.d_v % vector == 0;
+        if !strides_fit || !rows_fit || !self.client().properties().memory.alignment.is_multiple_of((vector * dtype.size()) as u64) {
             return None;
         }
         let client = self.client();

@@ -31,9 +31,9 @@ pub struct KeyCube {
 #[cube]
 impl KeyCube {
     #[allow(clippy::too_many_arguments)]
-    pub fn new<F: Float>(
-        q: &Tensor<F>,
-        k: &Tensor<F>,
+    pub fn new<E: CubePrimitive>(
+        q: &Tensor<E>,
+        k: &Tensor<E>,
         offsets: &Tensor<u32>,
         counts: &Tensor<u32>,
         entries: &Tensor<u32>,

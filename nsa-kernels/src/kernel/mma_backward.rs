@@ -13,19 +13,19 @@ use cubecl::cmma::{self, Matrix, MatrixIdent, MatrixLayout};
 use cubecl::prelude::*;
 
 use super::key::KeyCube;
-use super::mma_forward::{max_usize, row_fragments, tile_span, ALIGN, TILE};
-use super::rows::{attends, offset3, stage_listed_rows, stage_rows};
+use super::mma_forward::{max_usize, tile_fragment, tile_row_fragments, tile_span, ALIGN, TILE, VECTOR};
+use super::rows::{attends, offset3, stage_listed_vector_rows, stage_vector_rows};
 use crate::tiling::{f32_stride, storage_stride};
 
 /// Same arguments as the plain key kernel; cube `(32, planes)` units, `keys = 16 * planes`;
 /// `q_rows` query rows staged per step (a multiple of 32: two units per key row take half each).
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-pub fn attention_backward_key_mma<F: Float>(
-    q: &Tensor<F>,
-    k: &Tensor<F>,
-    v: &Tensor<F>,
-    grad_out: &Tensor<F>,
+pub fn attention_backward_key_mma<F: Float, N: Size>(
+    q: &Tensor<Vector<F, N>>,
+    k: &Tensor<Vector<F, N>>,
+    v: &Tensor<Vector<F, N>>,
+    grad_out: &Tensor<Vector<F, N>>,
     lse: &Tensor<f32>,
     delta: &Tensor<f32>,
     offsets: &Tensor<u32>,
@@ -49,7 +49,7 @@ pub fn attention_backward_key_mma<F: Float>(
 ) {
     let span = span as usize;
     let keys = comptime!(planes * TILE);
-    let cube = KeyCube::new::<F>(
+    let cube = KeyCube::new::<Vector<F, N>>(
         q, k, offsets, counts, entries, segment_base, segment_block, segment_total, span, segment as usize, window, keys,
     );
     if !cube.exists {
@@ -66,12 +66,12 @@ pub fn attention_backward_key_mma<F: Float>(
     // Rows are padded (`storage_stride`, `f32_stride`) against shared-memory bank conflicts.
     let ks = comptime!(storage_stride(d_k));
     let vs = comptime!(storage_stride(d_v));
-    let mut staged = SharedMemory::<F>::new_aligned(comptime!(max_usize(keys, q_rows) * (ks + vs)), ALIGN);
-    stage_rows::<F, F>(k, &mut staged, 0usize, cube.b, cube.s0, cube.s_end - cube.s0, cube.hk, keys, d_k, ks);
-    stage_rows::<F, F>(v, &mut staged, comptime!(keys * ks), cube.b, cube.s0, cube.s_end - cube.s0, cube.hk, keys, d_v, vs);
+    let mut staged = SharedMemory::<Vector<F, N>>::new_aligned(comptime!(max_usize(keys, q_rows) * (ks + vs) / VECTOR), ALIGN);
+    stage_vector_rows::<F, N>(k, &mut staged, 0usize, cube.b, cube.s0, cube.s_end - cube.s0, cube.hk, keys, d_k, ks, VECTOR);
+    stage_vector_rows::<F, N>(v, &mut staged, comptime!(keys * ks), cube.b, cube.s0, cube.s_end - cube.s0, cube.hk, keys, d_v, vs, VECTOR);
     sync_cube();
-    let k_frags = row_fragments::<F>(&staged, plane * TILE * ks, d_k, ks);
-    let v_frags = row_fragments::<F>(&staged, comptime!(keys * ks) + plane * TILE * vs, d_v, vs);
+    let k_frags = tile_row_fragments::<F, N>(&staged, plane * TILE * ks, d_k, ks);
+    let v_frags = tile_row_fragments::<F, N>(&staged, comptime!(keys * ks) + plane * TILE * vs, d_v, vs);
     sync_cube();
 
     let dk = zero_accumulators(d_k);
@@ -93,7 +93,7 @@ pub fn attention_backward_key_mma<F: Float>(
     let mut row_first = 0usize;
     while row_first < cube.n_rows {
         let count = min(cube.n_rows - row_first, q_rows);
-        stage_query_chunk::<F>(q, grad_out, lse, delta, entries, &cube, &mut staged, &mut stats, &mut positions, row_first, count, window, q_rows, d_k, d_v);
+        stage_query_chunk::<F, N>(q, grad_out, lse, delta, entries, &cube, &mut staged, &mut stats, &mut positions, row_first, count, window, q_rows, d_k, d_v);
         sync_cube();
 
         // s^T = K q^T and dp^T = V dO^T (q and dO read column-major: their transposes).
@@ -103,7 +103,7 @@ pub fn attention_backward_key_mma<F: Float>(
             #[unroll]
             for kk in 0..d_k / TILE {
                 let at = n * TILE * ks + kk * TILE;
-                let qt = Matrix::<F>::from_slice(MatrixIdent::B, TILE, TILE, TILE, MatrixLayout::ColMajor, &staged.slice(at, at + comptime!(tile_span(ks))), ks as u32);
+                let qt = tile_fragment::<F, N>(&staged, at, MatrixIdent::B, MatrixLayout::ColMajor, ks);
                 cmma::execute::<F, F, f32, f32>(k_frags.index(kk), &qt, &st, &st);
             }
             let at = s_region + n * TILE;
@@ -112,7 +112,7 @@ pub fn attention_backward_key_mma<F: Float>(
             #[unroll]
             for kk in 0..d_v / TILE {
                 let at = do_at + n * TILE * vs + kk * TILE;
-                let dot = Matrix::<F>::from_slice(MatrixIdent::B, TILE, TILE, TILE, MatrixLayout::ColMajor, &staged.slice(at, at + comptime!(tile_span(vs))), vs as u32);
+                let dot = tile_fragment::<F, N>(&staged, at, MatrixIdent::B, MatrixLayout::ColMajor, vs);
                 cmma::execute::<F, F, f32, f32>(v_frags.index(kk), &dot, &dpt, &dpt);
             }
             let at = dp_region + n * TILE;
@@ -144,13 +144,13 @@ pub fn attention_backward_key_mma<F: Float>(
             #[unroll]
             for n in 0..d_v / TILE {
                 let at = do_at + kk * TILE * vs + n * TILE;
-                let dob = Matrix::<F>::from_slice(MatrixIdent::B, TILE, TILE, TILE, MatrixLayout::RowMajor, &staged.slice(at, at + comptime!(tile_span(vs))), vs as u32);
+                let dob = tile_fragment::<F, N>(&staged, at, MatrixIdent::B, MatrixLayout::RowMajor, vs);
                 cmma::execute::<F, F, f32, f32>(&pt, &dob, dv.index(n), dv.index(n));
             }
             #[unroll]
             for n in 0..d_k / TILE {
                 let at = kk * TILE * ks + n * TILE;
-                let qb = Matrix::<F>::from_slice(MatrixIdent::B, TILE, TILE, TILE, MatrixLayout::RowMajor, &staged.slice(at, at + comptime!(tile_span(ks))), ks as u32);
+                let qb = tile_fragment::<F, N>(&staged, at, MatrixIdent::B, MatrixLayout::RowMajor, ks);
                 cmma::execute::<F, F, f32, f32>(&dst, &qb, dk.index(n), dk.index(n));
             }
         }
@@ -187,14 +187,14 @@ fn zero_accumulators(#[comptime] d: usize) -> Sequence<Matrix<f32>> {
 /// positions, `lse` and `delta` (at `q_rows`) in `stats`, and their q and dO rows in `staged`.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn stage_query_chunk<F: Float>(
-    q: &Tensor<F>,
-    grad_out: &Tensor<F>,
+fn stage_query_chunk<F: Float, N: Size>(
+    q: &Tensor<Vector<F, N>>,
+    grad_out: &Tensor<Vector<F, N>>,
     lse: &Tensor<f32>,
     delta: &Tensor<f32>,
     entries: &Tensor<u32>,
     cube: &KeyCube,
-    staged: &mut SharedMemory<F>,
+    staged: &mut SharedMemory<Vector<F, N>>,
     stats: &mut SharedMemory<f32>,
     positions: &mut SharedMemory<u32>,
     row_first: usize,
@@ -224,8 +224,8 @@ fn stage_query_chunk<F: Float>(
     sync_cube();
     let ks = comptime!(storage_stride(d_k));
     let vs = comptime!(storage_stride(d_v));
-    stage_listed_rows::<F, F>(q, staged, 0usize, positions, cube.b, cube.hk, cube.g, row_first, count, q_rows, d_k, ks);
-    stage_listed_rows::<F, F>(grad_out, staged, comptime!(q_rows * ks), positions, cube.b, cube.hk, cube.g, row_first, count, q_rows, d_v, vs);
+    stage_listed_vector_rows::<F, N>(q, staged, 0usize, positions, cube.b, cube.hk, cube.g, row_first, count, q_rows, d_k, ks, VECTOR);
+    stage_listed_vector_rows::<F, N>(grad_out, staged, comptime!(q_rows * ks), positions, cube.b, cube.hk, cube.g, row_first, count, q_rows, d_v, vs, VECTOR);
 }
 
 /// Columns `col0..col0 + 16` of this unit's key row from one accumulator fragment, times

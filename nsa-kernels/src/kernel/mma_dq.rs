@@ -10,22 +10,22 @@
 use cubecl::cmma::{self, Matrix, MatrixIdent, MatrixLayout};
 use cubecl::prelude::*;
 
-use super::mma_forward::{max_usize, row_fragments, stage_query_rows, tile_span, ALIGN, TILE};
+use super::mma_forward::{max_usize, stage_query_rows, tile_fragment, tile_row_fragments, tile_span, ALIGN, TILE, VECTOR};
 use super::query::QueryCube;
-use super::rows::{offset3, stage_rows};
+use super::rows::{offset3, stage_vector_rows};
 use crate::tiling::{f32_stride, storage_stride};
 
 /// Inputs as the plain query kernel; writes `grad_q` and `delta = dO . O` (for the key pass).
 /// Cube `(32, planes)` units, `rows <= 16 * planes` real rows, `key_tile` a multiple of 32.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-pub fn attention_backward_query_mma<F: Float, I: Int>(
-    q: &Tensor<F>,
-    k: &Tensor<F>,
-    v: &Tensor<F>,
+pub fn attention_backward_query_mma<F: Float, I: Int, N: Size>(
+    q: &Tensor<Vector<F, N>>,
+    k: &Tensor<Vector<F, N>>,
+    v: &Tensor<Vector<F, N>>,
     blocks: &Tensor<I>,
-    out: &Tensor<F>,
-    grad_out: &Tensor<F>,
+    out: &Tensor<Vector<F, N>>,
+    grad_out: &Tensor<Vector<F, N>>,
     lse: &Tensor<f32>,
     delta: &mut Tensor<f32>,
     grad_q: &mut Tensor<F>,
@@ -39,7 +39,7 @@ pub fn attention_backward_query_mma<F: Float, I: Int>(
     #[comptime] key_tile: usize,
     #[define(F, I)] _dtypes: [StorageType; 2],
 ) {
-    let cube = QueryCube::new::<F>(q, k, rows, 2usize);
+    let cube = QueryCube::new::<Vector<F, N>>(q, k, rows, 2usize);
     if !cube.exists {
         terminate!();
     }
@@ -52,12 +52,7 @@ pub fn attention_backward_query_mma<F: Float, I: Int>(
     // This row's statistics: lse from the forward, delta = dO . O (two units, half each).
     let (b, t, h) = (cube.b, cube.t, cube.h);
     let row_lse = lse[offset3::<f32>(lse, b, t, h)];
-    let mut partial_delta = 0.0f32;
-    #[unroll]
-    for i in 0..d_v / 2 {
-        let e = 2 * i + half;
-        partial_delta += f32::cast_from(grad_out[offset3::<F>(grad_out, b, t, h) + e]) * f32::cast_from(out[offset3::<F>(out, b, t, h) + e]);
-    }
+    let partial_delta = half_row_delta::<F, N>(out, grad_out, b, t, h, half, d_v);
     let row_delta = partial_delta + plane_shuffle_xor(partial_delta, 1u32);
     if cube.active && half == 0usize {
         delta[offset3::<f32>(delta, b, t, h)] = row_delta;
@@ -67,16 +62,18 @@ pub fn attention_backward_query_mma<F: Float, I: Int>(
     // Rows are padded (`storage_stride`, `f32_stride`) against shared-memory bank conflicts.
     let ks = comptime!(storage_stride(d_k));
     let vs = comptime!(storage_stride(d_v));
-    let mut staged =
-        SharedMemory::<F>::new_aligned(comptime!(max_usize(planes * TILE * max_usize(ks, vs), key_tile * (ks + vs))), ALIGN);
+    let mut staged = SharedMemory::<Vector<F, N>>::new_aligned(
+        comptime!(max_usize(planes * TILE * max_usize(ks, vs), key_tile * (ks + vs)) / VECTOR),
+        ALIGN,
+    );
     let v_at = comptime!(key_tile * ks);
-    stage_query_rows::<F>(q, &mut staged, b, cube.t0, cube.hk, g, rows, planes, d_k, ks);
+    stage_query_rows::<F, N>(q, &mut staged, b, cube.t0, cube.hk, g, rows, planes, d_k, ks);
     sync_cube();
-    let q_frags = row_fragments::<F>(&staged, plane * TILE * ks, d_k, ks);
+    let q_frags = tile_row_fragments::<F, N>(&staged, plane * TILE * ks, d_k, ks);
     sync_cube();
-    stage_query_rows::<F>(grad_out, &mut staged, b, cube.t0, cube.hk, g, rows, planes, d_v, vs);
+    stage_query_rows::<F, N>(grad_out, &mut staged, b, cube.t0, cube.hk, g, rows, planes, d_v, vs);
     sync_cube();
-    let do_frags = row_fragments::<F>(&staged, plane * TILE * vs, d_v, vs);
+    let do_frags = tile_row_fragments::<F, N>(&staged, plane * TILE * vs, d_v, vs);
     sync_cube();
 
     let mut dq = Sequence::<Matrix<f32>>::new();
@@ -100,8 +97,8 @@ pub fn attention_backward_query_mma<F: Float, I: Int>(
         let mut first = start;
         while first < end {
             let count = min(end - first, key_tile);
-            stage_rows::<F, F>(k, &mut staged, 0usize, b, first, count, cube.hk, key_tile, d_k, ks);
-            stage_rows::<F, F>(v, &mut staged, v_at, b, first, count, cube.hk, key_tile, d_v, vs);
+            stage_vector_rows::<F, N>(k, &mut staged, 0usize, b, first, count, cube.hk, key_tile, d_k, ks, VECTOR);
+            stage_vector_rows::<F, N>(v, &mut staged, v_at, b, first, count, cube.hk, key_tile, d_v, vs, VECTOR);
             sync_cube();
 
             // s = q K^T, dp = dO V^T (K and V read column-major: their transposes).
@@ -110,8 +107,7 @@ pub fn attention_backward_query_mma<F: Float, I: Int>(
                 let s = Matrix::<f32>::from_value(MatrixIdent::Accumulator, TILE, TILE, TILE, MatrixLayout::Undefined, 0.0f32);
                 #[unroll]
                 for kk in 0..d_k / TILE {
-                    let at = n * TILE * ks + kk * TILE;
-                    let kt = Matrix::<F>::from_slice(MatrixIdent::B, TILE, TILE, TILE, MatrixLayout::ColMajor, &staged.slice(at, at + comptime!(tile_span(ks))), ks as u32);
+                    let kt = tile_fragment::<F, N>(&staged, n * TILE * ks + kk * TILE, MatrixIdent::B, MatrixLayout::ColMajor, ks);
                     cmma::execute::<F, F, f32, f32>(q_frags.index(kk), &kt, &s, &s);
                 }
                 let at = s_region + n * TILE;
@@ -119,8 +115,7 @@ pub fn attention_backward_query_mma<F: Float, I: Int>(
                 let dp = Matrix::<f32>::from_value(MatrixIdent::Accumulator, TILE, TILE, TILE, MatrixLayout::Undefined, 0.0f32);
                 #[unroll]
                 for kk in 0..d_v / TILE {
-                    let at = v_at + n * TILE * vs + kk * TILE;
-                    let vt = Matrix::<F>::from_slice(MatrixIdent::B, TILE, TILE, TILE, MatrixLayout::ColMajor, &staged.slice(at, at + comptime!(tile_span(vs))), vs as u32);
+                    let vt = tile_fragment::<F, N>(&staged, v_at + n * TILE * vs + kk * TILE, MatrixIdent::B, MatrixLayout::ColMajor, vs);
                     cmma::execute::<F, F, f32, f32>(do_frags.index(kk), &vt, &dp, &dp);
                 }
                 let at = dp_region + n * TILE;
@@ -146,8 +141,7 @@ pub fn attention_backward_query_mma<F: Float, I: Int>(
                 let ds = Matrix::<F>::from_slice(MatrixIdent::A, TILE, TILE, TILE, MatrixLayout::RowMajor, &weights.slice(at, at + comptime!(tile_span(pst))), pst as u32);
                 #[unroll]
                 for n in 0..d_k / TILE {
-                    let at = kk * TILE * ks + n * TILE;
-                    let kb = Matrix::<F>::from_slice(MatrixIdent::B, TILE, TILE, TILE, MatrixLayout::RowMajor, &staged.slice(at, at + comptime!(tile_span(ks))), ks as u32);
+                    let kb = tile_fragment::<F, N>(&staged, kk * TILE * ks + n * TILE, MatrixIdent::B, MatrixLayout::RowMajor, ks);
                     cmma::execute::<F, F, f32, f32>(&ds, &kb, dq.index(n), dq.index(n));
                 }
             }
@@ -193,4 +187,32 @@ pub fn store_dq_rows<F: Float>(
         }
         sync_plane();
     }
+}
+
+/// This unit's half of `dO . O` for the row `(b, t, h)`: alternate vectors of the row, so the
+/// two units of a row read neighbouring 16-byte words; the caller adds the other half.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub fn half_row_delta<F: Float, N: Size>(
+    out: &Tensor<Vector<F, N>>,
+    grad_out: &Tensor<Vector<F, N>>,
+    b: usize,
+    t: usize,
+    h: usize,
+    half: usize,
+    #[comptime] d_v: usize,
+) -> f32 {
+    let o_row = offset3::<Vector<F, N>>(out, b, t, h) / VECTOR;
+    let do_row = offset3::<Vector<F, N>>(grad_out, b, t, h) / VECTOR;
+    let mut partial = 0.0f32;
+    #[unroll]
+    for i in 0..d_v / (2 * VECTOR) {
+        let c = 2 * i + half;
+        let (o, d_o) = (out[o_row + c], grad_out[do_row + c]);
+        #[unroll]
+        for e in 0..VECTOR {
+            partial += f32::cast_from(d_o[e]) * f32::cast_from(o[e]);
+        }
+    }
+    partial
 }

@@ -15,7 +15,7 @@ use cubecl::prelude::*;
 
 use super::forward::MASKED;
 use super::query::QueryCube;
-use super::rows::{attends, offset3, stage_rows, store_row_result, zero_slice, NEG_LARGE};
+use super::rows::{attends, offset3, stage_vector_rows, store_row_result, zero_slice, NEG_LARGE};
 use crate::tiling::{f32_stride, storage_stride};
 
 /// Rows of a plane's tile, and the MMA shape on every axis.
@@ -28,10 +28,10 @@ pub const ALIGN: usize = 32;
 /// [`super::forward::attention_forward`]. Cube `(32, planes)` units; `rows <= 16 * planes`
 /// real rows; `d_k`, `d_v`, `key_tile` and `pv_cols` multiples of 16, `pv_cols` dividing `d_v`.
 #[cube(launch)]
-pub fn attention_forward_mma<F: Float, I: Int>(
-    q: &Tensor<F>,
-    k: &Tensor<F>,
-    v: &Tensor<F>,
+pub fn attention_forward_mma<F: Float, I: Int, N: Size>(
+    q: &Tensor<Vector<F, N>>,
+    k: &Tensor<Vector<F, N>>,
+    v: &Tensor<Vector<F, N>>,
     blocks: &Tensor<I>,
     out: &mut Tensor<F>,
     lse: &mut Tensor<f32>,
@@ -47,7 +47,7 @@ pub fn attention_forward_mma<F: Float, I: Int>(
     #[define(F, I)] _dtypes: [StorageType; 2],
 ) {
     // Two units per row: QueryCube's `part` is the half, its `row` the cube row.
-    let cube = QueryCube::new::<F>(q, k, rows, 2usize);
+    let cube = QueryCube::new::<Vector<F, N>>(q, k, rows, 2usize);
     if !cube.exists {
         terminate!();
     }
@@ -61,12 +61,14 @@ pub fn attention_forward_mma<F: Float, I: Int>(
     // Rows are padded (`storage_stride`, `f32_stride`) against shared-memory bank conflicts.
     let ks = comptime!(storage_stride(d_k));
     let vs = comptime!(storage_stride(d_v));
-    let mut staged =
-        SharedMemory::<F>::new_aligned(comptime!(max_usize(planes * TILE * ks, key_tile * (ks + vs))), ALIGN);
+    let mut staged = SharedMemory::<Vector<F, N>>::new_aligned(
+        comptime!(max_usize(planes * TILE * ks, key_tile * (ks + vs)) / VECTOR),
+        ALIGN,
+    );
     let v_at = comptime!(key_tile * ks);
-    stage_query_rows::<F>(q, &mut staged, cube.b, cube.t0, cube.hk, q.shape(2) / k.shape(2), rows, planes, d_k, ks);
+    stage_query_rows::<F, N>(q, &mut staged, cube.b, cube.t0, cube.hk, q.shape(2) / k.shape(2), rows, planes, d_k, ks);
     sync_cube();
-    let q_frags = row_fragments::<F>(&staged, plane * TILE * ks, d_k, ks);
+    let q_frags = tile_row_fragments::<F, N>(&staged, plane * TILE * ks, d_k, ks);
     sync_cube();
 
     // Per plane: scores `[16, key_tile]`, later a `[16, pv_cols]` slice of `p.v`; and the
@@ -88,8 +90,8 @@ pub fn attention_forward_mma<F: Float, I: Int>(
         let mut first = start;
         while first < end {
             let count = min(end - first, key_tile);
-            stage_rows::<F, F>(k, &mut staged, 0usize, cube.b, first, count, cube.hk, key_tile, d_k, ks);
-            stage_rows::<F, F>(v, &mut staged, v_at, cube.b, first, count, cube.hk, key_tile, d_v, vs);
+            stage_vector_rows::<F, N>(k, &mut staged, 0usize, cube.b, first, count, cube.hk, key_tile, d_k, ks, VECTOR);
+            stage_vector_rows::<F, N>(v, &mut staged, v_at, cube.b, first, count, cube.hk, key_tile, d_v, vs, VECTOR);
             sync_cube();
 
             // Scores of the plane's 16 rows against the tile's keys (K read column-major: k^T).
@@ -98,16 +100,7 @@ pub fn attention_forward_mma<F: Float, I: Int>(
                 let s = Matrix::<f32>::from_value(MatrixIdent::Accumulator, TILE, TILE, TILE, MatrixLayout::Undefined, 0.0f32);
                 #[unroll]
                 for kk in 0..d_k / TILE {
-                    let at = n * TILE * ks + kk * TILE;
-                    let kt = Matrix::<F>::from_slice(
-                        MatrixIdent::B,
-                        TILE,
-                        TILE,
-                        TILE,
-                        MatrixLayout::ColMajor,
-                        &staged.slice(at, at + comptime!(tile_span(ks))),
-                        ks as u32,
-                    );
+                    let kt = tile_fragment::<F, N>(&staged, n * TILE * ks + kk * TILE, MatrixIdent::B, MatrixLayout::ColMajor, ks);
                     cmma::execute::<F, F, f32, f32>(q_frags.index(kk), &kt, &s, &s);
                 }
                 let at = region + n * TILE;
@@ -140,7 +133,7 @@ pub fn attention_forward_mma<F: Float, I: Int>(
             }
             sync_plane();
 
-            accumulate_values::<F>(&staged, v_at, &probs, p_region, &mut scores, region, &mut acc, local, half, d_v, key_tile, pv_cols);
+            accumulate_values::<F, N>(&staged, v_at, &probs, p_region, &mut scores, region, &mut acc, local, half, d_v, key_tile, pv_cols);
             // The next tile overwrites K and V.
             sync_cube();
             first += count;
@@ -204,8 +197,8 @@ pub fn softmax_tile<F: Float>(
 /// plane's score region; this unit adds its row's interleaved columns (`2i + half`).
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn accumulate_values<F: Float>(
-    staged: &SharedMemory<F>,
+fn accumulate_values<F: Float, N: Size>(
+    staged: &SharedMemory<Vector<F, N>>,
     v_at: usize,
     probs: &SharedMemory<F>,
     p_region: usize,
@@ -230,16 +223,7 @@ fn accumulate_values<F: Float>(
             let o = Matrix::<f32>::from_value(MatrixIdent::Accumulator, TILE, TILE, TILE, MatrixLayout::Undefined, 0.0f32);
             #[unroll]
             for kk in 0..key_tile / TILE {
-                let at = v_at + kk * TILE * vs + j * pv_cols + n * TILE;
-                let vt = Matrix::<F>::from_slice(
-                    MatrixIdent::B,
-                    TILE,
-                    TILE,
-                    TILE,
-                    MatrixLayout::RowMajor,
-                    &staged.slice(at, at + comptime!(tile_span(vs))),
-                    vs as u32,
-                );
+                let vt = tile_fragment::<F, N>(staged, v_at + kk * TILE * vs + j * pv_cols + n * TILE, MatrixIdent::B, MatrixLayout::RowMajor, vs);
                 cmma::execute::<F, F, f32, f32>(p_frags.index(kk), &vt, &o, &o);
             }
             let at = region + n * TILE;
@@ -254,13 +238,14 @@ fn accumulate_values<F: Float>(
     }
 }
 
-/// Stages the cube's query rows `[16 * planes, stride]` (row `r` is query `t0 + r / g`, head
-/// `hk * g + r % g`; rows past `rows` or the sequence are zero), all units cooperating.
+/// Stages the cube's query rows `[16 * planes, stride]` at element 0 of `staged` (row `r` is
+/// query `t0 + r / g`, head `hk * g + r % g`; rows past `rows` or the sequence are zero), all
+/// units cooperating with 16-byte loads.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-pub fn stage_query_rows<F: Float>(
-    q: &Tensor<F>,
-    staged: &mut SharedMemory<F>,
+pub fn stage_query_rows<F: Float, N: Size>(
+    q: &Tensor<Vector<F, N>>,
+    staged: &mut SharedMemory<Vector<F, N>>,
     b: usize,
     t0: usize,
     hk: usize,
@@ -271,17 +256,17 @@ pub fn stage_query_rows<F: Float>(
     #[comptime] stride: usize,
 ) {
     let t_len = q.shape(1);
-    let units = CUBE_DIM as usize;
+    let per_row = comptime!(d / VECTOR);
     let mut idx = UNIT_POS as usize;
-    while idx < planes * TILE * d {
-        let r = idx / d;
+    while idx < planes * TILE * per_row {
+        let (r, c) = (idx / per_row, idx % per_row);
         let t = t0 + r / g;
-        let mut value = F::new(0.0);
+        let mut value = Vector::<F, N>::new(F::new(0.0));
         if r < rows && t < t_len {
-            value = q[offset3::<F>(q, b, t, hk * g + r % g) + idx % d];
+            value = q[offset3::<Vector<F, N>>(q, b, t, hk * g + r % g) / VECTOR + c];
         }
-        staged[r * stride + idx % d] = value;
-        idx += units;
+        staged[(r * stride) / VECTOR + c] = value;
+        idx += CUBE_DIM as usize;
     }
 }
 
@@ -322,4 +307,40 @@ pub const fn max_usize(a: usize, b: usize) -> usize {
     } else {
         b
     }
+}
+
+/// Elements per vector of the staged inputs: 16 bytes of a 16-bit type. The launch passes it
+/// as the inputs' vector size; `storage_stride` rows are whole vectors.
+pub const VECTOR: usize = 8;
+
+/// The 16x16 fragment `ident` in `layout` (column-major reads the transpose) at element `at` of
+/// a staged tile with row stride `stride` elements.
+#[cube]
+pub fn tile_fragment<F: Float, N: Size>(
+    tile: &SharedMemory<Vector<F, N>>,
+    at: usize,
+    #[comptime] ident: MatrixIdent,
+    layout: MatrixLayout,
+    #[comptime] stride: usize,
+) -> Matrix<F> {
+    let frag = unsafe { Matrix::<F>::uninitialized(ident, TILE, TILE, TILE, layout) };
+    let start = at / VECTOR;
+    cmma::load(&frag, &tile.slice(start, start + comptime!(tile_span(stride) / VECTOR)), stride as u32);
+    frag
+}
+
+/// The `d / 16` A fragments of the 16 rows at element `at` of a staged tile.
+#[cube]
+pub fn tile_row_fragments<F: Float, N: Size>(
+    tile: &SharedMemory<Vector<F, N>>,
+    at: usize,
+    #[comptime] d: usize,
+    #[comptime] stride: usize,
+) -> Sequence<Matrix<F>> {
+    let mut frags = Sequence::<Matrix<F>>::new();
+    #[unroll]
+    for kk in 0..d / TILE {
+        frags.push(tile_fragment::<F, N>(tile, at + kk * TILE, MatrixIdent::A, MatrixLayout::RowMajor, stride));
+    }
+    frags
 }

@@ -14,7 +14,7 @@
 //!   measured 1.3x slower here (its steps shrink to 32 keys to fit, and nothing hides the
 //!   staging's latency);
 //! - dQ stages each step's K and V rows with 16-byte loads (the inputs read as vectors of
-//!   [`VECTOR`]): it reads K twice (`s = q K^T`, `dQ += ds K`), and staged it measured faster.
+//!   [`super::mma_forward::VECTOR`]): it reads K twice (`s = q K^T`, `dQ += ds K`), and staged it measured faster.
 //!
 //! The forward's softmax and `p . v` steps are [`super::mma_forward`]'s: scores through an f32
 //! tile in shared memory, two units per row, the output accumulator in registers.
@@ -22,13 +22,9 @@
 use cubecl::cmma::{self, Matrix, MatrixIdent, MatrixLayout};
 use cubecl::prelude::*;
 
-use super::mma_forward::{max_usize, row_fragments, softmax_tile, tile_span, ALIGN, TILE};
+use super::mma_forward::{max_usize, row_fragments, softmax_tile, tile_span, ALIGN, TILE, VECTOR};
 use super::rows::{block_range, offset3, store_row_result, zero_slice, NEG_LARGE};
 use crate::tiling::{f32_stride, storage_stride};
-
-/// Elements per vector of the staged inputs: 16 bytes of a 16-bit type. The launch passes it
-/// as the inputs' vector size; `storage_stride` rows are whole vectors.
-pub const VECTOR: usize = 8;
 
 /// Where a selection plane sits: plane `UNIT_POS_Y` of cube `CUBE_POS` takes work item
 /// `CUBE_POS * planes + UNIT_POS_Y`, numbered `(b, hk, head tile, t)` with `t` fastest (so a
@@ -201,38 +197,6 @@ pub fn key_fragment<F: Float>(
 pub fn step_subtiles(first: usize, count: usize, t_len: usize) -> (usize, bool) {
     let subtiles = count.div_ceil(TILE);
     (subtiles, first + subtiles * TILE > t_len)
-}
-
-/// The 16x16 fragment `ident` in `layout` (column-major reads the transpose) at element `at` of
-/// a staged tile with row stride `stride` elements.
-#[cube]
-pub fn tile_fragment<F: Float, N: Size>(
-    tile: &SharedMemory<Vector<F, N>>,
-    at: usize,
-    #[comptime] ident: MatrixIdent,
-    layout: MatrixLayout,
-    #[comptime] stride: usize,
-) -> Matrix<F> {
-    let frag = unsafe { Matrix::<F>::uninitialized(ident, TILE, TILE, TILE, layout) };
-    let start = at / VECTOR;
-    cmma::load(&frag, &tile.slice(start, start + comptime!(tile_span(stride) / VECTOR)), stride as u32);
-    frag
-}
-
-/// The `d / 16` A fragments of the 16 rows at element `at` of a staged tile.
-#[cube]
-pub fn tile_row_fragments<F: Float, N: Size>(
-    tile: &SharedMemory<Vector<F, N>>,
-    at: usize,
-    #[comptime] d: usize,
-    #[comptime] stride: usize,
-) -> Sequence<Matrix<F>> {
-    let mut frags = Sequence::<Matrix<F>>::new();
-    #[unroll]
-    for kk in 0..d / TILE {
-        frags.push(tile_fragment::<F, N>(tile, at + kk * TILE, MatrixIdent::A, MatrixLayout::RowMajor, stride));
-    }
-    frags
 }
 
 /// `q [B, T, H_q, d_k]`, `k [B, T, H_kv, d_k]`, `v [B, T, H_kv, d_v]`, `blocks [B, T, H_kv, n]`

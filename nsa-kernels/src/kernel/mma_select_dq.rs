@@ -10,9 +10,9 @@
 use cubecl::cmma::{self, Matrix, MatrixIdent, MatrixLayout};
 use cubecl::prelude::*;
 
-use super::mma_dq::store_dq_rows;
-use super::mma_forward::{tile_span, ALIGN, TILE};
-use super::mma_select::{tile_fragment, tile_row_fragments, SelectPlane, VECTOR};
+use super::mma_dq::{half_row_delta, store_dq_rows};
+use super::mma_forward::{tile_fragment, tile_row_fragments, tile_span, ALIGN, TILE, VECTOR};
+use super::mma_select::SelectPlane;
 use super::rows::{block_range, offset3};
 use crate::tiling::{f32_stride, storage_stride};
 
@@ -50,18 +50,7 @@ pub fn selection_backward_query_mma<F: Float, I: Int, N: Size>(
     // This row's statistics: lse from the forward, delta = dO . O (two units, alternate
     // vectors each).
     let row_lse = lse[offset3::<f32>(lse, b, t, h)];
-    let o_row = offset3::<Vector<F, N>>(out, b, t, h) / VECTOR;
-    let do_row = offset3::<Vector<F, N>>(grad_out, b, t, h) / VECTOR;
-    let mut partial_delta = 0.0f32;
-    #[unroll]
-    for i in 0..d_v / (2 * VECTOR) {
-        let c = 2 * i + half;
-        let (o, d_o) = (out[o_row + c], grad_out[do_row + c]);
-        #[unroll]
-        for e in 0..VECTOR {
-            partial_delta += f32::cast_from(d_o[e]) * f32::cast_from(o[e]);
-        }
-    }
+    let partial_delta = half_row_delta::<F, N>(out, grad_out, b, t, h, half, d_v);
     let row_delta = partial_delta + plane_shuffle_xor(partial_delta, 1u32);
     if plane.active && half == 0usize {
         delta[offset3::<f32>(delta, b, t, h)] = row_delta;

@@ -29,7 +29,7 @@ pub struct QueryCube {
 
 #[cube]
 impl QueryCube {
-    pub fn new<F: Float>(q: &Tensor<F>, k: &Tensor<F>, #[comptime] rows: usize, #[comptime] parts: usize) -> QueryCube {
+    pub fn new<E: CubePrimitive>(q: &Tensor<E>, k: &Tensor<E>, #[comptime] rows: usize, #[comptime] parts: usize) -> QueryCube {
         let (t_len, h_q, h_kv) = (q.shape(1), q.shape(2), k.shape(2));
         let g = h_q / h_kv;
         let queries = rows / g;

@@ -203,6 +203,37 @@ pub fn stage_rows<F: Float, E: Float>(
     }
 }
 
+/// [`stage_rows`] with 16-byte loads: rows `first..first + count` of head `hk` of `src`
+/// (vectors of `VECTOR` elements) at element `at` of `tile` (row stride `stride` elements, a
+/// whole number of vectors).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub fn stage_vector_rows<F: Float, N: Size>(
+    src: &Tensor<Vector<F, N>>,
+    tile: &mut SharedMemory<Vector<F, N>>,
+    at: usize,
+    b: usize,
+    first: usize,
+    count: usize,
+    hk: usize,
+    #[comptime] chunk: usize,
+    #[comptime] d: usize,
+    #[comptime] stride: usize,
+    #[comptime] vector: usize,
+) {
+    let per_row = comptime!(d / vector);
+    let mut idx = UNIT_POS as usize;
+    while idx < chunk * per_row {
+        let (row, c) = (idx / per_row, idx % per_row);
+        let mut value = Vector::<F, N>::new(F::new(0.0));
+        if row < count {
+            value = src[offset3::<Vector<F, N>>(src, b, first + row, hk) / vector + c];
+        }
+        tile[(at + row * stride) / vector + c] = value;
+        idx += CUBE_DIM as usize;
+    }
+}
+
 /// Stages the query rows `(positions[i], hk * g + (row_first + i) % g)`, `i < count`, of
 /// `src [B, T, H_q, d]` at `at` of `tile` (`[chunk, stride]`, converted to `E`); rows past
 /// `count` are zero.
@@ -231,6 +262,39 @@ pub fn stage_listed_rows<F: Float, E: Float>(
             value = E::cast_from(src[offset3::<F>(src, b, positions[i] as usize, h) + idx % d]);
         }
         tile[at + i * stride + idx % d] = value;
+        idx += CUBE_DIM as usize;
+    }
+}
+
+/// [`stage_listed_rows`] with 16-byte loads (`src` as vectors of `vector` elements; `at` and
+/// `stride` in elements, whole vectors).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub fn stage_listed_vector_rows<F: Float, N: Size>(
+    src: &Tensor<Vector<F, N>>,
+    tile: &mut SharedMemory<Vector<F, N>>,
+    at: usize,
+    positions: &SharedMemory<u32>,
+    b: usize,
+    hk: usize,
+    g: usize,
+    row_first: usize,
+    count: usize,
+    #[comptime] chunk: usize,
+    #[comptime] d: usize,
+    #[comptime] stride: usize,
+    #[comptime] vector: usize,
+) {
+    let per_row = comptime!(d / vector);
+    let mut idx = UNIT_POS as usize;
+    while idx < chunk * per_row {
+        let (i, c) = (idx / per_row, idx % per_row);
+        let mut value = Vector::<F, N>::new(F::new(0.0));
+        if i < count {
+            let h = hk * g + (row_first + i) % g;
+            value = src[offset3::<Vector<F, N>>(src, b, positions[i] as usize, h) / vector + c];
+        }
+        tile[(at + i * stride) / vector + c] = value;
         idx += CUBE_DIM as usize;
     }
 }
