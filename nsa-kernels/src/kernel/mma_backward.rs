@@ -67,8 +67,8 @@ pub fn attention_backward_key_mma<F: Float, N: Size>(
     let ks = comptime!(storage_stride(d_k));
     let vs = comptime!(storage_stride(d_v));
     let mut staged = SharedMemory::<Vector<F, N>>::new_aligned(comptime!(max_usize(keys, q_rows) * (ks + vs) / VECTOR), ALIGN);
-    stage_vector_rows::<F, N>(k, &mut staged, 0usize, cube.b, cube.s0, cube.s_end - cube.s0, cube.hk, keys, d_k, ks, VECTOR);
-    stage_vector_rows::<F, N>(v, &mut staged, comptime!(keys * ks), cube.b, cube.s0, cube.s_end - cube.s0, cube.hk, keys, d_v, vs, VECTOR);
+    stage_vector_rows::<F, N>(k, &mut staged, 0usize, cube.b, cube.s0, cube.s_end - cube.s0, cube.hk, keys, d_k, ks, VECTOR, UNIT_POS as usize, CUBE_DIM as usize);
+    stage_vector_rows::<F, N>(v, &mut staged, comptime!(keys * ks), cube.b, cube.s0, cube.s_end - cube.s0, cube.hk, keys, d_v, vs, VECTOR, UNIT_POS as usize, CUBE_DIM as usize);
     sync_cube();
     let k_frags = tile_row_fragments::<F, N>(&staged, plane * TILE * ks, d_k, ks);
     let v_frags = tile_row_fragments::<F, N>(&staged, comptime!(keys * ks) + plane * TILE * vs, d_v, vs);

@@ -12,7 +12,7 @@ use cubecl::prelude::*;
 
 use super::mma_forward::{max_usize, stage_query_rows, tile_fragment, tile_row_fragments, tile_span, ALIGN, TILE, VECTOR};
 use super::query::QueryCube;
-use super::rows::{offset3, stage_vector_rows};
+use super::rows::{attends, offset3, stage_vector_rows};
 use crate::tiling::{f32_stride, storage_stride};
 
 /// Inputs as the plain query kernel; writes `grad_q` and `delta = dO . O` (for the key pass).
@@ -97,54 +97,33 @@ pub fn attention_backward_query_mma<F: Float, I: Int, N: Size>(
         let mut first = start;
         while first < end {
             let count = min(end - first, key_tile);
-            stage_vector_rows::<F, N>(k, &mut staged, 0usize, b, first, count, cube.hk, key_tile, d_k, ks, VECTOR);
-            stage_vector_rows::<F, N>(v, &mut staged, v_at, b, first, count, cube.hk, key_tile, d_v, vs, VECTOR);
+            stage_vector_rows::<F, N>(k, &mut staged, 0usize, b, first, count, cube.hk, key_tile, d_k, ks, VECTOR, UNIT_POS as usize, CUBE_DIM as usize);
+            stage_vector_rows::<F, N>(v, &mut staged, v_at, b, first, count, cube.hk, key_tile, d_v, vs, VECTOR, UNIT_POS as usize, CUBE_DIM as usize);
             sync_cube();
 
-            // s = q K^T, dp = dO V^T (K and V read column-major: their transposes).
-            #[unroll]
-            for n in 0..key_tile / TILE {
-                let s = Matrix::<f32>::from_value(MatrixIdent::Accumulator, TILE, TILE, TILE, MatrixLayout::Undefined, 0.0f32);
-                #[unroll]
-                for kk in 0..d_k / TILE {
-                    let kt = tile_fragment::<F, N>(&staged, n * TILE * ks + kk * TILE, MatrixIdent::B, MatrixLayout::ColMajor, ks);
-                    cmma::execute::<F, F, f32, f32>(q_frags.index(kk), &kt, &s, &s);
-                }
-                let at = s_region + n * TILE;
-                cmma::store(&mut scores.slice_mut(at, at + comptime!(tile_span(sst))), &s, sst as u32, MatrixLayout::RowMajor);
-                let dp = Matrix::<f32>::from_value(MatrixIdent::Accumulator, TILE, TILE, TILE, MatrixLayout::Undefined, 0.0f32);
-                #[unroll]
-                for kk in 0..d_v / TILE {
-                    let vt = tile_fragment::<F, N>(&staged, v_at + n * TILE * vs + kk * TILE, MatrixIdent::B, MatrixLayout::ColMajor, vs);
-                    cmma::execute::<F, F, f32, f32>(do_frags.index(kk), &vt, &dp, &dp);
-                }
-                let at = dp_region + n * TILE;
-                cmma::store(&mut scores.slice_mut(at, at + comptime!(tile_span(sst))), &dp, sst as u32, MatrixLayout::RowMajor);
-            }
+            let all = comptime!(key_tile / TILE);
+            score_and_dp_tiles::<F, N>(&staged, 0usize, v_at, &q_frags, &do_frags, &mut scores, s_region, dp_region, all, d_k, d_v, key_tile);
             sync_plane();
-
-            // Every other key per unit: the two units of a row read neighbouring words.
-            #[unroll]
-            for c in 0..key_tile / 2 {
-                let key = 2 * c + half;
-                let valid = key < count && cube.attends(first + key, span, window);
-                let at = local * sst + key;
-                let p = select(valid, (scores[s_region + at] * scale - row_lse).exp(), 0.0f32);
-                weights[ds_region + local * pst + key] = F::cast_from(p * (scores[dp_region + at] - row_delta));
-            }
+            ds_weights::<F>(
+                &scores,
+                s_region + local * sst,
+                dp_region + local * sst,
+                &mut weights,
+                ds_region + local * pst,
+                scale,
+                row_lse,
+                row_delta,
+                count,
+                first,
+                t,
+                span,
+                cube.active,
+                half,
+                window,
+                key_tile,
+            );
             sync_plane();
-
-            // dQ += ds K.
-            #[unroll]
-            for kk in 0..key_tile / TILE {
-                let at = ds_region + kk * TILE;
-                let ds = Matrix::<F>::from_slice(MatrixIdent::A, TILE, TILE, TILE, MatrixLayout::RowMajor, &weights.slice(at, at + comptime!(tile_span(pst))), pst as u32);
-                #[unroll]
-                for n in 0..d_k / TILE {
-                    let kb = tile_fragment::<F, N>(&staged, kk * TILE * ks + n * TILE, MatrixIdent::B, MatrixLayout::RowMajor, ks);
-                    cmma::execute::<F, F, f32, f32>(&ds, &kb, dq.index(n), dq.index(n));
-                }
-            }
+            accumulate_dq::<F, N>(&weights, ds_region, &staged, 0usize, &dq, all, d_k, key_tile);
             // The next tile overwrites K and V.
             sync_cube();
             first += count;
@@ -215,4 +194,114 @@ pub fn half_row_delta<F: Float, N: Size>(
         }
     }
     partial
+}
+
+/// `s = q K^T` and `dp = dO V^T` for a plane's 16 rows against the first `subtiles` 16-key
+/// sub-tiles of a staged step (K rows at element `k_at`, V rows at `v_at` of `staged`, read
+/// column-major: their transposes), into the plane's f32 tiles at `s_region` and `dp_region`.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub fn score_and_dp_tiles<F: Float, N: Size>(
+    staged: &SharedMemory<Vector<F, N>>,
+    k_at: usize,
+    v_at: usize,
+    q_frags: &Sequence<Matrix<F>>,
+    do_frags: &Sequence<Matrix<F>>,
+    scores: &mut SharedMemory<f32>,
+    s_region: usize,
+    dp_region: usize,
+    subtiles: usize,
+    #[comptime] d_k: usize,
+    #[comptime] d_v: usize,
+    #[comptime] key_tile: usize,
+) {
+    let ks = comptime!(storage_stride(d_k));
+    let vs = comptime!(storage_stride(d_v));
+    let sst = comptime!(f32_stride(key_tile));
+    #[unroll]
+    for n in 0..key_tile / TILE {
+        if n < subtiles {
+            let s = Matrix::<f32>::from_value(MatrixIdent::Accumulator, TILE, TILE, TILE, MatrixLayout::Undefined, 0.0f32);
+            #[unroll]
+            for kk in 0..d_k / TILE {
+                let kt = tile_fragment::<F, N>(staged, k_at + n * TILE * ks + kk * TILE, MatrixIdent::B, MatrixLayout::ColMajor, ks);
+                cmma::execute::<F, F, f32, f32>(q_frags.index(kk), &kt, &s, &s);
+            }
+            let at = s_region + n * TILE;
+            cmma::store(&mut scores.slice_mut(at, at + comptime!(tile_span(sst))), &s, sst as u32, MatrixLayout::RowMajor);
+            let dp = Matrix::<f32>::from_value(MatrixIdent::Accumulator, TILE, TILE, TILE, MatrixLayout::Undefined, 0.0f32);
+            #[unroll]
+            for kk in 0..d_v / TILE {
+                let vt = tile_fragment::<F, N>(staged, v_at + n * TILE * vs + kk * TILE, MatrixIdent::B, MatrixLayout::ColMajor, vs);
+                cmma::execute::<F, F, f32, f32>(do_frags.index(kk), &vt, &dp, &dp);
+            }
+            let at = dp_region + n * TILE;
+            cmma::store(&mut scores.slice_mut(at, at + comptime!(tile_span(sst))), &dp, sst as u32, MatrixLayout::RowMajor);
+        }
+    }
+}
+
+/// `ds = p (dp - delta)`, `p = exp(s scale - lse)`, for this unit's half of its row's keys
+/// (every other key: the two units of a row read neighbouring words), from the row's `s` at
+/// `s_at` and `dp` at `dp_at`, to `weights` at `w_at` in the storage type. Keys past `count`
+/// or not attended by query `t` (and every key of an inactive row) get zero: their `s` and `dp`
+/// may never have been computed.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub fn ds_weights<F: Float>(
+    scores: &SharedMemory<f32>,
+    s_at: usize,
+    dp_at: usize,
+    weights: &mut SharedMemory<F>,
+    w_at: usize,
+    scale: f32,
+    row_lse: f32,
+    row_delta: f32,
+    count: usize,
+    first: usize,
+    t: usize,
+    span: usize,
+    active: bool,
+    half: usize,
+    #[comptime] window: bool,
+    #[comptime] key_tile: usize,
+) {
+    #[unroll]
+    for c in 0..key_tile / 2 {
+        let key = 2 * c + half;
+        let valid = key < count && attends(t, first + key, span, window) && active;
+        let p = select(valid, (scores[s_at + key] * scale - row_lse).exp(), 0.0f32);
+        let ds = select(valid, p * (scores[dp_at + key] - row_delta), 0.0f32);
+        weights[w_at + key] = F::cast_from(ds);
+    }
+}
+
+/// `dQ += ds K` over the first `subtiles` 16-key sub-tiles: `ds` rows at `ds_region` of
+/// `weights`, K rows at element `k_at` of `staged`.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub fn accumulate_dq<F: Float, N: Size>(
+    weights: &SharedMemory<F>,
+    ds_region: usize,
+    staged: &SharedMemory<Vector<F, N>>,
+    k_at: usize,
+    dq: &Sequence<Matrix<f32>>,
+    subtiles: usize,
+    #[comptime] d_k: usize,
+    #[comptime] key_tile: usize,
+) {
+    let ks = comptime!(storage_stride(d_k));
+    let pst = comptime!(storage_stride(key_tile));
+    #[unroll]
+    for kk in 0..key_tile / TILE {
+        if kk < subtiles {
+            let at = ds_region + kk * TILE;
+            let ds = Matrix::<F>::from_slice(MatrixIdent::A, TILE, TILE, TILE, MatrixLayout::RowMajor, &weights.slice(at, at + comptime!(tile_span(pst))), pst as u32);
+            #[unroll]
+            for n in 0..d_k / TILE {
+                let kb = tile_fragment::<F, N>(staged, k_at + kk * TILE * ks + n * TILE, MatrixIdent::B, MatrixLayout::RowMajor, ks);
+                cmma::execute::<F, F, f32, f32>(&ds, &kb, dq.index(n), dq.index(n));
+            }
+        }
+    }
 }

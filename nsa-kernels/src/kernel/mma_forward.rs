@@ -90,8 +90,8 @@ pub fn attention_forward_mma<F: Float, I: Int, N: Size>(
         let mut first = start;
         while first < end {
             let count = min(end - first, key_tile);
-            stage_vector_rows::<F, N>(k, &mut staged, 0usize, cube.b, first, count, cube.hk, key_tile, d_k, ks, VECTOR);
-            stage_vector_rows::<F, N>(v, &mut staged, v_at, cube.b, first, count, cube.hk, key_tile, d_v, vs, VECTOR);
+            stage_vector_rows::<F, N>(k, &mut staged, 0usize, cube.b, first, count, cube.hk, key_tile, d_k, ks, VECTOR, UNIT_POS as usize, CUBE_DIM as usize);
+            stage_vector_rows::<F, N>(v, &mut staged, v_at, cube.b, first, count, cube.hk, key_tile, d_v, vs, VECTOR, UNIT_POS as usize, CUBE_DIM as usize);
             sync_cube();
 
             // Scores of the plane's 16 rows against the tile's keys (K read column-major: k^T).

@@ -23,7 +23,7 @@ use cubecl::cmma::{self, Matrix, MatrixIdent, MatrixLayout};
 use cubecl::prelude::*;
 
 use super::mma_forward::{max_usize, row_fragments, softmax_tile, tile_span, ALIGN, TILE, VECTOR};
-use super::rows::{block_range, offset3, store_row_result, zero_slice, NEG_LARGE};
+use super::rows::{block_range, offset3, stage_vector_rows, store_row_result, zero_slice, NEG_LARGE};
 use crate::tiling::{f32_stride, storage_stride};
 
 /// Where a selection plane sits: plane `UNIT_POS_Y` of cube `CUBE_POS` takes work item
@@ -136,7 +136,8 @@ impl SelectPlane {
     }
 
     /// Stages key rows `first..first + count` of `src [B, T, H_kv, d]` (K or V) at element `at`
-    /// of `tile` as `rows` rows (row stride `stride`), rows past `count` zero.
+    /// of `tile` as `rows` rows (row stride `stride`), rows past `count` zero; the plane's
+    /// units cooperate.
     #[allow(clippy::too_many_arguments)]
     pub fn stage_key_rows<F: Float, N: Size>(
         &self,
@@ -149,17 +150,7 @@ impl SelectPlane {
         #[comptime] d: usize,
         #[comptime] stride: usize,
     ) {
-        let per_row = comptime!(d / VECTOR);
-        let mut idx = UNIT_POS_X as usize;
-        while idx < rows * per_row {
-            let (r, c) = (idx / per_row, idx % per_row);
-            let mut value = Vector::<F, N>::new(F::new(0.0));
-            if r < count {
-                value = src[offset3::<Vector<F, N>>(src, self.b, first + r, self.hk) / VECTOR + c];
-            }
-            tile[(at + r * stride) / VECTOR + c] = value;
-            idx += CUBE_DIM_X as usize;
-        }
+        stage_vector_rows::<F, N>(src, tile, at, self.b, first, count, self.hk, rows, d, stride, VECTOR, UNIT_POS_X as usize, CUBE_DIM_X as usize);
     }
 }
 

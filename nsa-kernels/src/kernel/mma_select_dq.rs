@@ -7,11 +7,11 @@
 //! tiles in shared memory; two units per row turn them into `ds = p (dp - delta)` with
 //! `p = exp(s scale - lse)` (masked, rounded to the storage type); then `dQ += ds K`.
 
-use cubecl::cmma::{self, Matrix, MatrixIdent, MatrixLayout};
+use cubecl::cmma::{Matrix, MatrixIdent, MatrixLayout};
 use cubecl::prelude::*;
 
-use super::mma_dq::{half_row_delta, store_dq_rows};
-use super::mma_forward::{tile_fragment, tile_row_fragments, tile_span, ALIGN, TILE, VECTOR};
+use super::mma_dq::{accumulate_dq, ds_weights, half_row_delta, score_and_dp_tiles, store_dq_rows};
+use super::mma_forward::{tile_row_fragments, ALIGN, TILE, VECTOR};
 use super::mma_select::SelectPlane;
 use super::rows::{block_range, offset3};
 use crate::tiling::{f32_stride, storage_stride};
@@ -98,56 +98,28 @@ pub fn selection_backward_query_mma<F: Float, I: Int, N: Size>(
             plane.stage_key_rows::<F, N>(v, &mut staged, v_at, first, count, key_tile, d_v, vs);
             sync_plane();
 
-            // s = q K^T, dp = dO V^T (K and V read column-major: their transposes).
-            #[unroll]
-            for n in 0..key_tile / TILE {
-                if n < subtiles {
-                    let s = Matrix::<f32>::from_value(MatrixIdent::Accumulator, TILE, TILE, TILE, MatrixLayout::Undefined, 0.0f32);
-                    #[unroll]
-                    for kk in 0..d_k / TILE {
-                        let kt = tile_fragment::<F, N>(&staged, k_at + n * TILE * ks + kk * TILE, MatrixIdent::B, MatrixLayout::ColMajor, ks);
-                        cmma::execute::<F, F, f32, f32>(q_frags.index(kk), &kt, &s, &s);
-                    }
-                    let at = s_region + n * TILE;
-                    cmma::store(&mut scores.slice_mut(at, at + comptime!(tile_span(sst))), &s, sst as u32, MatrixLayout::RowMajor);
-                    let dp = Matrix::<f32>::from_value(MatrixIdent::Accumulator, TILE, TILE, TILE, MatrixLayout::Undefined, 0.0f32);
-                    #[unroll]
-                    for kk in 0..d_v / TILE {
-                        let vt = tile_fragment::<F, N>(&staged, v_at + n * TILE * vs + kk * TILE, MatrixIdent::B, MatrixLayout::ColMajor, vs);
-                        cmma::execute::<F, F, f32, f32>(do_frags.index(kk), &vt, &dp, &dp);
-                    }
-                    let at = dp_region + n * TILE;
-                    cmma::store(&mut scores.slice_mut(at, at + comptime!(tile_span(sst))), &dp, sst as u32, MatrixLayout::RowMajor);
-                }
-            }
+            score_and_dp_tiles::<F, N>(&staged, k_at, v_at, &q_frags, &do_frags, &mut scores, s_region, dp_region, subtiles, d_k, d_v, key_tile);
             sync_plane();
-
-            // Every other key per unit: the two units of a row read neighbouring words. Keys
-            // past `count` (uncomputed sub-tiles included) get zero weight.
-            #[unroll]
-            for c in 0..key_tile / 2 {
-                let key = 2 * c + half;
-                let valid = key < count && plane.active;
-                let at = local * sst + key;
-                let p = select(valid, (scores[s_region + at] * scale - row_lse).exp(), 0.0f32);
-                let ds = select(valid, p * (scores[dp_region + at] - row_delta), 0.0f32);
-                weights[ds_region + local * pst + key] = F::cast_from(ds);
-            }
+            ds_weights::<F>(
+                &scores,
+                s_region + local * sst,
+                dp_region + local * sst,
+                &mut weights,
+                ds_region + local * pst,
+                scale,
+                row_lse,
+                row_delta,
+                count,
+                first,
+                t,
+                span,
+                plane.active,
+                half,
+                false,
+                key_tile,
+            );
             sync_plane();
-
-            // dQ += ds K.
-            #[unroll]
-            for kk in 0..key_tile / TILE {
-                if kk < subtiles {
-                    let at = ds_region + kk * TILE;
-                    let ds = Matrix::<F>::from_slice(MatrixIdent::A, TILE, TILE, TILE, MatrixLayout::RowMajor, &weights.slice(at, at + comptime!(tile_span(pst))), pst as u32);
-                    #[unroll]
-                    for n in 0..d_k / TILE {
-                        let kb = tile_fragment::<F, N>(&staged, k_at + kk * TILE * ks + n * TILE, MatrixIdent::B, MatrixLayout::RowMajor, ks);
-                        cmma::execute::<F, F, f32, f32>(&ds, &kb, dq.index(n), dq.index(n));
-                    }
-                }
-            }
+            accumulate_dq::<F, N>(&weights, ds_region, &staged, k_at, &dq, subtiles, d_k, key_tile);
             // The next step overwrites the tiles.
             sync_plane();
             first += count;

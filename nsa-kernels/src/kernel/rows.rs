@@ -204,8 +204,9 @@ pub fn stage_rows<F: Float, E: Float>(
 }
 
 /// [`stage_rows`] with 16-byte loads: rows `first..first + count` of head `hk` of `src`
-/// (vectors of `VECTOR` elements) at element `at` of `tile` (row stride `stride` elements, a
-/// whole number of vectors).
+/// (vectors of `vector` elements) at element `at` of `tile` (row stride `stride` elements, a
+/// whole number of vectors), `chunk` rows in all; units `unit` of `units` cooperate (a cube's,
+/// or a plane's).
 #[cube]
 #[allow(clippy::too_many_arguments)]
 pub fn stage_vector_rows<F: Float, N: Size>(
@@ -220,9 +221,11 @@ pub fn stage_vector_rows<F: Float, N: Size>(
     #[comptime] d: usize,
     #[comptime] stride: usize,
     #[comptime] vector: usize,
+    unit: usize,
+    units: usize,
 ) {
     let per_row = comptime!(d / vector);
-    let mut idx = UNIT_POS as usize;
+    let mut idx = unit;
     while idx < chunk * per_row {
         let (row, c) = (idx / per_row, idx % per_row);
         let mut value = Vector::<F, N>::new(F::new(0.0));
@@ -230,7 +233,7 @@ pub fn stage_vector_rows<F: Float, N: Size>(
             value = src[offset3::<Vector<F, N>>(src, b, first + row, hk) / vector + c];
         }
         tile[(at + row * stride) / vector + c] = value;
-        idx += CUBE_DIM as usize;
+        idx += units;
     }
 }
 
