@@ -45,6 +45,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
                 &call.client(),
                 count,
                 dim,
+                mma_forward::VECTOR,
                 call.q.clone().into_tensor_arg(),
                 call.k.clone().into_tensor_arg(),
                 call.v.clone().into_tensor_arg(),
@@ -423,18 +424,20 @@ impl<R: CubeRuntime> Call<R> {
     }
 
     /// Shared memory for a tensor-core kernel, or `None` when the device has no 16x16x16 MMA
-    /// for the storage type with f32 accumulation on 32-unit planes, or the inputs do not read
-    /// as 16-byte vectors (the query-side kernels stage them so): aligned buffers and strides
-    /// of whole vectors (`out` and `dO` are made contiguous, with strides of whole rows).
+    /// for the storage type with f32 accumulation on 32-unit planes, or the inputs do not fit
+    /// the kernels' loads: they read q, k, v (and `out`, `dO`, made contiguous) as 16-byte
+    /// vectors, and the selection forward loads fragments from global memory, which wmma wants
+    /// 32-byte aligned with a leading dimension of whole 16-byte words. Strides of whole 16-element
+    /// tiles in 32-byte aligned buffers satisfy both (head dims are multiples of 16 anyway).
     fn mma_shared_bytes(&self) -> Option<usize> {
         let dtype = self.q.dtype;
         if !matches!(dtype, DType::F16 | DType::BF16) {
             return None;
         }
-        let vector = mma_forward::VECTOR;
-        let strides_fit = [&self.q, &self.k, &self.v].iter().all(|x| x.meta.strides()[..3].iter().all(|s| s % vector == 0));
-        let rows_fit = self.d_k % vector == 0 && self.d_v % vector == 0;
-        if !strides_fit || !rows_fit || !self.client().properties().memory.alignment.is_multiple_of((vector * dtype.size()) as u64) {
+        let tile = mma_forward::TILE;
+        let strides_fit = [&self.q, &self.k, &self.v].iter().all(|x| x.meta.strides()[..3].iter().all(|s| s % tile == 0));
+        let rows_fit = self.d_k % tile == 0 && self.d_v % tile == 0;
+        if !strides_fit || !rows_fit || !self.client().properties().memory.alignment.is_multiple_of(mma_forward::ALIGN as u64) {
             return None;
         }
         let client = self.client();

@@ -174,6 +174,7 @@ fn tensor_core_kernels_expand() {
             &client,
             CubeCount::Static(1, 1, 1),
             CubeDim::new_2d(32, 4),
+            nsa_kernels::kernel::mma_forward::VECTOR,
             q().into_tensor_arg(),
             kv().into_tensor_arg(),
             kv().into_tensor_arg(),

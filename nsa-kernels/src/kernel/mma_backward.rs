@@ -13,7 +13,7 @@ use cubecl::cmma::{self, Matrix, MatrixIdent, MatrixLayout};
 use cubecl::prelude::*;
 
 use super::key::KeyCube;
-use super::mma_forward::{max_usize, tile_fragment, tile_row_fragments, tile_span, ALIGN, TILE, VECTOR};
+use super::mma_forward::{max_usize, tile_fragment, tile_row_fragments, tile_span, zero_accumulators, zero_tile, ALIGN, TILE, VECTOR};
 use super::rows::{attends, offset3, stage_listed_vector_rows, stage_vector_rows};
 use crate::tiling::{f32_stride, storage_stride};
 
@@ -99,7 +99,7 @@ pub fn attention_backward_key_mma<F: Float, N: Size>(
         // s^T = K q^T and dp^T = V dO^T (q and dO read column-major: their transposes).
         #[unroll]
         for n in 0..q_rows / TILE {
-            let st = Matrix::<f32>::from_value(MatrixIdent::Accumulator, TILE, TILE, TILE, MatrixLayout::Undefined, 0.0f32);
+            let st = zero_tile();
             #[unroll]
             for kk in 0..d_k / TILE {
                 let at = n * TILE * ks + kk * TILE;
@@ -108,7 +108,7 @@ pub fn attention_backward_key_mma<F: Float, N: Size>(
             }
             let at = s_region + n * TILE;
             cmma::store(&mut scores.slice_mut(at, at + comptime!(tile_span(qst))), &st, qst as u32, MatrixLayout::RowMajor);
-            let dpt = Matrix::<f32>::from_value(MatrixIdent::Accumulator, TILE, TILE, TILE, MatrixLayout::Undefined, 0.0f32);
+            let dpt = zero_tile();
             #[unroll]
             for kk in 0..d_v / TILE {
                 let at = do_at + n * TILE * vs + kk * TILE;
@@ -170,17 +170,6 @@ pub fn attention_backward_key_mma<F: Float, N: Size>(
     for n in 0..d_v / TILE {
         write_fragment::<F>(dv.index(n), &mut scores, s_region, grad_v, partial, &cube, s, n * TILE, 1.0f32, segments, h_kv, span, local, half, window, d_k, d_k + d_v);
     }
-}
-
-/// `d / 16` accumulator fragments of zeros: a plane's `[16, d]` sum.
-#[cube]
-fn zero_accumulators(#[comptime] d: usize) -> Sequence<Matrix<f32>> {
-    let mut acc = Sequence::<Matrix<f32>>::new();
-    #[unroll]
-    for _ in 0..d / TILE {
-        acc.push(Matrix::<f32>::from_value(MatrixIdent::Accumulator, TILE, TILE, TILE, MatrixLayout::Undefined, 0.0f32));
-    }
-    acc
 }
 
 /// Walked rows `row_first..row_first + count` (padded to `q_rows` with zeros): their query

@@ -10,7 +10,9 @@
 use cubecl::cmma::{self, Matrix, MatrixIdent, MatrixLayout};
 use cubecl::prelude::*;
 
-use super::mma_forward::{max_usize, stage_query_rows, tile_fragment, tile_row_fragments, tile_span, ALIGN, TILE, VECTOR};
+use super::mma_forward::{
+    max_usize, stage_query_rows, tile_fragment, tile_row_fragments, tile_span, zero_accumulators, zero_tile, ALIGN, TILE, VECTOR,
+};
 use super::query::QueryCube;
 use super::rows::{attends, offset3, stage_vector_rows};
 use crate::tiling::{f32_stride, storage_stride};
@@ -76,11 +78,7 @@ pub fn attention_backward_query_mma<F: Float, I: Int, N: Size>(
     let do_frags = tile_row_fragments::<F, N>(&staged, plane * TILE * vs, d_v, vs);
     sync_cube();
 
-    let mut dq = Sequence::<Matrix<f32>>::new();
-    #[unroll]
-    for _ in 0..d_k / TILE {
-        dq.push(Matrix::<f32>::from_value(MatrixIdent::Accumulator, TILE, TILE, TILE, MatrixLayout::Undefined, 0.0f32));
-    }
+    let dq = zero_accumulators(d_k);
 
     // Per plane: f32 `s` and `dp` tiles `[16, key_tile]`, and `ds` in the storage type.
     let sst = comptime!(f32_stride(key_tile));
@@ -221,7 +219,7 @@ pub fn score_and_dp_tiles<F: Float, N: Size>(
     #[unroll]
     for n in 0..key_tile / TILE {
         if n < subtiles {
-            let s = Matrix::<f32>::from_value(MatrixIdent::Accumulator, TILE, TILE, TILE, MatrixLayout::Undefined, 0.0f32);
+            let s = zero_tile();
             #[unroll]
             for kk in 0..d_k / TILE {
                 let kt = tile_fragment::<F, N>(staged, k_at + n * TILE * ks + kk * TILE, MatrixIdent::B, MatrixLayout::ColMajor, ks);
@@ -229,7 +227,7 @@ pub fn score_and_dp_tiles<F: Float, N: Size>(
             }
             let at = s_region + n * TILE;
             cmma::store(&mut scores.slice_mut(at, at + comptime!(tile_span(sst))), &s, sst as u32, MatrixLayout::RowMajor);
-            let dp = Matrix::<f32>::from_value(MatrixIdent::Accumulator, TILE, TILE, TILE, MatrixLayout::Undefined, 0.0f32);
+            let dp = zero_tile();
             #[unroll]
             for kk in 0..d_v / TILE {
                 let vt = tile_fragment::<F, N>(staged, v_at + n * TILE * vs + kk * TILE, MatrixIdent::B, MatrixLayout::ColMajor, vs);

@@ -97,7 +97,7 @@ pub fn attention_forward_mma<F: Float, I: Int, N: Size>(
             // Scores of the plane's 16 rows against the tile's keys (K read column-major: k^T).
             #[unroll]
             for n in 0..key_tile / TILE {
-                let s = Matrix::<f32>::from_value(MatrixIdent::Accumulator, TILE, TILE, TILE, MatrixLayout::Undefined, 0.0f32);
+                let s = zero_tile();
                 #[unroll]
                 for kk in 0..d_k / TILE {
                     let kt = tile_fragment::<F, N>(&staged, n * TILE * ks + kk * TILE, MatrixIdent::B, MatrixLayout::ColMajor, ks);
@@ -220,7 +220,7 @@ fn accumulate_values<F: Float, N: Size>(
     for j in 0..d_v / pv_cols {
         #[unroll]
         for n in 0..pv_cols / TILE {
-            let o = Matrix::<f32>::from_value(MatrixIdent::Accumulator, TILE, TILE, TILE, MatrixLayout::Undefined, 0.0f32);
+            let o = zero_tile();
             #[unroll]
             for kk in 0..key_tile / TILE {
                 let vt = tile_fragment::<F, N>(staged, v_at + kk * TILE * vs + j * pv_cols + n * TILE, MatrixIdent::B, MatrixLayout::RowMajor, vs);
@@ -324,9 +324,20 @@ pub fn tile_fragment<F: Float, N: Size>(
     #[comptime] stride: usize,
 ) -> Matrix<F> {
     let frag = unsafe { Matrix::<F>::uninitialized(ident, TILE, TILE, TILE, layout) };
-    let start = at / VECTOR;
-    cmma::load(&frag, &tile.slice(start, start + comptime!(tile_span(stride) / VECTOR)), stride as u32);
+    load_staged::<F, N>(&frag, tile, at, stride);
     frag
+}
+
+/// Loads `frag` from element `at` of a staged tile with row stride `stride` elements.
+#[cube]
+pub fn load_staged<F: Float, N: Size>(
+    frag: &Matrix<F>,
+    tile: &SharedMemory<Vector<F, N>>,
+    at: usize,
+    #[comptime] stride: usize,
+) {
+    let start = at / VECTOR;
+    cmma::load(frag, &tile.slice(start, start + comptime!(tile_span(stride) / VECTOR)), stride as u32);
 }
 
 /// The `d / 16` A fragments of the 16 rows at element `at` of a staged tile.
@@ -343,4 +354,21 @@ pub fn tile_row_fragments<F: Float, N: Size>(
         frags.push(tile_fragment::<F, N>(tile, at + kk * TILE, MatrixIdent::A, MatrixLayout::RowMajor, stride));
     }
     frags
+}
+
+/// A 16x16 f32 accumulator fragment of zeros.
+#[cube]
+pub fn zero_tile() -> Matrix<f32> {
+    Matrix::<f32>::from_value(MatrixIdent::Accumulator, TILE, TILE, TILE, MatrixLayout::Undefined, 0.0f32)
+}
+
+/// `d / 16` accumulator fragments of zeros: a plane's `[16, d]` sum.
+#[cube]
+pub fn zero_accumulators(#[comptime] d: usize) -> Sequence<Matrix<f32>> {
+    let mut acc = Sequence::<Matrix<f32>>::new();
+    #[unroll]
+    for _ in 0..d / TILE {
+        acc.push(zero_tile());
+    }
+    acc
 }

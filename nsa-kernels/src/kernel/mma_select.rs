@@ -13,8 +13,11 @@
 //!   ("spilled") in the plane's shared tile. Staging every step with 16-byte loads instead
 //!   measured 1.3x slower here (its steps shrink to 32 keys to fit, and nothing hides the
 //!   staging's latency);
-//! - dQ stages each step's K and V rows with 16-byte loads (the inputs read as vectors of
-//!   [`super::mma_forward::VECTOR`]): it reads K twice (`s = q K^T`, `dQ += ds K`), and staged it measured faster.
+//! - dQ stages each step's K and V rows with 16-byte loads: it reads K twice (`s = q K^T`,
+//!   `dQ += ds K`), and staged it measured faster.
+//!
+//! Both read their inputs as vectors of [`VECTOR`] elements (16 bytes), as all tensor-core
+//! kernels do.
 //!
 //! The forward's softmax and `p . v` steps are [`super::mma_forward`]'s: scores through an f32
 //! tile in shared memory, two units per row, the output accumulator in registers.
@@ -22,7 +25,9 @@
 use cubecl::cmma::{self, Matrix, MatrixIdent, MatrixLayout};
 use cubecl::prelude::*;
 
-use super::mma_forward::{max_usize, row_fragments, softmax_tile, tile_span, ALIGN, TILE, VECTOR};
+use super::mma_forward::{
+    load_staged, max_usize, row_fragments, softmax_tile, tile_row_fragments, tile_span, zero_tile, ALIGN, TILE, VECTOR,
+};
 use super::rows::{block_range, offset3, stage_vector_rows, store_row_result, zero_slice, NEG_LARGE};
 use crate::tiling::{f32_stride, storage_stride};
 
@@ -65,51 +70,6 @@ impl SelectPlane {
         let active = local < rows;
         let h = select(active, head0 + local, head0);
         SelectPlane { exists: b < q.shape(0), b, hk, t, head0, rows, local, half: UNIT_POS_X as usize % 2, active, h }
-    }
-
-    /// Stages the tile's rows of `src [B, T, H_q, d]` at `at` of `staged` (row stride
-    /// `stride`); padding rows are zero. The plane's units cooperate.
-    pub fn stage_rows<F: Float>(
-        &self,
-        src: &Tensor<F>,
-        staged: &mut SharedMemory<F>,
-        at: usize,
-        #[comptime] d: usize,
-        #[comptime] stride: usize,
-    ) {
-        let mut idx = UNIT_POS_X as usize;
-        while idx < TILE * d {
-            let r = idx / d;
-            let mut value = F::new(0.0);
-            if r < self.rows {
-                value = src[offset3::<F>(src, self.b, self.t, self.head0 + r) + idx % d];
-            }
-            staged[at + r * stride + idx % d] = value;
-            idx += CUBE_DIM_X as usize;
-        }
-    }
-
-    /// Stages key rows `first..first + 16` of `src [B, T, H_kv, d]` (K or V) at `at`, rows
-    /// past the sequence zero: the spill tile.
-    pub fn stage_keys<F: Float>(
-        &self,
-        src: &Tensor<F>,
-        staged: &mut SharedMemory<F>,
-        at: usize,
-        first: usize,
-        #[comptime] d: usize,
-        #[comptime] stride: usize,
-    ) {
-        let mut idx = UNIT_POS_X as usize;
-        while idx < TILE * d {
-            let r = idx / d;
-            let mut value = F::new(0.0);
-            if first + r < src.shape(1) {
-                value = src[offset3::<F>(src, self.b, first + r, self.hk) + idx % d];
-            }
-            staged[at + r * stride + idx % d] = value;
-            idx += CUBE_DIM_X as usize;
-        }
     }
 
     /// Stages the tile's 16 rows of `src [B, T, H_q, d]` at element `at` of `tile` (row stride
@@ -156,16 +116,16 @@ impl SelectPlane {
 
 /// The B fragment of key rows `first..first + 16`, columns `col..col + 16` of head `hk` of
 /// `src` (K or V) in `layout` (column-major reads the transpose), from global memory, or from
-/// the spill tile (its column `col` at `spill_at`) when `spilled`.
+/// the spill tile (its column `col` at element `spill_at`) when `spilled`.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-pub fn key_fragment<F: Float>(
-    src: &Tensor<F>,
+pub fn key_fragment<F: Float, N: Size>(
+    src: &Tensor<Vector<F, N>>,
     b: usize,
     hk: usize,
     first: usize,
     col: usize,
-    staged: &SharedMemory<F>,
+    staged: &SharedMemory<Vector<F, N>>,
     spill_at: usize,
     spilled: bool,
     layout: MatrixLayout,
@@ -173,11 +133,12 @@ pub fn key_fragment<F: Float>(
 ) -> Matrix<F> {
     let frag = unsafe { Matrix::<F>::uninitialized(MatrixIdent::B, TILE, TILE, TILE, layout) };
     if spilled {
-        cmma::load(&frag, &staged.slice(spill_at, spill_at + comptime!(tile_span(stride))), stride as u32);
+        load_staged::<F, N>(&frag, staged, spill_at, stride);
     } else {
+        // Whole vectors: `ld`, the row offset and `col` are multiples of 16 elements.
         let ld = src.stride(1);
-        let at = offset3::<F>(src, b, first, hk) + col;
-        cmma::load(&frag, &src.slice(at, at + (TILE - 1) * ld + TILE), ld as u32);
+        let at = (offset3::<Vector<F, N>>(src, b, first, hk) + col) / VECTOR;
+        cmma::load(&frag, &src.slice(at, at + ((TILE - 1) * ld + TILE) / VECTOR), ld as u32);
     }
     frag
 }
@@ -192,14 +153,16 @@ pub fn step_subtiles(first: usize, count: usize, t_len: usize) -> (usize, bool) 
 
 /// `q [B, T, H_q, d_k]`, `k [B, T, H_kv, d_k]`, `v [B, T, H_kv, d_v]`, `blocks [B, T, H_kv, n]`
 /// -> `out [B, T, H_q, d_v]`, `lse [B, T, H_q]` (f32), as [`super::forward::attention_forward`]
-/// for a selection. Cube `(32, planes)` units; `d_k`, `d_v`, `key_tile`, `pv_cols` multiples
-/// of 16, `pv_cols` dividing `d_v`; K, V strides multiples of 16 elements (32-byte fragments).
+/// for a selection, with `q`, `k`, `v` as vectors of [`VECTOR`]. Cube `(32, planes)` units;
+/// `d_k`, `d_v`, `key_tile`, `pv_cols` multiples of 16, `pv_cols` dividing `d_v`; K, V strides
+/// multiples of 16 elements in 32-byte aligned buffers (wmma's rule for the fragments read
+/// from global memory).
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-pub fn selection_forward_mma<F: Float, I: Int>(
-    q: &Tensor<F>,
-    k: &Tensor<F>,
-    v: &Tensor<F>,
+pub fn selection_forward_mma<F: Float, I: Int, N: Size>(
+    q: &Tensor<Vector<F, N>>,
+    k: &Tensor<Vector<F, N>>,
+    v: &Tensor<Vector<F, N>>,
     blocks: &Tensor<I>,
     out: &mut Tensor<F>,
     lse: &mut Tensor<f32>,
@@ -212,7 +175,7 @@ pub fn selection_forward_mma<F: Float, I: Int>(
     #[comptime] pv_cols: usize,
     #[define(F, I)] _dtypes: [StorageType; 2],
 ) {
-    let plane = SelectPlane::new::<F>(q, k, planes);
+    let plane = SelectPlane::new::<Vector<F, N>>(q, k, planes);
     if !plane.exists {
         terminate!();
     }
@@ -225,12 +188,12 @@ pub fn selection_forward_mma<F: Float, I: Int>(
     let ks = comptime!(storage_stride(d_k));
     let vs = comptime!(storage_stride(d_v));
     let stage_len = comptime!(TILE * (ks + vs));
-    let mut staged = SharedMemory::<F>::new_aligned(comptime!(planes * stage_len), ALIGN);
+    let mut staged = SharedMemory::<Vector<F, N>>::new_aligned(comptime!(planes * stage_len / VECTOR), ALIGN);
     let k_spill = p_index * stage_len;
     let v_spill = k_spill + comptime!(TILE * ks);
-    plane.stage_rows::<F>(q, &mut staged, k_spill, d_k, ks);
+    plane.stage_query_rows::<F, N>(q, &mut staged, k_spill, d_k, ks);
     sync_plane();
-    let q_frags = row_fragments::<F>(&staged, k_spill, d_k, ks);
+    let q_frags = tile_row_fragments::<F, N>(&staged, k_spill, d_k, ks);
     sync_plane();
 
     // Per plane: scores `[16, key_tile]`, later a `[16, pv_cols]` slice of `p . v`; and the
@@ -258,8 +221,9 @@ pub fn selection_forward_mma<F: Float, I: Int>(
             let (subtiles, spilled) = step_subtiles(first, count, t_len);
             if spilled {
                 let last = first + (subtiles - 1) * TILE;
-                plane.stage_keys::<F>(k, &mut staged, k_spill, last, d_k, ks);
-                plane.stage_keys::<F>(v, &mut staged, v_spill, last, d_v, vs);
+                let rows = t_len - last;
+                plane.stage_key_rows::<F, N>(k, &mut staged, k_spill, last, rows, TILE, d_k, ks);
+                plane.stage_key_rows::<F, N>(v, &mut staged, v_spill, last, rows, TILE, d_v, vs);
                 sync_plane();
             }
 
@@ -268,10 +232,10 @@ pub fn selection_forward_mma<F: Float, I: Int>(
             for n in 0..key_tile / TILE {
                 if n < subtiles {
                     let spill = spilled && n + 1 == subtiles;
-                    let s = Matrix::<f32>::from_value(MatrixIdent::Accumulator, TILE, TILE, TILE, MatrixLayout::Undefined, 0.0f32);
+                    let s = zero_tile();
                     #[unroll]
                     for kk in 0..d_k / TILE {
-                        let kt = key_fragment::<F>(k, b, hk, first + n * TILE, kk * TILE, &staged, k_spill + kk * TILE, spill, MatrixLayout::ColMajor, ks);
+                        let kt = key_fragment::<F, N>(k, b, hk, first + n * TILE, kk * TILE, &staged, k_spill + kk * TILE, spill, MatrixLayout::ColMajor, ks);
                         cmma::execute::<F, F, f32, f32>(q_frags.index(kk), &kt, &s, &s);
                     }
                     let at = region + n * TILE;
@@ -313,13 +277,13 @@ pub fn selection_forward_mma<F: Float, I: Int>(
             for j in 0..d_v / pv_cols {
                 #[unroll]
                 for n in 0..pv_cols / TILE {
-                    let o = Matrix::<f32>::from_value(MatrixIdent::Accumulator, TILE, TILE, TILE, MatrixLayout::Undefined, 0.0f32);
+                    let o = zero_tile();
                     let col = j * pv_cols + n * TILE;
                     #[unroll]
                     for kk in 0..key_tile / TILE {
                         if kk < subtiles {
                             let spill = spilled && kk + 1 == subtiles;
-                            let vt = key_fragment::<F>(v, b, hk, first + kk * TILE, col, &staged, v_spill + col, spill, MatrixLayout::RowMajor, vs);
+                            let vt = key_fragment::<F, N>(v, b, hk, first + kk * TILE, col, &staged, v_spill + col, spill, MatrixLayout::RowMajor, vs);
                             cmma::execute::<F, F, f32, f32>(p_frags.index(kk), &vt, &o, &o);
                         }
                     }

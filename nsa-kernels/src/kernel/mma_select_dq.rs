@@ -7,11 +7,10 @@
 //! tiles in shared memory; two units per row turn them into `ds = p (dp - delta)` with
 //! `p = exp(s scale - lse)` (masked, rounded to the storage type); then `dQ += ds K`.
 
-use cubecl::cmma::{Matrix, MatrixIdent, MatrixLayout};
 use cubecl::prelude::*;
 
 use super::mma_dq::{accumulate_dq, ds_weights, half_row_delta, score_and_dp_tiles, store_dq_rows};
-use super::mma_forward::{tile_row_fragments, ALIGN, TILE, VECTOR};
+use super::mma_forward::{tile_row_fragments, zero_accumulators, ALIGN, TILE, VECTOR};
 use super::mma_select::SelectPlane;
 use super::rows::{block_range, offset3};
 use crate::tiling::{f32_stride, storage_stride};
@@ -71,11 +70,7 @@ pub fn selection_backward_query_mma<F: Float, I: Int, N: Size>(
     let do_frags = tile_row_fragments::<F, N>(&staged, v_at, d_v, vs);
     sync_plane();
 
-    let mut dq = Sequence::<Matrix<f32>>::new();
-    #[unroll]
-    for _ in 0..d_k / TILE {
-        dq.push(Matrix::<f32>::from_value(MatrixIdent::Accumulator, TILE, TILE, TILE, MatrixLayout::Undefined, 0.0f32));
-    }
+    let dq = zero_accumulators(d_k);
 
     // Per plane: f32 `s` and `dp` tiles `[16, key_tile]`, and `ds` in the storage type.
     let sst = comptime!(f32_stride(key_tile));
