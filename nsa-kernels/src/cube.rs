@@ -1,18 +1,21 @@
 //! [`SparseAttentionBackend`] for `CubeBackend` (CUDA, WGPU): launches the CubeCL kernels.
 
 use burn::tensor::{DType, Shape};
-use burn_cubecl::kernel::into_contiguous;
+use burn_cubecl::kernel::{cast, into_contiguous};
 use burn_cubecl::ops::numeric::{empty_device_contiguous_dtype, zeros_client};
 use burn_cubecl::ops::reshape;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{element::BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
-use cubecl::features::MmaConfig;
+use cubecl::features::{AtomicUsage, MmaConfig};
+use cubecl::ir::{FloatKind, StorageType, Type};
 use cubecl::prelude::*;
 use cubecl::{calculate_cube_count_elemwise, CubeDim};
 
 use crate::api::{Keys, SparseAttentionBackend, SparseAttentionGrads};
-use crate::kernel::{backward, forward, inverse, mma_backward, mma_dq, mma_forward, mma_select, mma_select_dq};
-use crate::tiling::{KeyMmaTiling, KeyTiling, MmaTiling, QueryPass, QueryTiling, SelectMmaTiling, MMA_SHARED};
+use crate::kernel::{backward, forward, inverse, mma_backward, mma_dq, mma_forward, mma_select};
+use crate::tiling::{
+    delta_rows, KeyMmaTiling, KeyTiling, MmaTiling, QueryPass, QueryTiling, SelectMmaTiling, MMA_SHARED,
+};
 
 /// Units per cube of the inverted-index kernels.
 const UNITS_PER_CUBE: u32 = 128;
@@ -39,7 +42,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
         let [b, t, h_q, _] = call.q.meta.shape().dims::<4>();
         let out = call.empty(Shape::new([b, t, h_q, call.d_v]), call.q.dtype);
         let lse = call.empty(Shape::new([b, t, h_q]), DType::F32);
-        if let Some(tiling) = call.select_mma_tiling(QueryPass::Forward) {
+        if let Some(tiling) = call.select_mma_tiling() {
             let (count, dim) = call.select_grid(&tiling);
             mma_select::selection_forward_mma::launch::<R>(
                 &call.client(),
@@ -129,30 +132,30 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
         let [b, t, h_q, _] = call.q.meta.shape().dims::<4>();
         let h_kv = call.k.meta.shape()[2];
         let delta = call.empty(Shape::new([b, t, h_q]), DType::F32);
-        let grad_q = call.empty(call.q.meta.shape().clone(), dtype);
-        if let Some(tiling) = call.select_mma_tiling(QueryPass::Gradient) {
-            let (count, dim) = call.select_grid(&tiling);
-            mma_select_dq::selection_backward_query_mma::launch::<R>(
+        let key_tiling = call.key_mma_tiling();
+        // Key cubes that fold dQ add it to an f32 buffer by atomics; otherwise a query-side
+        // kernel writes dQ (and `delta`) first.
+        let fold_dq = key_tiling.is_some_and(|tiling| tiling.fold_dq);
+        let (grad_q, grad_q_sum) = if fold_dq {
+            (None, call.zeros(call.q.meta.shape().clone(), DType::F32))
+        } else {
+            (Some(call.empty(call.q.meta.shape().clone(), dtype)), call.empty(Shape::new([1, 1, 1, 1]), DType::F32))
+        };
+        if fold_dq {
+            let rows = delta_rows(call.d_v, mma_forward::VECTOR);
+            let dim = CubeDim::new_2d((call.d_v / mma_forward::VECTOR) as u32, rows as u32);
+            let cubes = (b * t * h_q).div_ceil(rows);
+            mma_backward::row_delta::launch::<R>(
                 &call.client(),
-                count,
+                calculate_cube_count_elemwise(&call.client(), cubes * dim.num_elems() as usize, dim),
                 dim,
                 mma_forward::VECTOR,
-                call.q.clone().into_tensor_arg(),
-                call.k.clone().into_tensor_arg(),
-                call.v.clone().into_tensor_arg(),
-                call.blocks.clone().into_tensor_arg(),
                 out.into_tensor_arg(),
                 grad_out.clone().into_tensor_arg(),
-                lse.clone().into_tensor_arg(),
                 delta.clone().into_tensor_arg(),
-                grad_q.clone().into_tensor_arg(),
-                call.scale,
-                call.span,
-                call.d_k,
                 call.d_v,
-                tiling.planes,
-                tiling.key_tile,
-                [dtype.into(), call.blocks.dtype.into()],
+                rows,
+                dtype.into(),
             );
         } else if let Some(tiling) = call.mma_tiling(QueryPass::Gradient) {
             let (count, dim) = call.mma_grid(&tiling);
@@ -169,7 +172,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
                 grad_out.clone().into_tensor_arg(),
                 lse.clone().into_tensor_arg(),
                 delta.clone().into_tensor_arg(),
-                grad_q.clone().into_tensor_arg(),
+                grad_q.clone().expect("a query-side dQ").into_tensor_arg(),
                 call.scale,
                 call.span,
                 call.window,
@@ -195,7 +198,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
                 grad_out.clone().into_tensor_arg(),
                 lse.clone().into_tensor_arg(),
                 delta.clone().into_tensor_arg(),
-                grad_q.clone().into_tensor_arg(),
+                grad_q.clone().expect("a query-side dQ").into_tensor_arg(),
                 call.scale,
                 call.span,
                 call.window,
@@ -219,7 +222,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
             // `[B * H_kv, segments, span * (d_k + d_v)]`: each segment's dK and dV shares.
             call.empty(Shape::new([b * h_kv, segments, call.span as usize * (call.d_k + call.d_v)]), DType::F32)
         };
-        if let Some(tiling) = call.key_mma_tiling() {
+        if let Some(tiling) = key_tiling {
             let (count, dim) = call.plane_grid(call.key_cubes(tiling.keys(), &index), tiling.planes);
             mma_backward::attention_backward_key_mma::launch::<R>(
                 &call.client(),
@@ -241,6 +244,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
                 grad_k.clone().into_tensor_arg(),
                 grad_v.clone().into_tensor_arg(),
                 partial.clone().into_tensor_arg(),
+                grad_q_sum.clone().into_tensor_arg(),
                 call.scale,
                 call.span,
                 SEGMENT_QUERIES as u32,
@@ -249,6 +253,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
                 call.d_v,
                 tiling.planes,
                 tiling.q_rows,
+                tiling.fold_dq,
                 dtype.into(),
             );
         } else {
@@ -303,6 +308,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
                 dtype.into(),
             );
         }
+        let grad_q = grad_q.unwrap_or_else(|| cast(grad_q_sum, dtype));
         SparseAttentionGrads { q: grad_q, k: grad_k, v: grad_v }
     }
 }
@@ -346,7 +352,8 @@ impl<R: CubeRuntime> Call<R> {
         let d_v = v.meta.shape()[3];
         let (blocks, window, span) = match keys {
             Keys::Window { w } => {
-                let placeholder = zeros_client::<R>(q.client.clone(), q.device.clone(), Shape::new([1, 1, 1, 1]), int_dtype);
+                let placeholder =
+                    zeros_client::<R>(q.client.clone(), q.device.clone(), Shape::new([1, 1, 1, 1]), int_dtype);
                 (placeholder, true, *w)
             }
             Keys::Selected { blocks, block_size } => (into_contiguous(blocks.clone()), false, *block_size),
@@ -368,9 +375,13 @@ impl<R: CubeRuntime> Call<R> {
     }
 
     /// Zeros, contiguous (see [`Call::empty`]): a rank-1 allocation has no rows to pad.
-    fn zeros_u32(&self, shape: Shape) -> CubeTensor<R> {
-        let flat = zeros_client::<R>(self.client(), self.q.device.clone(), Shape::new([shape.num_elements()]), DType::U32);
+    fn zeros(&self, shape: Shape, dtype: DType) -> CubeTensor<R> {
+        let flat = zeros_client::<R>(self.client(), self.q.device.clone(), Shape::new([shape.num_elements()]), dtype);
         reshape(flat, shape)
+    }
+
+    fn zeros_u32(&self, shape: Shape) -> CubeTensor<R> {
+        self.zeros(shape, DType::U32)
     }
 
     fn cube_dim(&self) -> CubeDim {
@@ -400,13 +411,14 @@ impl<R: CubeRuntime> Call<R> {
         MmaTiling::plan(pass, g, self.d_k, self.d_v, self.q.dtype.size(), shared)
     }
 
-    /// The tensor-core selection tiling (forward, dQ), under the same conditions.
-    fn select_mma_tiling(&self, pass: QueryPass) -> Option<SelectMmaTiling> {
+    /// The tensor-core selection forward's tiling, under the same conditions (a selection's
+    /// dQ is folded into its key cubes, [`Call::key_mma_tiling`]).
+    fn select_mma_tiling(&self) -> Option<SelectMmaTiling> {
         if self.window {
             return None;
         }
         let shared = self.mma_shared_bytes()?;
-        SelectMmaTiling::plan(pass, self.d_k, self.d_v, self.q.dtype.size(), shared)
+        SelectMmaTiling::plan(self.d_k, self.d_v, self.q.dtype.size(), shared)
     }
 
     /// One plane per `(b, hk, 16-head tile, t)`, `planes` per cube.
@@ -417,10 +429,15 @@ impl<R: CubeRuntime> Call<R> {
         self.plane_grid(items.div_ceil(tiling.planes), tiling.planes)
     }
 
-    /// The tensor-core dK/dV tiling (window or selection), under the same conditions.
+    /// The tensor-core dK/dV tiling (window or selection), under the same conditions. A
+    /// selection's folds dQ in where the device adds f32 atomically (every CUDA device with
+    /// tensor cores); see [`KeyMmaTiling::folds_dq`].
     fn key_mma_tiling(&self) -> Option<KeyMmaTiling> {
         let shared = self.mma_shared_bytes()?;
-        KeyMmaTiling::plan(self.window, self.d_k, self.d_v, self.q.dtype.size(), shared)
+        let atomic_f32 = Type::new(StorageType::Atomic(FloatKind::F32.into()));
+        let atomics = self.client().properties().atomic_type_usage(atomic_f32).contains(AtomicUsage::Add);
+        let fold_dq = atomics && KeyMmaTiling::folds_dq(self.window);
+        KeyMmaTiling::plan(self.window, fold_dq, self.d_k, self.d_v, self.q.dtype.size(), shared)
     }
 
     /// Shared memory for a tensor-core kernel, or `None` when the device has no 16x16x16 MMA
@@ -435,14 +452,19 @@ impl<R: CubeRuntime> Call<R> {
             return None;
         }
         let tile = mma_forward::TILE;
-        let strides_fit = [&self.q, &self.k, &self.v].iter().all(|x| x.meta.strides()[..3].iter().all(|s| s % tile == 0));
+        let strides_fit =
+            [&self.q, &self.k, &self.v].iter().all(|x| x.meta.strides()[..3].iter().all(|s| s % tile == 0));
         let rows_fit = self.d_k % tile == 0 && self.d_v % tile == 0;
-        if !strides_fit || !rows_fit || !self.client().properties().memory.alignment.is_multiple_of(mma_forward::ALIGN as u64) {
+        if !strides_fit
+            || !rows_fit
+            || !self.client().properties().memory.alignment.is_multiple_of(mma_forward::ALIGN as u64)
+        {
             return None;
         }
         let client = self.client();
         let props = client.properties();
-        let config = MmaConfig { a_type: dtype.into(), b_type: dtype.into(), cd_type: DType::F32.into(), m: 16, n: 16, k: 16 };
+        let config =
+            MmaConfig { a_type: dtype.into(), b_type: dtype.into(), cd_type: DType::F32.into(), m: 16, n: 16, k: 16 };
         let planes_of_32 = props.hardware.plane_size_min == 32 && props.hardware.plane_size_max == 32;
         (planes_of_32 && props.features.matmul.cmma.contains(&config))
             .then(|| props.hardware.max_shared_memory_size.min(MMA_SHARED))
@@ -480,11 +502,8 @@ impl<R: CubeRuntime> Call<R> {
     fn key_cubes(&self, keys: usize, index: &InvertedIndex<R>) -> usize {
         let [b, t, h_kv, _] = self.k.meta.shape().dims::<4>();
         let span = self.span as usize;
-        let tiles = if self.window {
-            t.div_ceil(keys)
-        } else {
-            index.segment_block.meta.shape()[2] * span.div_ceil(keys)
-        };
+        let tiles =
+            if self.window { t.div_ceil(keys) } else { index.segment_block.meta.shape()[2] * span.div_ceil(keys) };
         b * h_kv * tiles
     }
 

@@ -16,7 +16,6 @@ pub const KERNEL_FINGERPRINT: u64 = fnv1a(
         include_str!("kernel/mma_dq.rs"),
         include_str!("kernel/mma_forward.rs"),
         include_str!("kernel/mma_select.rs"),
-        include_str!("kernel/mma_select_dq.rs"),
         include_str!("kernel/query.rs"),
         include_str!("kernel/rows.rs"),
         include_str!("cube.rs"),

@@ -145,7 +145,14 @@ pub const fn f32_stride(n: usize) -> usize {
 impl MmaTiling {
     /// `None` when the head dims are not multiples of the MMA tile or no key tile fits the
     /// shared memory; `elem_bytes` is the storage type's size.
-    pub fn plan(pass: QueryPass, g: usize, d_k: usize, d_v: usize, elem_bytes: usize, shared_bytes: usize) -> Option<Self> {
+    pub fn plan(
+        pass: QueryPass,
+        g: usize,
+        d_k: usize,
+        d_v: usize,
+        elem_bytes: usize,
+        shared_bytes: usize,
+    ) -> Option<Self> {
         if d_k % MMA_TILE != 0 || d_v % MMA_TILE != 0 {
             return None;
         }
@@ -185,12 +192,20 @@ impl MmaTiling {
     }
 }
 
+/// Query rows per cube of `kernel::mma_backward::row_delta` at head dim `d_v`: as many as fill
+/// about 128 units, one per 16-byte vector of a row (`d_v / 8` at 16-bit storage).
+pub fn delta_rows(d_v: usize, vector: usize) -> usize {
+    (128 / (d_v / vector).max(1)).max(1)
+}
+
 /// Tensor-core dK/dV (see `kernel::mma_backward`): `planes` planes own 16 keys each and walk
-/// the query rows that attend them `q_rows` at a time.
+/// the query rows that attend them `q_rows` at a time; with `fold_dq` they also add the rows'
+/// dQ shares by atomics.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KeyMmaTiling {
     pub planes: usize,
     pub q_rows: usize,
+    pub fold_dq: bool,
 }
 
 impl KeyMmaTiling {
@@ -198,14 +213,21 @@ impl KeyMmaTiling {
     /// multiples of the MMA tile or nothing fits. A window cube takes 128 keys where they fit
     /// (each staged query row then serves twice the keys); a selection's stays at 64, its
     /// block size (a larger cube would leave planes idle past the block's end).
-    pub fn plan(window: bool, d_k: usize, d_v: usize, elem_bytes: usize, shared_bytes: usize) -> Option<Self> {
+    pub fn plan(
+        window: bool,
+        fold_dq: bool,
+        d_k: usize,
+        d_v: usize,
+        elem_bytes: usize,
+        shared_bytes: usize,
+    ) -> Option<Self> {
         if d_k % MMA_TILE != 0 || d_v % MMA_TILE != 0 {
             return None;
         }
         let wide: &[(usize, usize)] = if window { &[(8, 64), (8, 32)] } else { &[] };
         wide.iter()
             .chain(&[(4, 64), (4, 32)])
-            .map(|&(planes, q_rows)| KeyMmaTiling { planes, q_rows })
+            .map(|&(planes, q_rows)| KeyMmaTiling { planes, q_rows, fold_dq })
             .find(|t| t.shared_bytes(d_k, d_v, elem_bytes) <= shared_bytes)
     }
 
@@ -213,20 +235,54 @@ impl KeyMmaTiling {
         self.planes * MMA_TILE
     }
 
-    /// K and V rows, later q and dO rows (one buffer); f32 `s^T`, `dp^T` and storage-type
-    /// `p^T`, `ds^T` tiles; the rows' statistics and positions.
+    /// Whether the key cubes should fold dQ in (given f32 atomics): for a selection, yes: its
+    /// query-side dQ kernel re-read each query's `n` blocks from memory and recomputed `s` and
+    /// `dp`, and folding took the production shape's selected fwd+bwd at 64k from 42.6 to 27.3
+    /// ms (H100). A window's query cubes share each staged K/V tile among ~21 queries, and
+    /// folding measured no faster (fwd+bwd at 64k, folded vs not, two calls: production 9.18
+    /// vs 9.17 ms, paper 95.4 vs 86.9; docs/benchmarks.md), so a window keeps its dQ kernel.
+    pub fn folds_dq(window: bool) -> bool {
+        !window
+    }
+
+    /// Storage-type elements of the staging buffer (row strides `ks`, `vs`): the cube's K and V
+    /// rows while their fragments load, then each chunk's q and dO rows, which with `fold_dq`
+    /// come after the K rows (kept for `ds K`).
+    pub fn staged_elems(keys: usize, q_rows: usize, ks: usize, vs: usize, fold_dq: bool) -> usize {
+        if fold_dq {
+            keys * ks + (keys * vs).max(q_rows * (ks + vs))
+        } else {
+            keys.max(q_rows) * (ks + vs)
+        }
+    }
+
+    /// f32 elements of the score tiles: `s^T` and `dp^T` per plane, and with `fold_dq` room
+    /// for the chunk's `[q_rows, d_k]` dQ in the same buffer.
+    pub fn score_elems(planes: usize, q_rows: usize, d_k: usize, fold_dq: bool) -> usize {
+        let tiles = 2 * planes * MMA_TILE * f32_stride(q_rows);
+        if fold_dq {
+            tiles.max(q_rows * f32_stride(d_k))
+        } else {
+            tiles
+        }
+    }
+
+    /// The staging buffer; the score tiles and storage-type `p^T`, `ds^T` tiles; the rows'
+    /// statistics and positions.
     pub fn shared_bytes(&self, d_k: usize, d_v: usize, elem_bytes: usize) -> usize {
-        let rows = storage_stride(d_k) + storage_stride(d_v);
-        let staged = self.keys().max(self.q_rows) * rows * elem_bytes;
-        let tiles = 2 * self.keys();
-        staged + tiles * (f32_stride(self.q_rows) * 4 + storage_stride(self.q_rows) * elem_bytes) + 3 * self.q_rows * 4
+        let staged =
+            Self::staged_elems(self.keys(), self.q_rows, storage_stride(d_k), storage_stride(d_v), self.fold_dq)
+                * elem_bytes;
+        let scores = Self::score_elems(self.planes, self.q_rows, d_k, self.fold_dq) * 4;
+        let weights = 2 * self.keys() * storage_stride(self.q_rows) * elem_bytes;
+        staged + scores + weights + 3 * self.q_rows * 4
     }
 }
 
-/// Tensor-core selected attention, forward and dQ (see `kernel::mma_select`): each of a cube's
+/// Tensor-core selected attention forward (see `kernel::mma_select`): each of a cube's
 /// `planes` planes takes one query's 16-row head tile on its own (no cube-wide barrier) and
-/// walks its selected blocks `key_tile` keys at a time (dQ stages them in its own shared tile,
-/// the forward reads fragments from global memory); `pv_cols` as in [`MmaTiling`].
+/// walks its selected blocks `key_tile` keys at a time, reading fragments from global memory;
+/// `pv_cols` as in [`MmaTiling`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SelectMmaTiling {
     pub planes: usize,
@@ -238,7 +294,7 @@ impl SelectMmaTiling {
     /// The first candidate that fits: four planes (a cube of 128 units), 64-key steps (one
     /// block of the paper's `l_sel`) where they fit, else 32; then fewer planes. `None` when the
     /// head dims are not multiples of the MMA tile or nothing fits.
-    pub fn plan(pass: QueryPass, d_k: usize, d_v: usize, elem_bytes: usize, shared_bytes: usize) -> Option<Self> {
+    pub fn plan(d_k: usize, d_v: usize, elem_bytes: usize, shared_bytes: usize) -> Option<Self> {
         if d_k % MMA_TILE != 0 || d_v % MMA_TILE != 0 {
             return None;
         }
@@ -246,7 +302,7 @@ impl SelectMmaTiling {
         [(4, 64), (4, 32), (2, 32), (1, 32), (1, 16)]
             .into_iter()
             .map(|(planes, key_tile)| SelectMmaTiling { planes, key_tile, pv_cols })
-            .find(|t| t.shared_bytes(pass, d_k, d_v, elem_bytes) <= shared_bytes)
+            .find(|t| t.shared_bytes(d_k, d_v, elem_bytes) <= shared_bytes)
     }
 
     /// Row tiles of 16 heads per query: `g` rounded up.
@@ -254,21 +310,12 @@ impl SelectMmaTiling {
         g.div_ceil(MMA_TILE)
     }
 
-    /// Per plane: the staged rows (forward: 16 query rows, later the 16 K and 16 V rows of a
-    /// spilled sub-tile; dQ: 16 q and dO rows, later a step's K and V rows); the f32 tiles
-    /// (scores or the `p . v` slice; or scores and `dp`); the storage-type tile (probabilities,
-    /// or `ds`).
-    pub fn shared_bytes(&self, pass: QueryPass, d_k: usize, d_v: usize, elem_bytes: usize) -> usize {
-        let staged_rows = match pass {
-            QueryPass::Forward => MMA_TILE,
-            QueryPass::Gradient => self.key_tile.max(MMA_TILE),
-        };
-        let staged = staged_rows * (storage_stride(d_k) + storage_stride(d_v)) * elem_bytes;
-        let f32_tiles = match pass {
-            QueryPass::Forward => MMA_TILE * f32_stride(self.key_tile).max(f32_stride(self.pv_cols)),
-            QueryPass::Gradient => 2 * MMA_TILE * f32_stride(self.key_tile),
-        };
-        self.planes * (staged + f32_tiles * 4 + MMA_TILE * storage_stride(self.key_tile) * elem_bytes)
+    /// Per plane: the staged rows (16 query rows, later the 16 K and 16 V rows of a spilled
+    /// sub-tile); the f32 tile (scores, or the `p . v` slice); the probabilities.
+    pub fn shared_bytes(&self, d_k: usize, d_v: usize, elem_bytes: usize) -> usize {
+        let staged = MMA_TILE * (storage_stride(d_k) + storage_stride(d_v)) * elem_bytes;
+        let f32_tile = MMA_TILE * f32_stride(self.key_tile).max(f32_stride(self.pv_cols));
+        self.planes * (staged + f32_tile * 4 + MMA_TILE * storage_stride(self.key_tile) * elem_bytes)
     }
 }
 
@@ -327,33 +374,41 @@ mod tests {
     #[test]
     fn tensor_core_key_tiles_fit_the_shared_memory_at_every_head_dim() {
         for (d_k, d_v) in [(64, 64), (128, 128), (192, 128), (16, 16)] {
-            for window in [true, false] {
-                let t = KeyMmaTiling::plan(window, d_k, d_v, 2, MMA_SHARED).unwrap();
+            for (window, fold_dq) in [(true, false), (false, false), (true, true), (false, true)] {
+                let t = KeyMmaTiling::plan(window, fold_dq, d_k, d_v, 2, MMA_SHARED).unwrap();
                 assert!(t.shared_bytes(d_k, d_v, 2) <= MMA_SHARED && t.q_rows % 32 == 0, "{t:?}");
             }
         }
-        assert_eq!(KeyMmaTiling::plan(true, 64, 64, 2, MMA_SHARED), Some(KeyMmaTiling { planes: 8, q_rows: 32 }));
-        assert_eq!(KeyMmaTiling::plan(false, 64, 64, 2, MMA_SHARED), Some(KeyMmaTiling { planes: 4, q_rows: 64 }));
-        assert_eq!(KeyMmaTiling::plan(true, 64, 72, 2, MMA_SHARED), None);
+        for fold_dq in [false, true] {
+            let window = KeyMmaTiling::plan(true, fold_dq, 64, 64, 2, MMA_SHARED);
+            assert_eq!(window, Some(KeyMmaTiling { planes: 8, q_rows: 32, fold_dq }));
+            let selection = KeyMmaTiling::plan(false, fold_dq, 64, 64, 2, MMA_SHARED);
+            assert_eq!(selection, Some(KeyMmaTiling { planes: 4, q_rows: 64, fold_dq }));
+        }
+        // Folding dQ keeps the K rows staged: the paper's window cube takes shorter steps.
+        assert_eq!(
+            KeyMmaTiling::plan(true, true, 128, 128, 2, MMA_SHARED),
+            Some(KeyMmaTiling { planes: 4, q_rows: 32, fold_dq: true })
+        );
+        assert_eq!(KeyMmaTiling::plan(true, false, 64, 72, 2, MMA_SHARED), None);
     }
 
     #[test]
     fn tensor_core_selection_tiles_fit_the_shared_memory_at_every_head_dim() {
-        for pass in [QueryPass::Forward, QueryPass::Gradient] {
-            for (d_k, d_v) in [(64, 64), (128, 128), (192, 128), (16, 16)] {
-                let t = SelectMmaTiling::plan(pass, d_k, d_v, 2, MMA_SHARED).unwrap();
-                assert!(t.shared_bytes(pass, d_k, d_v, 2) <= MMA_SHARED && d_v % t.pv_cols == 0, "{t:?}");
-            }
+        for (d_k, d_v) in [(64, 64), (128, 128), (192, 128), (16, 16)] {
+            let t = SelectMmaTiling::plan(d_k, d_v, 2, MMA_SHARED).unwrap();
+            assert!(t.shared_bytes(d_k, d_v, 2) <= MMA_SHARED && d_v % t.pv_cols == 0, "{t:?}");
         }
-        let prod = SelectMmaTiling::plan(QueryPass::Gradient, 64, 64, 2, MMA_SHARED);
-        assert_eq!(prod, Some(SelectMmaTiling { planes: 4, key_tile: 32, pv_cols: 64 }));
-        let prod = SelectMmaTiling::plan(QueryPass::Forward, 64, 64, 2, MMA_SHARED);
+        let prod = SelectMmaTiling::plan(64, 64, 2, MMA_SHARED);
         assert_eq!(prod, Some(SelectMmaTiling { planes: 4, key_tile: 64, pv_cols: 64 }));
         // A small shared memory takes shorter steps, then fewer planes.
-        let small = SelectMmaTiling::plan(QueryPass::Gradient, 128, 128, 2, 24 * 1024).unwrap();
+        let small = SelectMmaTiling::plan(128, 128, 2, 24 * 1024).unwrap();
         assert_eq!((small.planes, small.key_tile), (1, 32));
-        assert_eq!(SelectMmaTiling::plan(QueryPass::Forward, 64, 72, 2, MMA_SHARED), None);
-        assert_eq!((SelectMmaTiling::head_tiles(6), SelectMmaTiling::head_tiles(16), SelectMmaTiling::head_tiles(17)), (1, 1, 2));
+        assert_eq!(SelectMmaTiling::plan(64, 72, 2, MMA_SHARED), None);
+        assert_eq!(
+            (SelectMmaTiling::head_tiles(6), SelectMmaTiling::head_tiles(16), SelectMmaTiling::head_tiles(17)),
+            (1, 1, 2)
+        );
     }
 
     #[test]

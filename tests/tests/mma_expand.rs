@@ -78,7 +78,7 @@ fn tensor_core_kernels_expand() {
     // q, dO: 2 heads; k, v: 1 head; d = 64, T = 64.
     let (q, kv) = (|| float([1, 64, 2, 64], &device), || float([1, 64, 1, 64], &device));
 
-    for window in [false, true] {
+    for (window, fold_dq) in [(false, false), (true, false), (false, true), (true, true)] {
         let panics = panics_of(&device, || {
             nsa_kernels::kernel::mma_backward::attention_backward_key_mma::launch::<WgpuRuntime>(
                 &client,
@@ -100,6 +100,7 @@ fn tensor_core_kernels_expand() {
                 kv().into_tensor_arg(),
                 kv().into_tensor_arg(),
                 Tensor::<B, 3>::zeros([1, 1, 1], &device).into_primitive().tensor().into_tensor_arg(),
+                q().into_tensor_arg(),
                 0.125,
                 512,
                 512,
@@ -108,10 +109,11 @@ fn tensor_core_kernels_expand() {
                 64,
                 4,
                 64,
+                fold_dq,
                 DType::F16.into(),
             );
         });
-        assert_expanded(&format!("attention_backward_key_mma (window {window})"), &panics);
+        assert_expanded(&format!("attention_backward_key_mma (window {window}, fold_dq {fold_dq})"), &panics);
     }
 
     let blocks = || Tensor::<B, 4, Int>::zeros([1, 1, 1, 1], &device).into_primitive();
@@ -192,30 +194,40 @@ fn tensor_core_kernels_expand() {
         );
     });
     assert_expanded("selection_forward_mma", &panics);
+}
 
-    let panics = panics_of(&device, || {
-        nsa_kernels::kernel::mma_select_dq::selection_backward_query_mma::launch::<WgpuRuntime>(
-            &client,
-            CubeCount::Static(1, 1, 1),
-            CubeDim::new_2d(32, 4),
-            nsa_kernels::kernel::mma_forward::VECTOR,
-            q().into_tensor_arg(),
-            kv().into_tensor_arg(),
-            kv().into_tensor_arg(),
-            blocks().into_tensor_arg(),
-            q().into_tensor_arg(),
-            q().into_tensor_arg(),
-            stats(&device).into_tensor_arg(),
-            stats(&device).into_tensor_arg(),
-            q().into_tensor_arg(),
-            0.125,
-            64,
-            64,
-            64,
-            4,
-            64,
-            [DType::F16.into(), DType::I32.into()],
-        );
-    });
-    assert_expanded("selection_backward_query_mma", &panics);
+/// `row_delta` (the folded backward's `delta = dO . O`) has no CMMA, so WGPU runs it: checked
+/// against Burn's own product and sum on fresh random rows (the last cube partly past the end).
+#[test]
+fn row_delta_matches_a_product_and_sum() {
+    use burn::tensor::Distribution;
+    let device = WgpuDevice::default();
+    let shape = [2, 77, 3, 64];
+    let out = Tensor::<B, 4>::random(shape, Distribution::Normal(0.0, 1.0), &device);
+    let grad_out = Tensor::<B, 4>::random(shape, Distribution::Normal(0.0, 1.0), &device);
+    let delta = Tensor::<B, 3>::zeros([2, 77, 3], &device);
+    let (o, g, d) = (
+        out.clone().into_primitive().tensor(),
+        grad_out.clone().into_primitive().tensor(),
+        delta.clone().into_primitive().tensor(),
+    );
+    let client = o.client.clone();
+    nsa_kernels::kernel::mma_backward::row_delta::launch::<WgpuRuntime>(
+        &client,
+        // 462 rows, 16 per cube.
+        CubeCount::Static(29, 1, 1),
+        CubeDim::new_2d(8, 16),
+        nsa_kernels::kernel::mma_forward::VECTOR,
+        o.into_tensor_arg(),
+        g.into_tensor_arg(),
+        d.clone().into_tensor_arg(),
+        64,
+        16,
+        DType::F32.into(),
+    );
+    let got = Tensor::<B, 3>::from_primitive(burn::tensor::TensorPrimitive::Float(d));
+    let want = (out * grad_out).sum_dim(3).squeeze_dim::<3>(3);
+    let err = (got - want.clone()).abs().max().into_scalar();
+    let scale = want.abs().max().into_scalar();
+    assert!(err <= 1e-5 * scale.max(1.0), "row_delta off by {err} (values up to {scale})");
 }

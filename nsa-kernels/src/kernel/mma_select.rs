@@ -1,5 +1,6 @@
 //! Selected attention on tensor cores (CMMA 16x16x16, f16/bf16 in, f32 accumulation), one query
-//! per plane: the forward here, dQ in [`super::mma_select_dq`].
+//! per plane (the forward; a selection's dQ is folded into the key
+//! cubes, [`super::mma_backward`]).
 //!
 //! Each query has its own blocks, so a cube-wide kernel (one query per cube, K/V staged once
 //! for all its planes, [`super::mma_forward`]'s layout) shares nothing between its planes; it
@@ -110,7 +111,21 @@ impl SelectPlane {
         #[comptime] d: usize,
         #[comptime] stride: usize,
     ) {
-        stage_vector_rows::<F, N>(src, tile, at, self.b, first, count, self.hk, rows, d, stride, VECTOR, UNIT_POS_X as usize, CUBE_DIM_X as usize);
+        stage_vector_rows::<F, N>(
+            src,
+            tile,
+            at,
+            self.b,
+            first,
+            count,
+            self.hk,
+            rows,
+            d,
+            stride,
+            VECTOR,
+            UNIT_POS_X as usize,
+            CUBE_DIM_X as usize,
+        );
     }
 }
 
@@ -235,11 +250,27 @@ pub fn selection_forward_mma<F: Float, I: Int, N: Size>(
                     let s = zero_tile();
                     #[unroll]
                     for kk in 0..d_k / TILE {
-                        let kt = key_fragment::<F, N>(k, b, hk, first + n * TILE, kk * TILE, &staged, k_spill + kk * TILE, spill, MatrixLayout::ColMajor, ks);
+                        let kt = key_fragment::<F, N>(
+                            k,
+                            b,
+                            hk,
+                            first + n * TILE,
+                            kk * TILE,
+                            &staged,
+                            k_spill + kk * TILE,
+                            spill,
+                            MatrixLayout::ColMajor,
+                            ks,
+                        );
                         cmma::execute::<F, F, f32, f32>(q_frags.index(kk), &kt, &s, &s);
                     }
                     let at = region + n * TILE;
-                    cmma::store(&mut scores.slice_mut(at, at + comptime!(tile_span(sst))), &s, sst as u32, MatrixLayout::RowMajor);
+                    cmma::store(
+                        &mut scores.slice_mut(at, at + comptime!(tile_span(sst))),
+                        &s,
+                        sst as u32,
+                        MatrixLayout::RowMajor,
+                    );
                 }
             }
             sync_plane();
@@ -283,12 +314,28 @@ pub fn selection_forward_mma<F: Float, I: Int, N: Size>(
                     for kk in 0..key_tile / TILE {
                         if kk < subtiles {
                             let spill = spilled && kk + 1 == subtiles;
-                            let vt = key_fragment::<F, N>(v, b, hk, first + kk * TILE, col, &staged, v_spill + col, spill, MatrixLayout::RowMajor, vs);
+                            let vt = key_fragment::<F, N>(
+                                v,
+                                b,
+                                hk,
+                                first + kk * TILE,
+                                col,
+                                &staged,
+                                v_spill + col,
+                                spill,
+                                MatrixLayout::RowMajor,
+                                vs,
+                            );
                             cmma::execute::<F, F, f32, f32>(p_frags.index(kk), &vt, &o, &o);
                         }
                     }
                     let at = region + n * TILE;
-                    cmma::store(&mut scores.slice_mut(at, at + comptime!(tile_span(pvs))), &o, pvs as u32, MatrixLayout::RowMajor);
+                    cmma::store(
+                        &mut scores.slice_mut(at, at + comptime!(tile_span(pvs))),
+                        &o,
+                        pvs as u32,
+                        MatrixLayout::RowMajor,
+                    );
                 }
                 sync_plane();
                 #[unroll]

@@ -12,6 +12,5 @@ pub mod mma_backward;
 pub mod mma_dq;
 pub mod mma_forward;
 pub mod mma_select;
-pub mod mma_select_dq;
 pub mod query;
 pub mod rows;
