@@ -27,12 +27,19 @@ pub struct Shape {
     pub name: &'static str,
     pub h_q: usize,
     pub h_kv: usize,
-    pub d: usize,
+    pub d_k: usize,
+    pub d_v: usize,
 }
 
-/// The shapes: the seeds' production model and the paper's.
-pub const SHAPES: [Shape; 2] =
-    [Shape { name: "production", h_q: 12, h_kv: 2, d: 64 }, Shape { name: "paper", h_q: 64, h_kv: 4, d: 128 }];
+/// The shapes: the seeds' production model and the paper's, timed; and two that only
+/// widen the parity check on the benchmark device: `d_k = 192, d_v = 128` with `g = 16`
+/// ("wide"), and one query head per KV head ("mha").
+pub const SHAPES: [Shape; 4] = [
+    Shape { name: "production", h_q: 12, h_kv: 2, d_k: 64, d_v: 64 },
+    Shape { name: "paper", h_q: 64, h_kv: 4, d_k: 128, d_v: 128 },
+    Shape { name: "wide", h_q: 16, h_kv: 1, d_k: 192, d_v: 128 },
+    Shape { name: "mha", h_q: 4, h_kv: 4, d_k: 64, d_v: 64 },
+];
 
 /// NSA's paper settings for the benchmark.
 pub const N: usize = 16;
@@ -89,9 +96,15 @@ impl<B: Backend> Inputs<B> {
 }
 
 fn inputs<B: Backend>(shape: Shape, t: usize, dtype: DType, device: &B::Device) -> Inputs<B> {
-    let draw =
-        |h: usize| Tensor::<B, 4>::random([1, t, h, shape.d], Distribution::Normal(0.0, 1.0), device).cast(dtype);
-    Inputs { q: draw(shape.h_q), k: draw(shape.h_kv), v: draw(shape.h_kv), grad_out: draw(shape.h_q) }
+    let draw = |h: usize, d: usize| {
+        Tensor::<B, 4>::random([1, t, h, d], Distribution::Normal(0.0, 1.0), device).cast(dtype)
+    };
+    Inputs {
+        q: draw(shape.h_q, shape.d_k),
+        k: draw(shape.h_kv, shape.d_k),
+        v: draw(shape.h_kv, shape.d_v),
+        grad_out: draw(shape.h_q, shape.d_v),
+    }
 }
 
 fn median_ms<B: Backend>(device: &B::Device, iters: usize, mut f: impl FnMut()) -> f64 {
@@ -234,7 +247,7 @@ pub fn bench_kernels<B: TrainBackend>(device: &B::Device, opts: &BenchOptions) -
                     let _ = forward_backward::<B>(&x, |q, k, v| sparse_attention(q, k, v, &keys).0);
                 });
                 // Keys are counted per KV head row; each of the g query heads attends them.
-                let flops = 4.0 * (attended * (shape.h_q / shape.h_kv)) as f64 * shape.d as f64;
+                let flops = 2.0 * (attended * (shape.h_q / shape.h_kv)) as f64 * (shape.d_k + shape.d_v) as f64;
                 println!(
                     "| {} | {t} | {name} | {fwd:.2} | {fb:.2} | {:.1} | {:.1} |",
                     shape.name,

@@ -131,7 +131,8 @@ enum Command {
         /// the paper shape 2049 takes minutes there, 777 seconds); 0 skips it (a memcheck run).
         #[arg(long, default_value_t = 500)]
         check_len: usize,
-        /// Shapes to check and time (production: H_q 12, H_kv 2, d 64; paper: 64, 4, 128).
+        /// Shapes to check and time (production: H_q 12, H_kv 2, d 64; paper: 64, 4, 128;
+        /// wide: 16, 1, d_k 192, d_v 128; mha: 4, 4, 64).
         #[arg(long, value_delimiter = ',', default_value = "production,paper")]
         shapes: Vec<BenchShape>,
     },
@@ -433,6 +434,8 @@ fn run<B: nsa_train::TrainBackend>(
 enum BenchShape {
     Production,
     Paper,
+    Wide,
+    Mha,
 }
 
 fn bench_kernels(
@@ -456,7 +459,7 @@ fn bench_kernels(
     };
     let shapes = nsa_train::bench::SHAPES
         .into_iter()
-        .zip([BenchShape::Production, BenchShape::Paper])
+        .zip([BenchShape::Production, BenchShape::Paper, BenchShape::Wide, BenchShape::Mha])
         .filter(|(_, name)| shapes.contains(name))
         .map(|(shape, _)| shape)
         .collect();
