@@ -24,29 +24,9 @@ fn manual_product<NA: Size, NC: Size>(a: &Array<f32>, b: &Array<f32>, c: &mut Ar
     let lane = UNIT_POS_X;
     let (va, vb, vc) =
         (def.vectors_per_lane(MatrixIdent::A), def.vectors_per_lane(MatrixIdent::B), def.vectors_per_lane(MatrixIdent::Accumulator));
-    let mut ra = Array::<Vector<bf16, NA>>::new(va);
-    #[unroll]
-    for i in 0..va {
-        let mut v = Vector::<bf16, NA>::empty();
-        #[unroll]
-        for e in 0..NA::value() {
-            let (row, col) = def.position_of_nth(lane, (i * NA::value() + e) as u32, MatrixIdent::A);
-            v[e] = bf16::cast_from(a[row as usize * K + col as usize]);
-        }
-        ra[i] = v;
-    }
-    let mut rb = Array::<Vector<bf16, NA>>::new(vb);
-    #[unroll]
-    for i in 0..vb {
-        let mut v = Vector::<bf16, NA>::empty();
-        #[unroll]
-        for e in 0..NA::value() {
-            // (row, col) of B is (k, n).
-            let (row, col) = def.position_of_nth(lane, (i * NA::value() + e) as u32, MatrixIdent::B);
-            v[e] = bf16::cast_from(b[row as usize * N + col as usize]);
-        }
-        rb[i] = v;
-    }
+    let ra = gather::<NA>(def, a, MatrixIdent::A, va, K);
+    // (row, col) of B is (k, n).
+    let rb = gather::<NA>(def, b, MatrixIdent::B, vb, N);
     let mut rc = Array::<Vector<f32, NC>>::new(vc);
     #[unroll]
     for i in 0..vc {
@@ -61,6 +41,30 @@ fn manual_product<NA: Size, NC: Size>(a: &Array<f32>, b: &Array<f32>, c: &mut Ar
             c[row as usize * N + col as usize] = rd[i][e];
         }
     }
+}
+
+/// This lane's `vectors` registers of operand `ident`, gathered from row-major `src` (`cols`
+/// columns) where `position_of_nth` places them.
+#[cube]
+fn gather<NA: Size>(
+    def: MmaDefinition<bf16, bf16, f32>,
+    src: &Array<f32>,
+    #[comptime] ident: MatrixIdent,
+    #[comptime] vectors: usize,
+    #[comptime] cols: usize,
+) -> Array<Vector<bf16, NA>> {
+    let mut regs = Array::<Vector<bf16, NA>>::new(vectors);
+    #[unroll]
+    for i in 0..vectors {
+        let mut v = Vector::<bf16, NA>::empty();
+        #[unroll]
+        for e in 0..NA::value() {
+            let (row, col) = def.position_of_nth(UNIT_POS_X, (i * NA::value() + e) as u32, ident);
+            v[e] = bf16::cast_from(src[row as usize * cols + col as usize]);
+        }
+        regs[i] = v;
+    }
+    regs
 }
 
 #[test]

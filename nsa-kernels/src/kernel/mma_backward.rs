@@ -20,7 +20,7 @@ use cubecl::prelude::*;
 
 use super::key::KeyCube;
 use super::mma_forward::{
-    tile_fragment, tile_row_fragments, tile_span, zero_accumulators, zero_tile, ALIGN, TILE, VECTOR,
+    storage_fragment, tile_fragment, tile_row_fragments, tile_span, zero_accumulators, zero_tile, ALIGN, TILE, VECTOR,
 };
 use super::rows::{attends, offset3, stage_listed_vector_rows, stage_vector_rows};
 use crate::tiling::{f32_stride, storage_stride, KeyMmaTiling};
@@ -220,8 +220,8 @@ pub fn attention_backward_key_mma<F: Float, N: Size>(
         // dV += p^T dO, dK += ds^T q.
         #[unroll]
         for kk in 0..q_rows / TILE {
-            let pt = weight_fragment::<F>(&weights, p_region + kk * TILE, MatrixLayout::RowMajor, wst);
-            let dst = weight_fragment::<F>(&weights, ds_region + kk * TILE, MatrixLayout::RowMajor, wst);
+            let pt = storage_fragment::<F>(&weights, p_region + kk * TILE, MatrixLayout::RowMajor, wst);
+            let dst = storage_fragment::<F>(&weights, ds_region + kk * TILE, MatrixLayout::RowMajor, wst);
             #[unroll]
             for n in 0..d_v / TILE {
                 let at = do_at + kk * TILE * vs + n * TILE;
@@ -407,7 +407,7 @@ fn fold_query_gradient<F: Float, N: Size>(
             #[unroll]
             for p in 0..planes {
                 // Plane `p`'s ds^T tile `[16 keys, q_rows]` sits after its p^T tile.
-                let ds = weight_fragment::<F>(weights, (2 * p + 1) * TILE * wst + m * TILE, MatrixLayout::ColMajor, wst);
+                let ds = storage_fragment::<F>(weights, (2 * p + 1) * TILE * wst + m * TILE, MatrixLayout::ColMajor, wst);
                 let kb =
                     tile_fragment::<F, N>(staged, p * TILE * ks + n * TILE, MatrixIdent::B, MatrixLayout::RowMajor, ks);
                 cmma::execute::<F, F, f32, f32>(&ds, &kb, &acc, &acc);
@@ -430,21 +430,6 @@ fn fold_query_gradient<F: Float, N: Size>(
         grad_q[at].fetch_add(scores[r * qst + c] * scale);
         idx += CUBE_DIM as usize;
     }
-}
-
-/// The 16x16 A fragment at element `at` of a plane's `p^T` or `ds^T` tile (row stride `stride`);
-/// column-major reads its transpose (`ds` for `ds K`).
-#[cube]
-fn weight_fragment<F: Float>(weights: &SharedMemory<F>, at: usize, layout: MatrixLayout, #[comptime] stride: usize) -> Matrix<F> {
-    Matrix::<F>::from_slice(
-        MatrixIdent::A,
-        TILE,
-        TILE,
-        TILE,
-        layout,
-        &weights.slice(at, at + comptime!(tile_span(stride))),
-        stride as u32,
-    )
 }
 
 /// Columns `col0..col0 + 16` of this unit's key row from one accumulator fragment, times

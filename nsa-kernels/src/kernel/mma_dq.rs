@@ -11,7 +11,7 @@ use cubecl::cmma::{self, Matrix, MatrixIdent, MatrixLayout};
 use cubecl::prelude::*;
 
 use super::mma_forward::{
-    max_usize, stage_query_rows, tile_fragment, tile_row_fragments, tile_span, zero_accumulators, zero_tile, ALIGN, TILE, VECTOR,
+    max_usize, stage_query_rows, storage_fragment, tile_fragment, tile_row_fragments, tile_span, zero_accumulators, zero_tile, ALIGN, TILE, VECTOR,
 };
 use super::query::QueryCube;
 use super::rows::{attends, offset3, stage_vector_rows};
@@ -293,8 +293,7 @@ pub fn accumulate_dq<F: Float, N: Size>(
     #[unroll]
     for kk in 0..key_tile / TILE {
         if kk < subtiles {
-            let at = ds_region + kk * TILE;
-            let ds = Matrix::<F>::from_slice(MatrixIdent::A, TILE, TILE, TILE, MatrixLayout::RowMajor, &weights.slice(at, at + comptime!(tile_span(pst))), pst as u32);
+            let ds = storage_fragment::<F>(weights, ds_region + kk * TILE, MatrixLayout::RowMajor, pst);
             #[unroll]
             for n in 0..d_k / TILE {
                 let kb = tile_fragment::<F, N>(staged, k_at + kk * TILE * ks + n * TILE, MatrixIdent::B, MatrixLayout::RowMajor, ks);

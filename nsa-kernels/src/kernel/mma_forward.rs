@@ -286,18 +286,29 @@ pub fn row_fragments<F: Float>(
     let mut frags = Sequence::<Matrix<F>>::new();
     #[unroll]
     for kk in 0..d / TILE {
-        let from = at + kk * TILE;
-        frags.push(Matrix::<F>::from_slice(
-            MatrixIdent::A,
-            TILE,
-            TILE,
-            TILE,
-            MatrixLayout::RowMajor,
-            &staged.slice(from, from + comptime!(tile_span(stride))),
-            stride as u32,
-        ));
+        frags.push(storage_fragment::<F>(staged, at + kk * TILE, MatrixLayout::RowMajor, stride));
     }
     frags
+}
+
+/// The 16x16 A fragment at element `at` of a storage-type tile (row stride `stride`): query or
+/// probability rows, or a key cube's `p^T` / `ds^T`; column-major reads the transpose.
+#[cube]
+pub fn storage_fragment<F: Float>(
+    tile: &SharedMemory<F>,
+    at: usize,
+    layout: MatrixLayout,
+    #[comptime] stride: usize,
+) -> Matrix<F> {
+    Matrix::<F>::from_slice(
+        MatrixIdent::A,
+        TILE,
+        TILE,
+        TILE,
+        layout,
+        &tile.slice(at, at + comptime!(tile_span(stride))),
+        stride as u32,
+    )
 }
 
 /// `max` usable in comptime expressions.

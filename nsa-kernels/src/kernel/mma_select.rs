@@ -7,18 +7,15 @@
 //! measured 2.5x slower than the plain kernel. Here a plane owns one query's 16-row head tile
 //! (`g = 6` fills 6 rows, `g = 16` all) and walks its blocks alone, with plane barriers only.
 //!
-//! Where its K and V fragments come from was measured (H100, 64k, docs/benchmarks.md):
-//! - the forward loads each 16x16 fragment straight from global memory (a block's rows of one
-//!   KV head are `stride(1)` apart, which wmma takes as the leading dimension). The last 16 keys
-//!   of a ragged sequence would read past the tensor, so that sub-tile is staged with zero rows
-//!   ("spilled") in the plane's shared tile. Staging every step with 16-byte loads instead
-//!   measured 1.3x slower here (its steps shrink to 32 keys to fit, and nothing hides the
-//!   staging's latency);
-//! - dQ stages each step's K and V rows with 16-byte loads: it reads K twice (`s = q K^T`,
-//!   `dQ += ds K`), and staged it measured faster.
+//! Where its K and V fragments come from was measured (H100, 64k, docs/benchmarks.md): it loads
+//! each 16x16 fragment straight from global memory (a block's rows of one KV head are
+//! `stride(1)` apart, which wmma takes as the leading dimension). The last 16 keys of a ragged
+//! sequence would read past the tensor, so that sub-tile is staged with zero rows ("spilled")
+//! in the plane's shared tile. Staging every step with 16-byte loads instead measured 1.3x
+//! slower here (its steps shrink to 32 keys to fit, and nothing hides the staging's latency).
 //!
-//! Both read their inputs as vectors of [`VECTOR`] elements (16 bytes), as all tensor-core
-//! kernels do.
+//! It reads its inputs as vectors of [`VECTOR`] elements (16 bytes), as all tensor-core kernels
+//! do.
 //!
 //! The forward's softmax and `p . v` steps are [`super::mma_forward`]'s: scores through an f32
 //! tile in shared memory, two units per row, the output accumulator in registers.
