@@ -12,9 +12,9 @@ use cubecl::prelude::*;
 use cubecl::{calculate_cube_count_elemwise, CubeDim};
 
 use crate::api::{Keys, SparseAttentionBackend, SparseAttentionGrads};
-use crate::kernel::{backward, forward, inverse, mma_backward, mma_dq, mma_forward, mma_select};
+use crate::kernel::{backward, flash_dq, flash_forward, flash_key, forward, inverse, mma_backward, mma_dq, mma_forward, mma_select};
 use crate::tiling::{
-    delta_rows, KeyMmaTiling, KeyTiling, MmaTiling, QueryPass, QueryTiling, SelectMmaTiling, MMA_SHARED,
+    delta_rows, FlashKeyTiling, FlashTiling, KeyMmaTiling, KeyTiling, MmaTiling, QueryPass, QueryTiling, SelectMmaTiling, MMA_SHARED,
 };
 
 /// Units per cube of the inverted-index kernels.
@@ -40,6 +40,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
     ) -> (CubeTensor<R>, CubeTensor<R>) {
         let call = Call::new(q, k, v, keys, I::dtype());
         let [b, t, h_q, _] = call.q.meta.shape().dims::<4>();
+        let h_kv = call.k.meta.shape()[2];
         let out = call.empty(Shape::new([b, t, h_q, call.d_v]), call.q.dtype);
         let lse = call.empty(Shape::new([b, t, h_q]), DType::F32);
         if let Some(tiling) = call.select_mma_tiling() {
@@ -63,6 +64,30 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
                 tiling.key_tile,
                 tiling.pv_cols,
                 [call.q.dtype.into(), call.blocks.dtype.into()],
+            );
+            return (out, lse);
+        }
+        if let Some(tiling) = call.flash_tiling(QueryPass::Forward) {
+            let cubes = b * h_kv * t.div_ceil(tiling.queries(h_q / h_kv));
+            let (count, dim) = call.plane_grid(cubes, tiling.planes());
+            flash_forward::window_forward_flash::launch::<R>(
+                &call.client(),
+                count,
+                dim,
+                mma_forward::VECTOR,
+                call.q.clone().into_tensor_arg(),
+                call.k.clone().into_tensor_arg(),
+                call.v.clone().into_tensor_arg(),
+                out.clone().into_tensor_arg(),
+                lse.clone().into_tensor_arg(),
+                call.scale,
+                call.span,
+                call.d_k,
+                call.d_v,
+                tiling.rows,
+                tiling.planes(),
+                tiling.key_tile,
+                call.q.dtype.into(),
             );
             return (out, lse);
         }
@@ -142,19 +167,30 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
             (Some(call.empty(call.q.meta.shape().clone(), dtype)), call.empty(Shape::new([1, 1, 1, 1]), DType::F32))
         };
         if fold_dq {
-            let rows = delta_rows(call.d_v, mma_forward::VECTOR);
-            let dim = CubeDim::new_2d((call.d_v / mma_forward::VECTOR) as u32, rows as u32);
-            let cubes = (b * t * h_q).div_ceil(rows);
-            mma_backward::row_delta::launch::<R>(
+            call.row_delta(&out, &grad_out, &delta);
+        } else if let Some(tiling) = call.flash_tiling(QueryPass::Gradient) {
+            call.row_delta(&out, &grad_out, &delta);
+            let cubes = b * h_kv * t.div_ceil(tiling.queries(h_q / h_kv));
+            let (count, dim) = call.plane_grid(cubes, tiling.planes());
+            flash_dq::window_dq_flash::launch::<R>(
                 &call.client(),
-                calculate_cube_count_elemwise(&call.client(), cubes * dim.num_elems() as usize, dim),
+                count,
                 dim,
                 mma_forward::VECTOR,
-                out.into_tensor_arg(),
+                call.q.clone().into_tensor_arg(),
+                call.k.clone().into_tensor_arg(),
+                call.v.clone().into_tensor_arg(),
                 grad_out.clone().into_tensor_arg(),
+                lse.clone().into_tensor_arg(),
                 delta.clone().into_tensor_arg(),
+                grad_q.clone().expect("a query-side dQ").into_tensor_arg(),
+                call.scale,
+                call.span,
+                call.d_k,
                 call.d_v,
-                rows,
+                tiling.rows,
+                tiling.planes(),
+                tiling.key_tile,
                 dtype.into(),
             );
         } else if let Some(tiling) = call.mma_tiling(QueryPass::Gradient) {
@@ -222,7 +258,30 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
             // `[B * H_kv, segments, span * (d_k + d_v)]`: each segment's dK and dV shares.
             call.empty(Shape::new([b * h_kv, segments, call.span as usize * (call.d_k + call.d_v)]), DType::F32)
         };
-        if let Some(tiling) = key_tiling {
+        if let Some(tiling) = call.flash_key_tiling() {
+            let (count, dim) = call.plane_grid(call.key_cubes(tiling.keys(), &index), tiling.planes);
+            flash_key::window_key_flash::launch::<R>(
+                &call.client(),
+                count,
+                dim,
+                mma_forward::VECTOR,
+                call.q.clone().into_tensor_arg(),
+                call.k.clone().into_tensor_arg(),
+                call.v.clone().into_tensor_arg(),
+                grad_out.clone().into_tensor_arg(),
+                lse.clone().into_tensor_arg(),
+                delta.clone().into_tensor_arg(),
+                grad_k.clone().into_tensor_arg(),
+                grad_v.clone().into_tensor_arg(),
+                call.scale,
+                call.span,
+                call.d_k,
+                call.d_v,
+                tiling.planes,
+                tiling.q_rows,
+                dtype.into(),
+            );
+        } else if let Some(tiling) = key_tiling {
             let (count, dim) = call.plane_grid(call.key_cubes(tiling.keys(), &index), tiling.planes);
             mma_backward::attention_backward_key_mma::launch::<R>(
                 &call.client(),
@@ -409,6 +468,54 @@ impl<R: CubeRuntime> Call<R> {
         let shared = self.mma_shared_bytes()?;
         let g = self.q.meta.shape()[2] / self.k.meta.shape()[2];
         MmaTiling::plan(pass, g, self.d_k, self.d_v, self.q.dtype.size(), shared)
+    }
+
+    /// `delta = dO . O` per row (f32), for the backward kernels that do not compute it
+    /// themselves.
+    fn row_delta(&self, out: &CubeTensor<R>, grad_out: &CubeTensor<R>, delta: &CubeTensor<R>) {
+        let rows = delta_rows(self.d_v, mma_forward::VECTOR);
+        let dim = CubeDim::new_2d((self.d_v / mma_forward::VECTOR) as u32, rows as u32);
+        let cubes = delta.meta.shape().num_elements().div_ceil(rows);
+        mma_backward::row_delta::launch::<R>(
+            &self.client(),
+            calculate_cube_count_elemwise(&self.client(), cubes * dim.num_elems() as usize, dim),
+            dim,
+            mma_forward::VECTOR,
+            out.clone().into_tensor_arg(),
+            grad_out.clone().into_tensor_arg(),
+            delta.clone().into_tensor_arg(),
+            self.d_v,
+            rows,
+            self.q.dtype.into(),
+        );
+    }
+
+    /// The register-resident window forward's tiling, when the device also has the manual MMA
+    /// (m16n8k16 with f32 accumulation) and `ldmatrix` for the storage type (CUDA on sm80+):
+    /// see [`flash_forward`].
+    fn flash_tiling(&self, pass: QueryPass) -> Option<FlashTiling> {
+        if !self.window {
+            return None;
+        }
+        self.mma_shared_bytes()?;
+        let dtype = self.q.dtype;
+        let config =
+            MmaConfig { a_type: dtype.into(), b_type: dtype.into(), cd_type: DType::F32.into(), m: 16, n: 8, k: 16 };
+        let client = self.client();
+        let matmul = &client.properties().features.matmul;
+        let storage: StorageType = dtype.into();
+        if !matmul.mma.contains(&config) || !matmul.ldmatrix.contains(&storage) {
+            return None;
+        }
+        let g = self.q.meta.shape()[2] / self.k.meta.shape()[2];
+        FlashTiling::plan(pass, g, self.d_k, self.d_v)
+    }
+
+    /// The register-resident window dK/dV tiling, under the conditions of
+    /// [`Call::flash_tiling`]: see [`flash_key`].
+    fn flash_key_tiling(&self) -> Option<FlashKeyTiling> {
+        self.flash_tiling(QueryPass::Gradient)?;
+        FlashKeyTiling::plan(self.d_k, self.d_v)
     }
 
     /// The tensor-core selection forward's tiling, under the same conditions (a selection's

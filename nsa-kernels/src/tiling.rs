@@ -192,6 +192,69 @@ impl MmaTiling {
     }
 }
 
+/// Register-resident window forward (see `kernel::flash_forward`): a cube of `planes` planes of
+/// 32 lanes holds `rows` real rows (the `g` heads of `rows / g` consecutive queries) padded to
+/// `16 * planes`, and stages `key_tile` keys per step. Its scores and output live in registers,
+/// so shared memory holds only the K and V tiles.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FlashTiling {
+    pub rows: usize,
+    pub key_tile: usize,
+}
+
+impl FlashTiling {
+    /// `None` when the head dims are not multiples of the MMA tile. Wide heads take 32-key
+    /// tiles, so that a lane's registers stay near 128 f32: the forward keeps `d_k / 4` query,
+    /// `key_tile / 4` score and `d_v / 4` output registers, the dQ pass `(d_k + d_v) / 4` query
+    /// and dO, `key_tile / 2` score and `dp`, and `d_k / 4` dQ registers.
+    pub fn plan(pass: QueryPass, g: usize, d_k: usize, d_v: usize) -> Option<Self> {
+        if d_k % MMA_TILE != 0 || d_v % MMA_TILE != 0 {
+            return None;
+        }
+        let rows = (MMA_ROWS / g).max(1) * g;
+        let wide = match pass {
+            QueryPass::Forward => d_k + d_v > 256,
+            QueryPass::Gradient => d_k + d_v > 128,
+        };
+        let key_tile = if wide { 32 } else { 64 };
+        Some(FlashTiling { rows, key_tile })
+    }
+
+    /// Planes of 16 rows: `rows` rounded up.
+    pub fn planes(&self) -> usize {
+        self.rows.div_ceil(MMA_TILE)
+    }
+
+    /// Positions per cube.
+    pub fn queries(&self, g: usize) -> usize {
+        self.rows / g
+    }
+}
+
+/// Register-resident window dK/dV (see `kernel::flash_key`): `planes` planes own 16 keys each
+/// and walk the query rows that attend them `q_rows` at a time. A lane keeps `(d_k + d_v) / 4`
+/// K and V, as many dK and dV, and `q_rows / 2` score and `dp` registers: wide heads walk 32
+/// rows at a time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FlashKeyTiling {
+    pub planes: usize,
+    pub q_rows: usize,
+}
+
+impl FlashKeyTiling {
+    pub fn plan(d_k: usize, d_v: usize) -> Option<Self> {
+        if d_k % MMA_TILE != 0 || d_v % MMA_TILE != 0 {
+            return None;
+        }
+        let q_rows = if d_k + d_v <= 128 { 64 } else { 32 };
+        Some(FlashKeyTiling { planes: 8, q_rows })
+    }
+
+    pub fn keys(&self) -> usize {
+        self.planes * MMA_TILE
+    }
+}
+
 /// Query rows per cube of `kernel::mma_backward::row_delta` at head dim `d_v`: as many as fill
 /// about 128 units, one per 16-byte vector of a row (`d_v / 8` at 16-bit storage).
 pub fn delta_rows(d_v: usize, vector: usize) -> usize {

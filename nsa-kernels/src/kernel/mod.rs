@@ -5,7 +5,11 @@
 //! Softmax statistics are f32 whatever the storage dtype.
 
 pub mod backward;
+pub mod flash_dq;
+pub mod flash_forward;
+pub mod flash_key;
 pub mod forward;
+pub mod fragments;
 pub mod inverse;
 pub mod key;
 pub mod mma_backward;

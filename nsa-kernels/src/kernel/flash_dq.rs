@@ -1,0 +1,128 @@
+//! dQ of a window with everything per row in registers: the cubes and lanes of
+//! [`super::flash_forward`], computing what [`super::backward::attention_backward_query`] does.
+//!
+//! A plane's q and dO rows are A fragments for the whole walk and its dQ is result tiles (a
+//! backward has no rescaling). Per staged key tile: `s = q K^T` and `dp = dO V^T` as result
+//! tiles, `ds = p (dp - delta)` with `p = exp(s scale - lse)` in place, then `dQ += ds K`, `ds`
+//! rounded to the storage type as the product's A operand. `delta = dO . O` comes from
+//! [`super::mma_backward::row_delta`], launched before.
+
+use cubecl::prelude::*;
+
+use super::flash_forward::{mask_and_scale, store_row_tiles, LaneRows};
+use super::forward::MASKED;
+use super::fragments::{accumulate_with_rows, mma, products_with_rows, row_fragments, zero_pairs, Pair, MMA_M, MMA_N};
+use super::mma_forward::{max_usize, stage_query_rows, VECTOR};
+use super::query::QueryCube;
+use super::rows::{offset3, stage_vector_rows};
+use crate::tiling::storage_stride;
+
+/// `q`, `k`, `v`, `dO` as the forward's inputs and output, `lse` and `delta` `[B, T, H_q]`
+/// (f32) -> `grad_q`. Cube `(32, planes)` units, `rows <= 16 * planes` real rows.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+pub fn window_dq_flash<F: Float, N: Size>(
+    q: &Tensor<Vector<F, N>>,
+    k: &Tensor<Vector<F, N>>,
+    v: &Tensor<Vector<F, N>>,
+    grad_out: &Tensor<Vector<F, N>>,
+    lse: &Tensor<f32>,
+    delta: &Tensor<f32>,
+    grad_q: &mut Tensor<F>,
+    scale: f32,
+    span: u32,
+    #[comptime] d_k: usize,
+    #[comptime] d_v: usize,
+    #[comptime] rows: usize,
+    #[comptime] planes: usize,
+    #[comptime] key_tile: usize,
+    #[define(F)] _dtype: StorageType,
+) {
+    let cube = QueryCube::new::<Vector<F, N>>(q, k, rows, 1usize);
+    if !cube.exists {
+        terminate!();
+    }
+    let def = mma::<F>();
+    let span = span as usize;
+    let lane = UNIT_POS_X as usize;
+    let plane = UNIT_POS_Y as usize;
+    let g = q.shape(2) / k.shape(2);
+    let lanes = LaneRows::new(&cube, plane, lane, g, rows, q.shape(1));
+    let mut row_lse = Array::<f32>::new(2usize);
+    let mut row_delta = Array::<f32>::new(2usize);
+    #[unroll]
+    for half in 0..2usize {
+        let at = offset3::<f32>(lse, cube.b, lanes.t[half], lanes.h[half]);
+        row_lse[half] = lse[at];
+        row_delta[half] = delta[at];
+    }
+
+    // One buffer: q rows, then dO rows, while their fragments load; then K and V tiles.
+    let ks = comptime!(storage_stride(d_k));
+    let vs = comptime!(storage_stride(d_v));
+    let mut staged = SharedMemory::<Vector<F, N>>::new_aligned(
+        comptime!(max_usize(planes * MMA_M * max_usize(ks, vs), key_tile * (ks + vs)) / VECTOR),
+        16usize,
+    );
+    let v_at = comptime!(key_tile * ks);
+    stage_query_rows::<F, N>(q, &mut staged, cube.b, cube.t0, cube.hk, g, rows, planes, d_k, ks);
+    sync_cube();
+    let q_frags = row_fragments::<F, N>(def, &staged, 0usize, plane * MMA_M, lane, d_k, ks);
+    sync_cube();
+    stage_query_rows::<F, N>(grad_out, &mut staged, cube.b, cube.t0, cube.hk, g, rows, planes, d_v, vs);
+    sync_cube();
+    let do_frags = row_fragments::<F, N>(def, &staged, 0usize, plane * MMA_M, lane, d_v, vs);
+    sync_cube();
+
+    let mut dq = zero_pairs(comptime!(2 * d_k / MMA_N));
+    let mut first = 0usize;
+    if cube.t0 + 1 > span {
+        first = cube.t0 + 1 - span;
+    }
+    while first < cube.t_end {
+        let count = min(cube.t_end - first, key_tile);
+        stage_vector_rows::<F, N>(k, &mut staged, 0usize, cube.b, first, count, cube.hk, key_tile, d_k, ks, VECTOR, UNIT_POS as usize, CUBE_DIM as usize);
+        stage_vector_rows::<F, N>(v, &mut staged, v_at, cube.b, first, count, cube.hk, key_tile, d_v, vs, VECTOR, UNIT_POS as usize, CUBE_DIM as usize);
+        sync_cube();
+
+        let mut ds = products_with_rows::<F, N>(def, &q_frags, &staged, 0usize, lane, d_k, ks, key_tile);
+        let dp = products_with_rows::<F, N>(def, &do_frags, &staged, v_at, lane, d_v, vs, key_tile);
+        mask_and_scale(&mut ds, &lanes, first, count, span, scale, lane, key_tile);
+        score_gradients(&mut ds, &dp, &row_lse, &row_delta, key_tile);
+        accumulate_with_rows::<F, N>(def, &ds, &staged, 0usize, lane, &mut dq, d_k, ks, key_tile);
+        // The next tile overwrites K and V.
+        sync_cube();
+        first += count;
+    }
+
+    let mut factor = Array::<f32>::new(2usize);
+    factor[0] = scale;
+    factor[1] = scale;
+    store_row_tiles::<F>(grad_q, &lanes, &dq, &factor, cube.b, lane, d_k);
+}
+
+/// Scaled, masked scores in `s` become `ds = p (dp - delta)` in place, `p = exp(s - lse)` (0
+/// where masked), row `half` taking `lse[half]` and `delta[half]`.
+#[cube]
+pub fn score_gradients(
+    s: &mut Array<Pair<f32>>,
+    dp: &Array<Pair<f32>>,
+    lse: &Array<f32>,
+    delta: &Array<f32>,
+    #[comptime] n_cols: usize,
+) {
+    #[unroll]
+    for j in 0..n_cols / MMA_N {
+        #[unroll]
+        for half in 0..2usize {
+            let mut x = s[2 * j + half];
+            let d = dp[2 * j + half];
+            #[unroll]
+            for e in 0..2usize {
+                let p = select(x[e] > MASKED, (x[e] - lse[half]).exp(), 0.0f32);
+                x[e] = p * (d[e] - delta[half]);
+            }
+            s[2 * j + half] = x;
+        }
+    }
+}

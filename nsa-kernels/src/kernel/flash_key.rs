@@ -1,0 +1,236 @@
+//! dK/dV of a window with everything per key row in registers (flash attention 2's backward
+//! layout, [`super::fragments`]), computing what [`super::backward::attention_backward_key`]
+//! does for a window.
+//!
+//! A cube holds `16 * planes` consecutive keys of one KV head; plane `p` owns 16 of them, whose
+//! K and V rows are A fragments for the whole walk, and whose dK and dV are result tiles. The
+//! cube walks the query rows `(t, h)` that attend its keys (`t` in `[s0, s_end - 1 + w)`, `h`
+//! fastest), `q_rows` at a time: per chunk, `s^T = K q^T` and `dp^T = V dO^T` as result tiles
+//! (keys as rows), `p^T = exp(s^T scale - lse)` and `ds^T = p^T (dp^T - delta)` in place, then
+//! `dV += p^T dO` and `dK += ds^T q`, the chunk's q and dO rows read from shared memory by
+//! transposed `ldmatrix`.
+
+use cubecl::prelude::*;
+
+use super::fragments::{accumulate_with_rows, mma, products_with_rows, row_fragments, store_tiles, zero_pairs, Pair, MMA_M, MMA_N};
+use super::mma_forward::{max_usize, VECTOR};
+use super::rows::{attends, offset3, stage_vector_rows};
+use crate::tiling::storage_stride;
+
+/// `q`, `k`, `v`, `dO`, `lse`, `delta` as [`super::flash_dq::window_dq_flash`] -> `grad_k`,
+/// `grad_v`. Cube `(32, planes)` units; `q_rows` a multiple of 16.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+pub fn window_key_flash<F: Float, N: Size>(
+    q: &Tensor<Vector<F, N>>,
+    k: &Tensor<Vector<F, N>>,
+    v: &Tensor<Vector<F, N>>,
+    grad_out: &Tensor<Vector<F, N>>,
+    lse: &Tensor<f32>,
+    delta: &Tensor<f32>,
+    grad_k: &mut Tensor<F>,
+    grad_v: &mut Tensor<F>,
+    scale: f32,
+    span: u32,
+    #[comptime] d_k: usize,
+    #[comptime] d_v: usize,
+    #[comptime] planes: usize,
+    #[comptime] q_rows: usize,
+    #[define(F)] _dtype: StorageType,
+) {
+    let keys = comptime!(planes * MMA_M);
+    let (t_len, h_q, h_kv) = (q.shape(1), q.shape(2), k.shape(2));
+    let g = h_q / h_kv;
+    let tiles = t_len.div_ceil(keys);
+    let cube = CUBE_POS;
+    if cube >= q.shape(0) * h_kv * tiles {
+        terminate!();
+    }
+    let (b, hk) = (cube / (tiles * h_kv), (cube / tiles) % h_kv);
+    let s0 = (cube % tiles) * keys;
+    let s_end = min(s0 + keys, t_len);
+    let n_rows = (min(t_len, s_end - 1 + span as usize) - s0) * g;
+    let span = span as usize;
+    let def = mma::<F>();
+    let lane = UNIT_POS_X as usize;
+    let plane = UNIT_POS_Y as usize;
+
+    // One buffer: the cube's K and V rows while their fragments load, then each chunk's q and
+    // dO rows.
+    let ks = comptime!(storage_stride(d_k));
+    let vs = comptime!(storage_stride(d_v));
+    let mut staged = SharedMemory::<Vector<F, N>>::new_aligned(
+        comptime!(max_usize(keys, q_rows) * (ks + vs) / VECTOR),
+        16usize,
+    );
+    let units = CUBE_DIM as usize;
+    stage_vector_rows::<F, N>(k, &mut staged, 0usize, b, s0, s_end - s0, hk, keys, d_k, ks, VECTOR, UNIT_POS as usize, units);
+    stage_vector_rows::<F, N>(v, &mut staged, comptime!(keys * ks), b, s0, s_end - s0, hk, keys, d_v, vs, VECTOR, UNIT_POS as usize, units);
+    sync_cube();
+    let k_frags = row_fragments::<F, N>(def, &staged, 0usize, plane * MMA_M, lane, d_k, ks);
+    let v_frags = row_fragments::<F, N>(def, &staged, comptime!(keys * ks), plane * MMA_M, lane, d_v, vs);
+    sync_cube();
+
+    // The lane's two key rows.
+    let mut key = Array::<usize>::new(2usize);
+    let mut real = Array::<bool>::new(2usize);
+    #[unroll]
+    for half in 0..2usize {
+        key[half] = s0 + plane * MMA_M + lane / 4 + 8 * half;
+        real[half] = key[half] < s_end;
+    }
+
+    let mut dk = zero_pairs(comptime!(2 * d_k / MMA_N));
+    let mut dv = zero_pairs(comptime!(2 * d_v / MMA_N));
+    // Per walked row of the chunk: its position, lse and delta.
+    let mut positions = SharedMemory::<u32>::new(q_rows);
+    let mut stats = SharedMemory::<f32>::new(comptime!(2 * q_rows));
+    let do_at = comptime!(q_rows * ks);
+
+    let mut row_first = 0usize;
+    while row_first < n_rows {
+        let count = min(n_rows - row_first, q_rows);
+        stage_walked_rows::<F, N>(q, grad_out, lse, delta, &mut staged, &mut positions, &mut stats, b, hk, g, s0 * g + row_first, count, q_rows, d_k, d_v);
+        sync_cube();
+
+        let mut p = products_with_rows::<F, N>(def, &k_frags, &staged, 0usize, lane, d_k, ks, q_rows);
+        key_probabilities(&mut p, &positions, &stats, &key, &real, count, span, scale, lane, q_rows);
+        accumulate_with_rows::<F, N>(def, &p, &staged, do_at, lane, &mut dv, d_v, vs, q_rows);
+        let dp = products_with_rows::<F, N>(def, &v_frags, &staged, do_at, lane, d_v, vs, q_rows);
+        key_score_gradients(&mut p, &dp, &stats, lane, q_rows);
+        accumulate_with_rows::<F, N>(def, &p, &staged, 0usize, lane, &mut dk, d_k, ks, q_rows);
+        // The next chunk overwrites q, dO and the statistics.
+        sync_cube();
+        row_first += count;
+    }
+
+    let mut base_k = Array::<usize>::new(2usize);
+    let mut base_v = Array::<usize>::new(2usize);
+    let mut factor_k = Array::<f32>::new(2usize);
+    let mut factor_v = Array::<f32>::new(2usize);
+    #[unroll]
+    for half in 0..2usize {
+        let row = min(key[half], t_len - 1);
+        base_k[half] = offset3::<F>(grad_k, b, row, hk);
+        base_v[half] = offset3::<F>(grad_v, b, row, hk);
+        factor_k[half] = scale;
+        factor_v[half] = 1.0f32;
+    }
+    store_tiles::<F>(grad_k, &base_k, &real, &dk, &factor_k, lane, d_k);
+    store_tiles::<F>(grad_v, &base_v, &real, &dv, &factor_v, lane, d_v);
+}
+
+/// Walked rows `first..first + count` of the cube's keys (row `r` is query `r / g`, head
+/// `hk * g + r % g`), padded to `q_rows` with zeros: q rows at element 0 of `staged`, dO rows
+/// after `q_rows` q rows, and per row its position, `lse` and (at `q_rows`) `delta`.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn stage_walked_rows<F: Float, N: Size>(
+    q: &Tensor<Vector<F, N>>,
+    grad_out: &Tensor<Vector<F, N>>,
+    lse: &Tensor<f32>,
+    delta: &Tensor<f32>,
+    staged: &mut SharedMemory<Vector<F, N>>,
+    positions: &mut SharedMemory<u32>,
+    stats: &mut SharedMemory<f32>,
+    b: usize,
+    hk: usize,
+    g: usize,
+    first: usize,
+    count: usize,
+    #[comptime] q_rows: usize,
+    #[comptime] d_k: usize,
+    #[comptime] d_v: usize,
+) {
+    let ks = comptime!(storage_stride(d_k));
+    let vs = comptime!(storage_stride(d_v));
+    let (per_q, per_do) = (comptime!(d_k / VECTOR), comptime!(d_v / VECTOR));
+    let per_row = comptime!(per_q + per_do);
+    let mut idx = UNIT_POS as usize;
+    while idx < q_rows * per_row {
+        let (i, c) = (idx / per_row, idx % per_row);
+        let (t, h) = ((first + i) / g, hk * g + (first + i) % g);
+        let mut value = Vector::<F, N>::new(F::new(0.0));
+        if c < per_q {
+            if i < count {
+                value = q[offset3::<Vector<F, N>>(q, b, t, h) / VECTOR + c];
+            }
+            staged[(i * ks) / VECTOR + c] = value;
+        } else {
+            if i < count {
+                value = grad_out[offset3::<Vector<F, N>>(grad_out, b, t, h) / VECTOR + c - per_q];
+            }
+            staged[(q_rows * ks + i * vs) / VECTOR + c - per_q] = value;
+        }
+        idx += CUBE_DIM as usize;
+    }
+    let i = UNIT_POS as usize;
+    if i < q_rows {
+        let (t, h) = ((first + i) / g, hk * g + (first + i) % g);
+        let mut row_lse = f32::new(0.0);
+        let mut row_delta = f32::new(0.0);
+        if i < count {
+            let at = offset3::<f32>(lse, b, t, h);
+            row_lse = lse[at];
+            row_delta = delta[at];
+        }
+        positions[i] = t as u32;
+        stats[i] = row_lse;
+        stats[q_rows + i] = row_delta;
+    }
+}
+
+/// Scores `s^T` (keys as rows, the chunk's walked rows as columns) become `p^T = exp(s^T scale
+/// - lse)` in place, 0 where the column is past `count`, its query does not attend the key, or
+/// the key is past the cube's end.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn key_probabilities(
+    s: &mut Array<Pair<f32>>,
+    positions: &SharedMemory<u32>,
+    stats: &SharedMemory<f32>,
+    key: &Array<usize>,
+    real: &Array<bool>,
+    count: usize,
+    span: usize,
+    scale: f32,
+    lane: usize,
+    #[comptime] q_rows: usize,
+) {
+    let column = 2 * (lane % 4);
+    #[unroll]
+    for j in 0..q_rows / MMA_N {
+        #[unroll]
+        for e in 0..2usize {
+            let col = j * MMA_N + column + e;
+            let t = positions[col] as usize;
+            let row_lse = stats[col];
+            #[unroll]
+            for half in 0..2usize {
+                let mut x = s[2 * j + half];
+                let valid = col < count && real[half] && attends(t, key[half], span, true);
+                x[e] = select(valid, (x[e] * scale - row_lse).exp(), 0.0f32);
+                s[2 * j + half] = x;
+            }
+        }
+    }
+}
+
+/// `p^T` in `p` becomes `ds^T = p^T (dp^T - delta)` in place, `delta` per column.
+#[cube]
+fn key_score_gradients(p: &mut Array<Pair<f32>>, dp: &Array<Pair<f32>>, stats: &SharedMemory<f32>, lane: usize, #[comptime] q_rows: usize) {
+    let column = 2 * (lane % 4);
+    #[unroll]
+    for j in 0..q_rows / MMA_N {
+        #[unroll]
+        for e in 0..2usize {
+            let row_delta = stats[q_rows + j * MMA_N + column + e];
+            #[unroll]
+            for half in 0..2usize {
+                let mut x = p[2 * j + half];
+                x[e] = x[e] * (dp[2 * j + half][e] - row_delta);
+                p[2 * j + half] = x;
+            }
+        }
+    }
+}

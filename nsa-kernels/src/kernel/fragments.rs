@@ -1,0 +1,231 @@
+//! Register-resident matrix products on CUDA's manual MMA (`mma.sync` m16n8k16, f16/bf16 in,
+//! f32 accumulation), the building blocks of the flash kernels ([`super::flash_forward`]).
+//!
+//! A plane works on a 16-row tile. In PTX's register layout lane `l` holds, of a `[16, 8]` f32
+//! result tile, rows `l / 4` and `l / 4 + 8` at columns `2 (l % 4)` and `+ 1`: one `Pair` per
+//! row. Results here are arrays of such tiles, element `2j + half` being tile `j`'s pair for row
+//! `half`. Two neighbouring 8-column result tiles, rounded to the storage type, are exactly the
+//! A operand of a product over those 16 columns, so a score tile becomes the next product's
+//! input without leaving registers. Rows staged in shared memory (16-byte vectors, rows of
+//! whole vectors) are read as operands by `ldmatrix`, transposed or not.
+//!
+//! Two products cover every attention pass: `a . rows^T` ([`products_with_rows`]: scores
+//! `q K^T`, `dO V^T`, and on the key side `K Q^T`, `V dO^T`) and `acc += p . rows`
+//! ([`accumulate_with_rows`]: `p V`, `ds K`, `p^T dO`, `ds^T Q`).
+
+use cubecl::cmma::{MatrixIdent, MmaDefinition};
+use cubecl::prelude::*;
+
+use super::mma_forward::VECTOR;
+
+/// Two elements of one 32-bit register: the unit of every MMA operand here.
+pub type Pair<E> = Vector<E, Const<2>>;
+
+/// The MMA shape: rows, columns of a result tile, and the reduced axis.
+pub const MMA_M: usize = 16;
+pub const MMA_N: usize = 8;
+pub const MMA_K: usize = 16;
+
+/// The definition every flash kernel uses.
+#[cube]
+pub fn mma<F: Float>() -> MmaDefinition<F, F, f32> {
+    MmaDefinition::<F, F, f32>::new(MMA_M, MMA_N, MMA_K)
+}
+
+/// The A fragments of 16 staged rows (`first_row..first_row + 16`, row stride `stride`
+/// elements) over `d` columns, 4 registers per 16 columns: `ldmatrix.x4` of the four 8x8
+/// quarters, lane `l` naming row `l % 8` of quarter `l / 8` (quarters in the order of the A
+/// registers: rows 0-7 and 8-15 of columns 0-7, then of columns 8-15).
+#[cube]
+pub fn row_fragments<F: Float, N: Size>(
+    def: MmaDefinition<F, F, f32>,
+    staged: &SharedMemory<Vector<F, N>>,
+    at: usize,
+    first_row: usize,
+    lane: usize,
+    #[comptime] d: usize,
+    #[comptime] stride: usize,
+) -> Array<Pair<F>> {
+    let mut frags = Array::<Pair<F>>::new(comptime!(4 * d / MMA_K));
+    let (quarter, r) = (lane / 8, lane % 8);
+    let row = first_row + r + 8 * (quarter % 2);
+    #[unroll]
+    for kk in 0..d / MMA_K {
+        let col = kk * MMA_K + 8 * (quarter / 2);
+        let regs = load_quarters::<F, N>(def, staged, at + row * stride + col, false);
+        #[unroll]
+        for i in 0..4usize {
+            frags[4 * kk + i] = regs[i];
+        }
+    }
+    frags
+}
+
+/// `a . rows^T`: the plane's 16 rows (A fragments over `d` columns, from [`row_fragments`])
+/// against `n_rows` staged rows (at element `at`, row stride `stride`), as `n_rows / 8` result
+/// tiles. The staged rows are the B operand read column-major, so one non-transposed
+/// `ldmatrix.x4` gives two 8-row tiles' B fragments for 16 columns.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub fn products_with_rows<F: Float, N: Size>(
+    def: MmaDefinition<F, F, f32>,
+    a_frags: &Array<Pair<F>>,
+    staged: &SharedMemory<Vector<F, N>>,
+    at: usize,
+    lane: usize,
+    #[comptime] d: usize,
+    #[comptime] stride: usize,
+    #[comptime] n_rows: usize,
+) -> Array<Pair<f32>> {
+    let mut result = zero_pairs(comptime!(2 * n_rows / MMA_N));
+    let (quarter, r) = (lane / 8, lane % 8);
+    #[unroll]
+    for kk in 0..d / MMA_K {
+        let a = operand::<F>(a_frags, 4 * kk, 4usize);
+        #[unroll]
+        for jj in 0..n_rows / 16 {
+            // Quarters: rows 0-7 at columns 0-7, 8-15; then rows 8-15 at the same columns.
+            let row = jj * 16 + r + 8 * (quarter / 2);
+            let col = kk * MMA_K + 8 * (quarter % 2);
+            let b = load_quarters::<F, N>(def, staged, at + row * stride + col, false);
+            #[unroll]
+            for half_tile in 0..2usize {
+                mma_into::<F>(def, &a, &b, 2 * half_tile, &mut result, 2 * jj + half_tile);
+            }
+        }
+    }
+    result
+}
+
+/// `acc += p . rows`: `p`, result tiles over `n_rows` columns (rounded to the storage type, as
+/// flash attention does: two 8-column tiles make one A fragment), times `n_rows` staged rows of
+/// `d` columns, into `acc`'s `d / 8` tiles. The staged rows are the B operand read row-major,
+/// so a transposed `ldmatrix.x4` gives two 8-column tiles' B fragments.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub fn accumulate_with_rows<F: Float, N: Size>(
+    def: MmaDefinition<F, F, f32>,
+    p: &Array<Pair<f32>>,
+    staged: &SharedMemory<Vector<F, N>>,
+    at: usize,
+    lane: usize,
+    acc: &mut Array<Pair<f32>>,
+    #[comptime] d: usize,
+    #[comptime] stride: usize,
+    #[comptime] n_rows: usize,
+) {
+    let (quarter, r) = (lane / 8, lane % 8);
+    #[unroll]
+    for kk in 0..n_rows / MMA_K {
+        let mut a = Array::<Pair<F>>::new(4usize);
+        #[unroll]
+        for i in 0..4usize {
+            a[i] = Pair::<F>::cast_from(p[4 * kk + i]);
+        }
+        #[unroll]
+        for nn in 0..d / 16 {
+            // Quarters: rows 0-7 and 8-15 of columns 0-7, then of columns 8-15.
+            let row = kk * MMA_K + r + 8 * (quarter % 2);
+            let col = nn * 16 + 8 * (quarter / 2);
+            let b = load_quarters::<F, N>(def, staged, at + row * stride + col, true);
+            #[unroll]
+            for half_tile in 0..2usize {
+                mma_into::<F>(def, &a, &b, 2 * half_tile, acc, 2 * nn + half_tile);
+            }
+        }
+    }
+}
+
+/// `ldmatrix.x4` (optionally transposed) of the four 8x8 quarters whose row this lane names at
+/// element `at` of `staged` (a multiple of the 16-byte vector).
+#[cube]
+fn load_quarters<F: Float, N: Size>(
+    def: MmaDefinition<F, F, f32>,
+    staged: &SharedMemory<Vector<F, N>>,
+    at: usize,
+    #[comptime] transpose: bool,
+) -> Array<Pair<F>> {
+    let start = at / VECTOR;
+    def.load_matrix::<Vector<F, N>, Const<2>>(&staged.slice(start, start + 1), MatrixIdent::B, 4usize, transpose)
+}
+
+/// `acc`'s result tile `tile` += `a` times the B fragment at registers `b_at`, `b_at + 1` of `b`.
+#[cube]
+fn mma_into<F: Float>(
+    def: MmaDefinition<F, F, f32>,
+    a: &Array<Pair<F>>,
+    b: &Array<Pair<F>>,
+    b_at: usize,
+    acc: &mut Array<Pair<f32>>,
+    tile: usize,
+) {
+    let b_frag = operand::<F>(b, b_at, 2usize);
+    let c = operand::<f32>(acc, 2 * tile, 2usize);
+    let d = def.execute(a, &b_frag, &c);
+    acc[2 * tile] = d[0];
+    acc[2 * tile + 1] = d[1];
+}
+
+/// `len` registers of `regs` from `at`: one MMA operand.
+#[cube]
+fn operand<E: Numeric>(regs: &Array<Pair<E>>, at: usize, #[comptime] len: usize) -> Array<Pair<E>> {
+    let mut part = Array::<Pair<E>>::new(len);
+    #[unroll]
+    for i in 0..len {
+        part[i] = regs[at + i];
+    }
+    part
+}
+
+/// `len` f32 register pairs of zeros.
+#[cube]
+pub fn zero_pairs(#[comptime] len: usize) -> Array<Pair<f32>> {
+    let mut regs = Array::<Pair<f32>>::new(len);
+    #[unroll]
+    for i in 0..len {
+        regs[i] = Pair::<f32>::new(0.0f32);
+    }
+    regs
+}
+
+/// Multiplies result tiles' rows by a per-row factor (`factor[half]`).
+#[cube]
+pub fn scale_rows(tiles: &mut Array<Pair<f32>>, factor: &Array<f32>, #[comptime] n_tiles: usize) {
+    #[unroll]
+    for j in 0..n_tiles {
+        #[unroll]
+        for half in 0..2usize {
+            tiles[2 * j + half] = tiles[2 * j + half] * Pair::<f32>::new(factor[half]);
+        }
+    }
+}
+
+/// Writes the lane's two rows of result tiles over `d` columns, times `factor[half]`, to the
+/// rows of `dst` starting at `base[half]` where `write[half]`: its columns `2 (l % 4)`, `+ 1`
+/// of each tile.
+#[cube]
+pub fn store_tiles<F: Float>(
+    dst: &mut Tensor<F>,
+    base: &Array<usize>,
+    write: &Array<bool>,
+    tiles: &Array<Pair<f32>>,
+    factor: &Array<f32>,
+    lane: usize,
+    #[comptime] d: usize,
+) {
+    let column = 2 * (lane % 4);
+    #[unroll]
+    for half in 0..2usize {
+        if write[half] {
+            let row = base[half] + column;
+            #[unroll]
+            for j in 0..d / MMA_N {
+                let o = tiles[2 * j + half];
+                #[unroll]
+                for e in 0..2usize {
+                    dst[row + j * MMA_N + e] = F::cast_from(o[e] * factor[half]);
+                }
+            }
+        }
+    }
+}
