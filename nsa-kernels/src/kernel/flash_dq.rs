@@ -9,7 +9,7 @@
 
 use cubecl::prelude::*;
 
-use super::flash_forward::{mask_and_scale, store_row_tiles, LaneRows};
+use super::flash_forward::{mask_and_scale, store_row_tiles, tile_needs_mask, LaneRows};
 use super::forward::MASKED;
 use super::fragments::{accumulate_with_rows, mma, products_with_rows, row_fragments, zero_pairs, Pair, MMA_M, MMA_N};
 use super::mma_forward::{max_usize, stage_query_rows, VECTOR};
@@ -19,7 +19,7 @@ use crate::tiling::storage_stride;
 
 /// `q`, `k`, `v`, `dO` as the forward's inputs and output, `lse` and `delta` `[B, T, H_q]`
 /// (f32) -> `grad_q`. Cube `(32, planes)` units, `rows <= 16 * planes` real rows.
-#[cube(launch)]
+#[cube(launch, fast_math = FastMath::all())]
 #[allow(clippy::too_many_arguments)]
 pub fn window_dq_flash<F: Float, N: Size>(
     q: &Tensor<Vector<F, N>>,
@@ -87,7 +87,8 @@ pub fn window_dq_flash<F: Float, N: Size>(
 
         let mut ds = products_with_rows::<F, N>(def, &q_frags, &staged, 0usize, lane, d_k, ks, key_tile);
         let dp = products_with_rows::<F, N>(def, &do_frags, &staged, v_at, lane, d_v, vs, key_tile);
-        mask_and_scale(&mut ds, &lanes, first, count, span, scale, lane, key_tile);
+        let needs_mask = tile_needs_mask(first, count, cube.t0, cube.t_end, span, key_tile);
+        mask_and_scale(&mut ds, &lanes, first, count, span, scale, lane, needs_mask, key_tile);
         score_gradients(&mut ds, &dp, &row_lse, &row_delta, key_tile);
         accumulate_with_rows::<F, N>(def, &ds, &staged, 0usize, lane, &mut dq, d_k, ks, key_tile);
         // The next tile overwrites K and V.

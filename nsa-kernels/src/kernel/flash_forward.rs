@@ -24,7 +24,7 @@ use crate::tiling::storage_stride;
 /// `lse [B, T, H_q]` (f32) for a causal window of `span` keys, as
 /// [`super::forward::attention_forward`]. Cube `(32, planes)` units; `rows <= 16 * planes`
 /// real rows; `d_k`, `d_v` and `key_tile` multiples of 16.
-#[cube(launch)]
+#[cube(launch, fast_math = FastMath::all())]
 pub fn window_forward_flash<F: Float, N: Size>(
     q: &Tensor<Vector<F, N>>,
     k: &Tensor<Vector<F, N>>,
@@ -79,7 +79,8 @@ pub fn window_forward_flash<F: Float, N: Size>(
         sync_cube();
 
         let mut scores = products_with_rows::<F, N>(def, &q_frags, &staged, 0usize, lane, d_k, ks, key_tile);
-        mask_and_scale(&mut scores, &lanes, first, count, span, scale, lane, key_tile);
+        let needs_mask = tile_needs_mask(first, count, cube.t0, cube.t_end, span, key_tile);
+        mask_and_scale(&mut scores, &lanes, first, count, span, scale, lane, needs_mask, key_tile);
         let correction = stats.update(&mut scores, key_tile);
         scale_rows(&mut acc, &correction, comptime!(d_v / MMA_N));
         accumulate_with_rows::<F, N>(def, &scores, &staged, v_at, lane, &mut acc, d_v, vs, key_tile);
@@ -184,8 +185,10 @@ impl RowStats {
     }
 }
 
-/// Scales the scores and masks keys past the tile's `count`, outside a row's window, or of an
-/// inactive row. The lane holds keys `8j + 2 (l % 4) + e` of the tile.
+/// Scales the scores and masks keys past the tile's `count` or outside a row's window (keys
+/// `first..first + count` of the tile; the lane holds keys `8j + 2 (l % 4) + e`). Padding rows
+/// (zero queries, never written) need no mask. Only tiles at the walk's ends mask anything
+/// ([`tile_needs_mask`]); the others are only scaled.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 pub fn mask_and_scale(
@@ -196,23 +199,40 @@ pub fn mask_and_scale(
     span: usize,
     scale: f32,
     lane: usize,
+    needs_mask: bool,
     #[comptime] key_tile: usize,
 ) {
     let column = 2 * (lane % 4);
-    #[unroll]
-    for j in 0..key_tile / MMA_N {
+    let scale_pair = Pair::<f32>::new(scale);
+    if needs_mask {
         #[unroll]
-        for half in 0..2usize {
-            let mut s = scores[2 * j + half];
+        for j in 0..key_tile / MMA_N {
             #[unroll]
-            for e in 0..2usize {
-                let key = j * MMA_N + column + e;
-                let valid = key < count && attends(lanes.t[half], first + key, span, true) && lanes.active[half];
-                s[e] = select(valid, s[e] * scale, f32::new(NEG_LARGE));
+            for half in 0..2usize {
+                let mut s = scores[2 * j + half];
+                #[unroll]
+                for e in 0..2usize {
+                    let key = j * MMA_N + column + e;
+                    let valid = key < count && attends(lanes.t[half], first + key, span, true);
+                    s[e] = select(valid, s[e] * scale, f32::new(NEG_LARGE));
+                }
+                scores[2 * j + half] = s;
             }
-            scores[2 * j + half] = s;
+        }
+    } else {
+        #[unroll]
+        for i in 0..2 * key_tile / MMA_N {
+            scores[i] = scores[i] * scale_pair;
         }
     }
+}
+
+/// Whether the key tile `first..first + count` (of `key_tile`) holds a key that some query of
+/// `t0..t_end` does not attend: a partial tile, a key past `t0`, or a key before the last
+/// query's window. The same for the whole cube, so the branch does not diverge.
+#[cube]
+pub fn tile_needs_mask(first: usize, count: usize, t0: usize, t_end: usize, span: usize, #[comptime] key_tile: usize) -> bool {
+    count < key_tile || first + key_tile > t0 + 1 || first + span < t_end
 }
 
 /// Writes the lane's two rows of the output, divided by the rows' sums, and (one lane of the

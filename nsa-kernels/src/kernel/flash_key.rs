@@ -19,7 +19,7 @@ use crate::tiling::storage_stride;
 
 /// `q`, `k`, `v`, `dO`, `lse`, `delta` as [`super::flash_dq::window_dq_flash`] -> `grad_k`,
 /// `grad_v`. Cube `(32, planes)` units; `q_rows` a multiple of 16.
-#[cube(launch)]
+#[cube(launch, fast_math = FastMath::all())]
 #[allow(clippy::too_many_arguments)]
 pub fn window_key_flash<F: Float, N: Size>(
     q: &Tensor<Vector<F, N>>,
@@ -94,7 +94,11 @@ pub fn window_key_flash<F: Float, N: Size>(
         sync_cube();
 
         let mut p = products_with_rows::<F, N>(def, &k_frags, &staged, 0usize, lane, d_k, ks, q_rows);
-        key_probabilities(&mut p, &positions, &stats, &key, &real, count, span, scale, lane, q_rows);
+        // Every query of the chunk attends every key of the cube unless the chunk is partial,
+        // starts before the cube's last key, or ends past its first key's window.
+        let (t_first, t_last) = (s0 + row_first / g, s0 + (row_first + count - 1) / g);
+        let needs_mask = count < q_rows || t_first + 1 < s_end || t_last >= s0 + span;
+        key_probabilities(&mut p, &positions, &stats, &key, &real, count, span, scale, lane, needs_mask, q_rows);
         accumulate_with_rows::<F, N>(def, &p, &staged, do_at, lane, &mut dv, d_v, vs, q_rows);
         let dp = products_with_rows::<F, N>(def, &v_frags, &staged, do_at, lane, d_v, vs, q_rows);
         key_score_gradients(&mut p, &dp, &stats, lane, q_rows);
@@ -181,8 +185,10 @@ fn stage_walked_rows<F: Float, N: Size>(
 }
 
 /// Scores `s^T` (keys as rows, the chunk's walked rows as columns) become `p^T = exp(s^T scale
-/// - lse)` in place, 0 where the column is past `count`, its query does not attend the key, or
-/// the key is past the cube's end.
+/// - lse)` in place; with `needs_mask`, 0 where the column is past `count`, its query does not
+/// attend the key, or the key is past the cube's end. Chunks in the middle of the walk attend
+/// every key of the cube and skip the mask (keys past a ragged end then hold garbage rows of
+/// dK, dV, which are never written).
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn key_probabilities(
@@ -195,6 +201,7 @@ fn key_probabilities(
     span: usize,
     scale: f32,
     lane: usize,
+    needs_mask: bool,
     #[comptime] q_rows: usize,
 ) {
     let column = 2 * (lane % 4);
@@ -203,14 +210,23 @@ fn key_probabilities(
         #[unroll]
         for e in 0..2usize {
             let col = j * MMA_N + column + e;
-            let t = positions[col] as usize;
             let row_lse = stats[col];
-            #[unroll]
-            for half in 0..2usize {
-                let mut x = s[2 * j + half];
-                let valid = col < count && real[half] && attends(t, key[half], span, true);
-                x[e] = select(valid, (x[e] * scale - row_lse).exp(), 0.0f32);
-                s[2 * j + half] = x;
+            if needs_mask {
+                let t = positions[col] as usize;
+                #[unroll]
+                for half in 0..2usize {
+                    let mut x = s[2 * j + half];
+                    let valid = col < count && real[half] && attends(t, key[half], span, true);
+                    x[e] = select(valid, (x[e] * scale - row_lse).exp(), 0.0f32);
+                    s[2 * j + half] = x;
+                }
+            } else {
+                #[unroll]
+                for half in 0..2usize {
+                    let mut x = s[2 * j + half];
+                    x[e] = (x[e] * scale - row_lse).exp();
+                    s[2 * j + half] = x;
+                }
             }
         }
     }
