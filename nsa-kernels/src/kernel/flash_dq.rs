@@ -9,12 +9,12 @@
 
 use cubecl::prelude::*;
 
-use super::flash_forward::{mask_and_scale, store_row_tiles, tile_needs_mask, LaneRows};
+use super::flash_forward::{mask_and_scale, store_row_tiles, tile_needs_mask, issue_tile, walk_start, LaneRows, TileBarriers};
 use super::forward::MASKED;
 use super::fragments::{accumulate_with_rows, mma, products_with_rows, row_fragments, zero_pairs, Pair, MMA_M, MMA_N};
 use super::mma_forward::{max_usize, stage_query_rows, VECTOR};
 use super::query::QueryCube;
-use super::rows::{offset3, stage_vector_rows};
+use super::rows::offset3;
 use crate::tiling::storage_stride;
 
 /// `q`, `k`, `v`, `dO` as the forward's inputs and output, `lse` and `delta` `[B, T, H_q]`
@@ -57,14 +57,15 @@ pub fn window_dq_flash<F: Float, N: Size>(
         row_delta[half] = delta[at];
     }
 
-    // One buffer: q rows, then dO rows, while their fragments load; then K and V tiles.
+    // q rows, then dO rows, while their fragments load; then two buffers of K and V tiles (see
+    // [`issue_tile`]).
     let ks = comptime!(storage_stride(d_k));
     let vs = comptime!(storage_stride(d_v));
+    let buffer = comptime!(key_tile * (ks + vs));
     let mut staged = SharedMemory::<Vector<F, N>>::new_aligned(
-        comptime!(max_usize(planes * MMA_M * max_usize(ks, vs), key_tile * (ks + vs)) / VECTOR),
+        comptime!(max_usize(planes * MMA_M * max_usize(ks, vs), 2 * buffer) / VECTOR),
         16usize,
     );
-    let v_at = comptime!(key_tile * ks);
     stage_query_rows::<F, N>(q, &mut staged, cube.b, cube.t0, cube.hk, g, rows, planes, d_k, ks);
     sync_cube();
     let q_frags = row_fragments::<F, N>(def, &staged, 0usize, plane * MMA_M, lane, d_k, ks);
@@ -75,25 +76,34 @@ pub fn window_dq_flash<F: Float, N: Size>(
     sync_cube();
 
     let mut dq = zero_pairs(comptime!(2 * d_k / MMA_N));
-    let mut first = 0usize;
-    if cube.t0 + 1 > span {
-        first = cube.t0 + 1 - span;
-    }
+    // Scalars, not a struct's fields, for the tile being computed: the next tile's values are
+    // computed into fresh variables, so nothing the compute reads changes under it.
+    let mut first = walk_start(&cube, span);
+    let mut count = min(cube.t_end - first, key_tile);
+    let mut buffer_at = 0usize;
+    let barriers = TileBarriers::new();
+    issue_tile::<F, N>(k, v, &mut staged, &cube, first, count, 0usize, &barriers, d_k, d_v, key_tile, planes);
     while first < cube.t_end {
-        let count = min(cube.t_end - first, key_tile);
-        stage_vector_rows::<F, N>(k, &mut staged, 0usize, cube.b, first, count, cube.hk, key_tile, d_k, ks, VECTOR, UNIT_POS as usize, CUBE_DIM as usize);
-        stage_vector_rows::<F, N>(v, &mut staged, v_at, cube.b, first, count, cube.hk, key_tile, d_v, vs, VECTOR, UNIT_POS as usize, CUBE_DIM as usize);
-        sync_cube();
+        let next_first = first + count;
+        let next_count = select(next_first < cube.t_end, min(cube.t_end - min(next_first, cube.t_end), key_tile), 0usize);
+        let next_at = buffer - buffer_at;
+        if next_first < cube.t_end {
+            issue_tile::<F, N>(k, v, &mut staged, &cube, next_first, next_count, next_at, &barriers, d_k, d_v, key_tile, planes);
+        }
+        barriers.wait(buffer_at);
+        let at = buffer_at;
 
-        let mut ds = products_with_rows::<F, N>(def, &q_frags, &staged, 0usize, lane, d_k, ks, key_tile);
-        let dp = products_with_rows::<F, N>(def, &do_frags, &staged, v_at, lane, d_v, vs, key_tile);
+        let mut ds = products_with_rows::<F, N>(def, &q_frags, &staged, at, lane, d_k, ks, key_tile);
+        let dp = products_with_rows::<F, N>(def, &do_frags, &staged, at + key_tile * ks, lane, d_v, vs, key_tile);
         let needs_mask = tile_needs_mask(first, count, cube.t0, cube.t_end, span, key_tile);
         mask_and_scale(&mut ds, &lanes, first, count, span, scale, lane, needs_mask, key_tile);
         score_gradients(&mut ds, &dp, &row_lse, &row_delta, key_tile);
-        accumulate_with_rows::<F, N>(def, &ds, &staged, 0usize, lane, &mut dq, d_k, ks, key_tile);
-        // The next tile overwrites K and V.
+        accumulate_with_rows::<F, N>(def, &ds, &staged, at, lane, &mut dq, d_k, ks, key_tile);
+        // The tile after next overwrites this buffer.
         sync_cube();
-        first += count;
+        first = next_first;
+        count = next_count;
+        buffer_at = next_at;
     }
 
     let mut factor = Array::<f32>::new(2usize);

@@ -9,6 +9,7 @@
 //! stand: scores never leave registers. The CMMA forward ([`super::mma_forward`]) wrote every
 //! score tile to shared memory and read it back twice, and measured 4.6x flex_attention's time.
 
+use cubecl::prelude::barrier::Barrier;
 use cubecl::prelude::*;
 
 use super::forward::MASKED;
@@ -17,7 +18,7 @@ use super::fragments::{
 };
 use super::mma_forward::{max_usize, stage_query_rows, VECTOR};
 use super::query::QueryCube;
-use super::rows::{attends, offset3, stage_vector_rows, NEG_LARGE};
+use super::rows::{attends, copy_rows_async, offset3, NEG_LARGE};
 use crate::tiling::storage_stride;
 
 /// `q [B, T, H_q, d_k]`, `k [B, T, H_kv, d_k]`, `v [B, T, H_kv, d_v]` -> `out [B, T, H_q, d_v]`,
@@ -51,14 +52,15 @@ pub fn window_forward_flash<F: Float, N: Size>(
     let g = q.shape(2) / k.shape(2);
     let lanes = LaneRows::new(&cube, plane, lane, g, rows, q.shape(1));
 
-    // One buffer holds the query rows while their fragments load, then the K and V tiles.
+    // The query rows while their fragments load, then two buffers of K and V tiles: the next
+    // tile's copies fly while the current one is computed.
     let ks = comptime!(storage_stride(d_k));
     let vs = comptime!(storage_stride(d_v));
+    let buffer = comptime!(key_tile * (ks + vs));
     let mut staged = SharedMemory::<Vector<F, N>>::new_aligned(
-        comptime!(max_usize(planes * MMA_M * ks, key_tile * (ks + vs)) / VECTOR),
+        comptime!(max_usize(planes * MMA_M * ks, 2 * buffer) / VECTOR),
         16usize,
     );
-    let v_at = comptime!(key_tile * ks);
     stage_query_rows::<F, N>(q, &mut staged, cube.b, cube.t0, cube.hk, g, rows, planes, d_k, ks);
     sync_cube();
     let q_frags = row_fragments::<F, N>(def, &staged, 0usize, plane * MMA_M, lane, d_k, ks);
@@ -68,25 +70,34 @@ pub fn window_forward_flash<F: Float, N: Size>(
     let mut acc = zero_pairs(comptime!(2 * d_v / MMA_N));
     let mut stats = RowStats::new();
 
-    let mut first = 0usize;
-    if cube.t0 + 1 > span {
-        first = cube.t0 + 1 - span;
-    }
+    // Scalars, not a struct's fields, for the tile being computed: the next tile's values are
+    // computed into fresh variables, so nothing the compute reads changes under it.
+    let mut first = walk_start(&cube, span);
+    let mut count = min(cube.t_end - first, key_tile);
+    let mut buffer_at = 0usize;
+    let barriers = TileBarriers::new();
+    issue_tile::<F, N>(k, v, &mut staged, &cube, first, count, 0usize, &barriers, d_k, d_v, key_tile, planes);
     while first < cube.t_end {
-        let count = min(cube.t_end - first, key_tile);
-        stage_vector_rows::<F, N>(k, &mut staged, 0usize, cube.b, first, count, cube.hk, key_tile, d_k, ks, VECTOR, UNIT_POS as usize, CUBE_DIM as usize);
-        stage_vector_rows::<F, N>(v, &mut staged, v_at, cube.b, first, count, cube.hk, key_tile, d_v, vs, VECTOR, UNIT_POS as usize, CUBE_DIM as usize);
-        sync_cube();
+        let next_first = first + count;
+        let next_count = select(next_first < cube.t_end, min(cube.t_end - min(next_first, cube.t_end), key_tile), 0usize);
+        let next_at = buffer - buffer_at;
+        if next_first < cube.t_end {
+            issue_tile::<F, N>(k, v, &mut staged, &cube, next_first, next_count, next_at, &barriers, d_k, d_v, key_tile, planes);
+        }
+        barriers.wait(buffer_at);
+        let at = buffer_at;
 
-        let mut scores = products_with_rows::<F, N>(def, &q_frags, &staged, 0usize, lane, d_k, ks, key_tile);
+        let mut scores = products_with_rows::<F, N>(def, &q_frags, &staged, at, lane, d_k, ks, key_tile);
         let needs_mask = tile_needs_mask(first, count, cube.t0, cube.t_end, span, key_tile);
         mask_and_scale(&mut scores, &lanes, first, count, span, scale, lane, needs_mask, key_tile);
         let correction = stats.update(&mut scores, key_tile);
         scale_rows(&mut acc, &correction, comptime!(d_v / MMA_N));
-        accumulate_with_rows::<F, N>(def, &scores, &staged, v_at, lane, &mut acc, d_v, vs, key_tile);
-        // The next tile overwrites K and V.
+        accumulate_with_rows::<F, N>(def, &scores, &staged, at + key_tile * ks, lane, &mut acc, d_v, vs, key_tile);
+        // The tile after next overwrites this buffer.
         sync_cube();
-        first += count;
+        first = next_first;
+        count = next_count;
+        buffer_at = next_at;
     }
 
     store_rows::<F>(out, lse, &lanes, &acc, &stats, cube.b, lane, d_v);
@@ -118,6 +129,79 @@ impl LaneRows {
             active[half] = real;
         }
         LaneRows { t, h, active }
+    }
+}
+
+/// The first key of a query cube's walk: the start of its first query's window.
+#[cube]
+pub fn walk_start(cube: &QueryCube, span: usize) -> usize {
+    let mut first = 0usize;
+    if cube.t0 + 1 > span {
+        first = cube.t0 + 1 - span;
+    }
+    first
+}
+
+/// Starts the copies of the key tile `first..first + count` (K rows at element `at`, V rows
+/// after `key_tile` K rows) and commits them to the barrier of the buffer at `at` (0: the
+/// first).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub fn issue_tile<F: Float, N: Size>(
+    k: &Tensor<Vector<F, N>>,
+    v: &Tensor<Vector<F, N>>,
+    staged: &mut SharedMemory<Vector<F, N>>,
+    cube: &QueryCube,
+    first: usize,
+    count: usize,
+    at: usize,
+    barriers: &TileBarriers,
+    #[comptime] d_k: usize,
+    #[comptime] d_v: usize,
+    #[comptime] key_tile: usize,
+    #[comptime] planes: usize,
+) {
+    let ks = comptime!(storage_stride(d_k));
+    let vs = comptime!(storage_stride(d_v));
+    let units = comptime!(planes * 32);
+    copy_rows_async::<F, N>(k, staged, at, cube.b, first, count, cube.hk, key_tile, d_k, ks, VECTOR, units);
+    copy_rows_async::<F, N>(v, staged, at + key_tile * ks, cube.b, first, count, cube.hk, key_tile, d_v, vs, VECTOR, units);
+    barriers.commit(at);
+}
+
+/// One barrier per staging buffer: a unit commits its copies into a buffer to that buffer's
+/// barrier, and every unit waits on it before reading the buffer.
+#[derive(CubeType)]
+pub struct TileBarriers {
+    pub first: Shared<Barrier>,
+    pub second: Shared<Barrier>,
+}
+
+#[cube]
+impl TileBarriers {
+    pub fn new() -> TileBarriers {
+        TileBarriers {
+            first: Barrier::shared(CUBE_DIM, UNIT_POS == 0),
+            second: Barrier::shared(CUBE_DIM, UNIT_POS == 0),
+        }
+    }
+
+    /// Commits this unit's copies into the buffer at element `at` (0: the first).
+    pub fn commit(&self, at: usize) {
+        if at == 0 {
+            self.first.commit_copy_async();
+        } else {
+            self.second.commit_copy_async();
+        }
+    }
+
+    /// Waits until every unit's copies into the buffer at element `at` have landed.
+    pub fn wait(&self, at: usize) {
+        if at == 0 {
+            self.first.arrive_and_wait();
+        } else {
+            self.second.arrive_and_wait();
+        }
     }
 }
 

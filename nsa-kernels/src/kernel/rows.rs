@@ -5,6 +5,7 @@
 //! halves makes the `parts` units of a row read consecutive shared-memory words, which sit in
 //! different banks.
 
+use cubecl::prelude::barrier::copy_async;
 use cubecl::prelude::*;
 
 /// Stands in for `-inf` as the running maximum's start (WGSL has no infinity literal).
@@ -368,4 +369,42 @@ pub fn chunk_dots(
         }
     }
     dots
+}
+
+/// Issues asynchronous 16-byte copies (`cp.async`, CUDA) of rows `first..first + count` of `src`
+/// at `(b, ·, hk)`, `d` columns, to `tile` at element `at` (row stride `stride`; `rows` rows,
+/// those past `count` copies of a real row: callers mask them), by the cube's `units` units.
+/// Nothing waits here: the caller
+/// commits the copies to a barrier and waits on it only when it needs the rows, so the copies
+/// of the next tile fly while the current one is computed, and no registers hold them.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub fn copy_rows_async<F: Float, N: Size>(
+    src: &Tensor<Vector<F, N>>,
+    tile: &mut SharedMemory<Vector<F, N>>,
+    at: usize,
+    b: usize,
+    first: usize,
+    count: usize,
+    hk: usize,
+    #[comptime] rows: usize,
+    #[comptime] d: usize,
+    #[comptime] stride: usize,
+    #[comptime] vector: usize,
+    #[comptime] units: usize,
+) {
+    let per_row = comptime!(d / vector);
+    let total = comptime!(rows * per_row);
+    let t_last = src.shape(1) - 1;
+    #[unroll]
+    for i in 0..total.div_ceil(units) {
+        let idx = UNIT_POS as usize + i * units;
+        if idx < total {
+            let (row, c) = (idx / per_row, idx % per_row);
+            // Rows past `count` copy a real row (the last one), finite, which the kernels mask.
+            let from = offset3::<Vector<F, N>>(src, b, min(first + min(row, count - 1), t_last), hk) / vector + c;
+            let to = (at + row * stride) / vector + c;
+            copy_async(&src.slice(from, from + 1), &mut tile.slice_mut(to, to + 1), vector as u32);
+        }
+    }
 }
