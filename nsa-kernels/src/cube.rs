@@ -12,9 +12,9 @@ use cubecl::prelude::*;
 use cubecl::{calculate_cube_count_elemwise, CubeDim};
 
 use crate::api::{Keys, SparseAttentionBackend, SparseAttentionGrads};
-use crate::kernel::{backward, flash_dq, flash_forward, flash_key, forward, inverse, mma_backward, mma_dq, mma_forward, mma_select};
+use crate::kernel::{backward, flash_dq, flash_forward, flash_key, flash_select, forward, inverse, mma_backward, mma_dq, mma_forward, mma_select};
 use crate::tiling::{
-    delta_rows, FlashKeyTiling, FlashTiling, KeyMmaTiling, KeyTiling, MmaTiling, QueryPass, QueryTiling, SelectMmaTiling, MMA_SHARED,
+    delta_rows, FlashKeyTiling, FlashSelectTiling, FlashTiling, KeyMmaTiling, KeyTiling, MmaTiling, QueryPass, QueryTiling, SelectMmaTiling, MMA_SHARED,
 };
 
 /// Units per cube of the inverted-index kernels.
@@ -43,6 +43,10 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
         let h_kv = call.k.meta.shape()[2];
         let out = call.empty(Shape::new([b, t, h_q, call.d_v]), call.q.dtype);
         let lse = call.empty(Shape::new([b, t, h_q]), DType::F32);
+        if let Some(tiling) = call.flash_select_tiling() {
+            call.selection_forward_key_major(&tiling, &out, &lse);
+            return (out, lse);
+        }
         if let Some(tiling) = call.select_mma_tiling() {
             let (count, dim) = call.select_grid(&tiling);
             mma_select::selection_forward_mma::launch::<R>(
@@ -157,17 +161,50 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
         let [b, t, h_q, _] = call.q.meta.shape().dims::<4>();
         let h_kv = call.k.meta.shape()[2];
         let delta = call.empty(Shape::new([b, t, h_q]), DType::F32);
-        let key_tiling = call.key_mma_tiling();
-        // Key cubes that fold dQ add it to an f32 buffer by atomics; otherwise a query-side
-        // kernel writes dQ (and `delta`) first.
+        let index = call.inverted_index(t);
+        let flash_keys = call.flash_key_tiling();
+        // A selection on the register-resident kernels: key-major dQ, added by atomics.
+        let select_dq = if call.window || flash_keys.is_none() { None } else { call.flash_select_tiling() };
+        let key_tiling = if flash_keys.is_some() { None } else { call.key_mma_tiling() };
+        // Key cubes that fold dQ, and the key-major dQ, add it to an f32 buffer by atomics;
+        // otherwise a query-side kernel writes dQ (and `delta`) first.
         let fold_dq = key_tiling.is_some_and(|tiling| tiling.fold_dq);
-        let (grad_q, grad_q_sum) = if fold_dq {
+        let (grad_q, grad_q_sum) = if fold_dq || select_dq.is_some() {
             (None, call.zeros(call.q.meta.shape().clone(), DType::F32))
         } else {
             (Some(call.empty(call.q.meta.shape().clone(), dtype)), call.empty(Shape::new([1, 1, 1, 1]), DType::F32))
         };
         if fold_dq {
             call.row_delta(&out, &grad_out, &delta);
+        } else if let Some(tiling) = select_dq {
+            call.row_delta(&out, &grad_out, &delta);
+            let (count, dim) = call.plane_grid(call.key_cubes(tiling.keys, &index), tiling.planes);
+            flash_select::selection_dq_flash::launch::<R>(
+                &call.client(),
+                count,
+                dim,
+                mma_forward::VECTOR,
+                call.q.clone().into_tensor_arg(),
+                call.k.clone().into_tensor_arg(),
+                call.v.clone().into_tensor_arg(),
+                grad_out.clone().into_tensor_arg(),
+                lse.clone().into_tensor_arg(),
+                delta.clone().into_tensor_arg(),
+                index.offsets.clone().into_tensor_arg(),
+                index.counts.clone().into_tensor_arg(),
+                index.entries.clone().into_tensor_arg(),
+                index.segment_base.clone().into_tensor_arg(),
+                index.segment_block.clone().into_tensor_arg(),
+                index.segment_total.clone().into_tensor_arg(),
+                grad_q_sum.clone().into_tensor_arg(),
+                call.scale,
+                SEGMENT_QUERIES as u32,
+                call.d_k,
+                call.d_v,
+                tiling.keys,
+                tiling.planes,
+                dtype.into(),
+            );
         } else if let Some(tiling) = call.flash_tiling(QueryPass::Gradient) {
             call.row_delta(&out, &grad_out, &delta);
             let cubes = b * h_kv * t.div_ceil(tiling.queries(h_q / h_kv));
@@ -247,7 +284,6 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
             );
         }
 
-        let index = call.inverted_index(t);
         let grad_k = call.empty(call.k.meta.shape().clone(), dtype);
         let grad_v = call.empty(call.v.meta.shape().clone(), dtype);
         // A selection's key cubes leave per-segment shares here; a window writes dk/dv itself.
@@ -258,9 +294,9 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
             // `[B * H_kv, segments, span * (d_k + d_v)]`: each segment's dK and dV shares.
             call.empty(Shape::new([b * h_kv, segments, call.span as usize * (call.d_k + call.d_v)]), DType::F32)
         };
-        if let Some(tiling) = call.flash_key_tiling() {
+        if let Some(tiling) = flash_keys {
             let (count, dim) = call.plane_grid(call.key_cubes(tiling.keys(), &index), tiling.planes);
-            flash_key::window_key_flash::launch::<R>(
+            flash_key::attention_key_flash::launch::<R>(
                 &call.client(),
                 count,
                 dim,
@@ -271,10 +307,19 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
                 grad_out.clone().into_tensor_arg(),
                 lse.clone().into_tensor_arg(),
                 delta.clone().into_tensor_arg(),
+                index.offsets.into_tensor_arg(),
+                index.counts.clone().into_tensor_arg(),
+                index.entries.into_tensor_arg(),
+                index.segment_base.clone().into_tensor_arg(),
+                index.segment_block.clone().into_tensor_arg(),
+                index.segment_total.into_tensor_arg(),
                 grad_k.clone().into_tensor_arg(),
                 grad_v.clone().into_tensor_arg(),
+                partial.clone().into_tensor_arg(),
                 call.scale,
                 call.span,
+                SEGMENT_QUERIES as u32,
+                call.window,
                 call.d_k,
                 call.d_v,
                 tiling.planes,
@@ -377,6 +422,8 @@ struct InvertedIndex<R: CubeRuntime> {
     offsets: CubeTensor<R>,
     counts: CubeTensor<R>,
     entries: CubeTensor<R>,
+    /// Each entry's position in its query's block list (laid out as `entries`).
+    slots: CubeTensor<R>,
     /// Segments of the block lists, one key cube each (see [`inverse`]).
     segment_base: CubeTensor<R>,
     segment_block: CubeTensor<R>,
@@ -490,32 +537,110 @@ impl<R: CubeRuntime> Call<R> {
         );
     }
 
-    /// The register-resident window forward's tiling, when the device also has the manual MMA
-    /// (m16n8k16 with f32 accumulation) and `ldmatrix` for the storage type (CUDA on sm80+):
-    /// see [`flash_forward`].
-    fn flash_tiling(&self, pass: QueryPass) -> Option<FlashTiling> {
-        if !self.window {
-            return None;
+    /// Whether the register-resident kernels run here: the tensor-core conditions
+    /// ([`Call::mma_shared_bytes`]) and the manual MMA (m16n8k16 with f32 accumulation) with
+    /// `ldmatrix` for the storage type (CUDA on sm80+).
+    fn has_manual_mma(&self) -> bool {
+        if self.mma_shared_bytes().is_none() {
+            return false;
         }
-        self.mma_shared_bytes()?;
         let dtype = self.q.dtype;
         let config =
             MmaConfig { a_type: dtype.into(), b_type: dtype.into(), cd_type: DType::F32.into(), m: 16, n: 8, k: 16 };
         let client = self.client();
         let matmul = &client.properties().features.matmul;
         let storage: StorageType = dtype.into();
-        if !matmul.mma.contains(&config) || !matmul.ldmatrix.contains(&storage) {
+        matmul.mma.contains(&config) && matmul.ldmatrix.contains(&storage)
+    }
+
+    /// The register-resident window forward's tiling, where [`Call::has_manual_mma`]: see
+    /// [`flash_forward`].
+    fn flash_tiling(&self, pass: QueryPass) -> Option<FlashTiling> {
+        if !self.window || !self.has_manual_mma() {
             return None;
         }
         let g = self.q.meta.shape()[2] / self.k.meta.shape()[2];
         FlashTiling::plan(pass, g, self.d_k, self.d_v)
     }
 
-    /// The register-resident window dK/dV tiling, under the conditions of
-    /// [`Call::flash_tiling`]: see [`flash_key`].
+    /// The key-major selection forward's tiling, where [`Call::has_manual_mma`] and the block
+    /// fits: see [`flash_select`].
+    fn flash_select_tiling(&self) -> Option<FlashSelectTiling> {
+        if self.window || !self.has_manual_mma() {
+            return None;
+        }
+        let tiling = FlashSelectTiling::plan(self.span as usize, self.d_k, self.d_v)?;
+        (tiling.shared_bytes(self.d_k, self.d_v) <= self.mma_shared_bytes()?).then_some(tiling)
+    }
+
+    /// The key-major selection forward: each block's listed rows attend it alone (partials at
+    /// the block's slot of each row), then every row merges its slots into `out` and `lse`.
+    fn selection_forward_key_major(&self, tiling: &FlashSelectTiling, out: &CubeTensor<R>, lse: &CubeTensor<R>) {
+        let [b, t, h_q, _] = self.q.meta.shape().dims::<4>();
+        let n = self.blocks.meta.shape()[3];
+        let index = self.inverted_index(t);
+        let part_out = self.empty(Shape::new([b, t, h_q, n * self.d_v]), self.q.dtype);
+        let part_lse = self.empty(Shape::new([b, t, h_q, n]), DType::F32);
+        let (count, dim) = self.plane_grid(self.key_cubes(tiling.keys, &index), tiling.planes);
+        flash_select::selection_partials_flash::launch::<R>(
+            &self.client(),
+            count,
+            dim,
+            mma_forward::VECTOR,
+            self.q.clone().into_tensor_arg(),
+            self.k.clone().into_tensor_arg(),
+            self.v.clone().into_tensor_arg(),
+            index.offsets.into_tensor_arg(),
+            index.counts.into_tensor_arg(),
+            index.entries.into_tensor_arg(),
+            index.slots.into_tensor_arg(),
+            index.segment_base.into_tensor_arg(),
+            index.segment_block.into_tensor_arg(),
+            index.segment_total.into_tensor_arg(),
+            part_out.clone().into_tensor_arg(),
+            part_lse.clone().into_tensor_arg(),
+            self.scale,
+            SEGMENT_QUERIES as u32,
+            self.d_k,
+            self.d_v,
+            tiling.keys,
+            tiling.planes,
+            self.q.dtype.into(),
+        );
+        let vectors = b * t * h_q * self.d_v / mma_forward::VECTOR;
+        flash_select::merge_selection_partials::launch::<R>(
+            &self.client(),
+            self.cube_count(vectors),
+            self.cube_dim(),
+            mma_forward::VECTOR,
+            part_out.into_tensor_arg(),
+            part_lse.into_tensor_arg(),
+            self.blocks.clone().into_tensor_arg(),
+            out.clone().into_tensor_arg(),
+            lse.clone().into_tensor_arg(),
+            self.d_v,
+            mma_forward::VECTOR,
+            [self.q.dtype.into(), self.blocks.dtype.into()],
+        );
+    }
+
+    /// The register-resident dK/dV tiling: a window's under the conditions of
+    /// [`Call::flash_tiling`], a selection's under [`Call::flash_select_tiling`]'s where the
+    /// device adds f32 atomically (its dQ is added up by atomics): see [`flash_key`].
     fn flash_key_tiling(&self) -> Option<FlashKeyTiling> {
-        self.flash_tiling(QueryPass::Gradient)?;
-        FlashKeyTiling::plan(self.d_k, self.d_v)
+        if self.window {
+            self.flash_tiling(QueryPass::Gradient)?;
+        } else if self.flash_select_tiling().is_none() || !self.adds_f32_atomically() {
+            return None;
+        }
+        FlashKeyTiling::plan(self.window, self.d_k, self.d_v)
+    }
+
+    /// Whether the device adds f32 to global memory atomically (every CUDA device with tensor
+    /// cores).
+    fn adds_f32_atomically(&self) -> bool {
+        let atomic_f32 = Type::new(StorageType::Atomic(FloatKind::F32.into()));
+        self.client().properties().atomic_type_usage(atomic_f32).contains(AtomicUsage::Add)
     }
 
     /// The tensor-core selection forward's tiling, under the same conditions (a selection's
@@ -541,9 +666,7 @@ impl<R: CubeRuntime> Call<R> {
     /// tensor cores); see [`KeyMmaTiling::folds_dq`].
     fn key_mma_tiling(&self) -> Option<KeyMmaTiling> {
         let shared = self.mma_shared_bytes()?;
-        let atomic_f32 = Type::new(StorageType::Atomic(FloatKind::F32.into()));
-        let atomics = self.client().properties().atomic_type_usage(atomic_f32).contains(AtomicUsage::Add);
-        let fold_dq = atomics && KeyMmaTiling::folds_dq(self.window);
+        let fold_dq = self.adds_f32_atomically() && KeyMmaTiling::folds_dq(self.window);
         KeyMmaTiling::plan(self.window, fold_dq, self.d_k, self.d_v, self.q.dtype.size(), shared)
     }
 
@@ -628,12 +751,13 @@ impl<R: CubeRuntime> Call<R> {
     /// Counts, scans and fills the inverted block index of a selection.
     fn inverted_index(&self, t: usize) -> InvertedIndex<R> {
         if self.window {
-            // One 1-element buffer for all six: a window's kernels never read them.
+            // One 1-element buffer for all seven: a window's kernels never read them.
             let placeholder = self.zeros_u32(Shape::new([1, 1, 1]));
             return InvertedIndex {
                 offsets: placeholder.clone(),
                 counts: placeholder.clone(),
                 entries: placeholder.clone(),
+                slots: placeholder.clone(),
                 segment_base: placeholder.clone(),
                 segment_block: placeholder.clone(),
                 segment_total: placeholder,
@@ -645,6 +769,7 @@ impl<R: CubeRuntime> Call<R> {
         let (counts, cursor) = (self.zeros_u32(lists.clone()), self.zeros_u32(lists.clone()));
         let offsets = self.empty(lists.clone(), DType::U32);
         let entries = self.empty(Shape::new([b, h_kv, t * n]), DType::U32);
+        let list_slots = self.empty(Shape::new([b, h_kv, t * n]), DType::U32);
         let segment_base = self.empty(lists, DType::U32);
         let segment_block = self.empty(Shape::new([b, h_kv, max_segments(t, n, n_blocks)]), DType::U32);
         let segment_total = self.empty(Shape::new([b, h_kv]), DType::U32);
@@ -679,9 +804,10 @@ impl<R: CubeRuntime> Call<R> {
             offsets.clone().into_tensor_arg(),
             cursor.into_tensor_arg(),
             entries.clone().into_tensor_arg(),
+            list_slots.clone().into_tensor_arg(),
             int_dtype.into(),
         );
-        InvertedIndex { offsets, counts, entries, segment_base, segment_block, segment_total }
+        InvertedIndex { offsets, counts, entries, slots: list_slots, segment_base, segment_block, segment_total }
     }
 }
 

@@ -231,8 +231,9 @@ impl FlashTiling {
     }
 }
 
-/// Register-resident window dK/dV (see `kernel::flash_key`): `planes` planes own 16 keys each
-/// and walk the query rows that attend them `q_rows` at a time. A lane keeps `(d_k + d_v) / 4`
+/// Register-resident dK/dV (see `kernel::flash_key`): `planes` planes own 16 keys each (8 for
+/// a window; 4 for a selection, 64 keys of a block per cube) and walk the query rows that attend
+/// them `q_rows` at a time. A lane keeps `(d_k + d_v) / 4`
 /// K and V, as many dK and dV, and `q_rows / 2` score and `dp` registers: wide heads walk 32
 /// rows at a time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -242,16 +243,43 @@ pub struct FlashKeyTiling {
 }
 
 impl FlashKeyTiling {
-    pub fn plan(d_k: usize, d_v: usize) -> Option<Self> {
+    pub fn plan(window: bool, d_k: usize, d_v: usize) -> Option<Self> {
         if d_k % MMA_TILE != 0 || d_v % MMA_TILE != 0 {
             return None;
         }
         let q_rows = if d_k + d_v <= 128 { 64 } else { 32 };
-        Some(FlashKeyTiling { planes: 8, q_rows })
+        Some(FlashKeyTiling { planes: if window { 8 } else { 4 }, q_rows })
     }
 
     pub fn keys(&self) -> usize {
         self.planes * MMA_TILE
+    }
+}
+
+/// Key-major selection forward (see `kernel::flash_select`): a cube stages one selected
+/// block's `keys` keys (the whole block) and `planes` planes take the block's listed query rows
+/// 16 at a time. A lane keeps `d_k / 4` query, `keys / 4` score and `d_v / 4` output registers,
+/// so wide heads take blocks of at most 64 keys.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FlashSelectTiling {
+    pub planes: usize,
+    pub keys: usize,
+}
+
+impl FlashSelectTiling {
+    /// `None` when a head dim or the block size is not a multiple of the MMA tile, or the
+    /// block is longer than the registers allow.
+    pub fn plan(span: usize, d_k: usize, d_v: usize) -> Option<Self> {
+        let longest = if d_k + d_v <= 128 { 128 } else { 64 };
+        let fits = d_k % MMA_TILE == 0 && d_v % MMA_TILE == 0 && span % MMA_TILE == 0;
+        (fits && (MMA_TILE..=longest).contains(&span)).then_some(FlashSelectTiling { planes: 4, keys: span })
+    }
+
+    /// Shared memory the kernels declare at 16-bit storage, at most: the block's K and V rows
+    /// and each plane's 16 query rows (the forward), and as many dO rows (dQ).
+    pub fn shared_bytes(&self, d_k: usize, d_v: usize) -> usize {
+        let (ks, vs) = (storage_stride(d_k), storage_stride(d_v));
+        2 * (self.keys + self.planes * MMA_TILE) * (ks + vs)
     }
 }
 
@@ -432,6 +460,18 @@ mod tests {
             }
         }
         assert_eq!(MmaTiling::plan(QueryPass::Forward, 6, 72, 64, 2, MMA_SHARED), None);
+    }
+
+    #[test]
+    fn key_major_selection_tiles_fit_the_shared_memory_and_refuse_odd_blocks() {
+        for (d_k, d_v) in [(64, 64), (128, 128), (192, 128), (16, 16)] {
+            let t = FlashSelectTiling::plan(64, d_k, d_v).unwrap();
+            assert!(t.shared_bytes(d_k, d_v) <= MMA_SHARED, "{t:?}");
+        }
+        assert_eq!(FlashSelectTiling::plan(128, 64, 64), Some(FlashSelectTiling { planes: 4, keys: 128 }));
+        assert_eq!(FlashSelectTiling::plan(128, 128, 128), None);
+        assert_eq!(FlashSelectTiling::plan(24, 64, 64), None);
+        assert_eq!(FlashSelectTiling::plan(64, 72, 64), None);
     }
 
     #[test]

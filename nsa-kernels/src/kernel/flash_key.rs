@@ -1,37 +1,54 @@
-//! dK/dV of a window with everything per key row in registers (flash attention 2's backward
-//! layout, [`super::fragments`]), computing what [`super::backward::attention_backward_key`]
-//! does for a window.
+//! dK/dV with everything per key row in registers (flash attention 2's backward layout,
+//! [`super::fragments`]), computing what [`super::backward::attention_backward_key`] does, for a
+//! window or a selection.
 //!
-//! A cube holds `16 * planes` consecutive keys of one KV head; plane `p` owns 16 of them, whose
-//! K and V rows are A fragments for the whole walk, and whose dK and dV are result tiles. The
-//! cube walks the query rows `(t, h)` that attend its keys (`t` in `[s0, s_end - 1 + w)`, `h`
-//! fastest), `q_rows` at a time: per chunk, `s^T = K q^T` and `dp^T = V dO^T` as result tiles
-//! (keys as rows), `p^T = exp(s^T scale - lse)` and `ds^T = p^T (dp^T - delta)` in place, then
-//! `dV += p^T dO` and `dK += ds^T q`, the chunk's q and dO rows read from shared memory by
-//! transposed `ldmatrix`.
+//! A cube holds `16 * planes` keys of one KV head ([`KeyCube`]: consecutive keys of a window,
+//! or a whole selected block); plane `p` owns 16 of them, whose K and V rows are A fragments for
+//! the whole walk, and whose dK and dV are result tiles. The cube walks the query rows `(t, h)`
+//! that attend its keys (a window's `t` in `[s0, s_end - 1 + w)`, `h` fastest; a selection's
+//! segment of the block's list), `q_rows` at a time: per chunk, `s^T = K q^T` and
+//! `dp^T = V dO^T` as result tiles (keys as rows), `p^T = exp(s^T scale - lse)` and
+//! `ds^T = p^T (dp^T - delta)` in place, then `dV += p^T dO` and `dK += ds^T q`, the chunk's q
+//! and dO rows read from shared memory by transposed `ldmatrix`. A window's cube writes its dK
+//! and dV; a selection's writes its segment's shares to `partial`, which
+//! [`super::backward::sum_segments`] adds up (a block's list spans several cubes). A
+//! selection's dQ is [`super::flash_select::selection_dq_flash`]'s.
 
 use cubecl::prelude::*;
 
 use super::fragments::{accumulate_with_rows, mma, products_with_rows, row_fragments, store_tiles, zero_pairs, Pair, MMA_M, MMA_N};
+use super::key::KeyCube;
 use super::mma_forward::{max_usize, VECTOR};
 use super::rows::{attends, offset3, stage_vector_rows};
 use crate::tiling::storage_stride;
 
-/// `q`, `k`, `v`, `dO`, `lse`, `delta` as [`super::flash_dq::window_dq_flash`] -> `grad_k`,
-/// `grad_v`. Cube `(32, planes)` units; `q_rows` a multiple of 16.
+/// `q`, `k`, `v`, `dO`, `lse`, `delta` as [`super::flash_dq::window_dq_flash`], and a
+/// selection's inverted index (placeholders for a window) -> a window's `grad_k`, `grad_v`, or
+/// a selection's `partial` (`[B * H_kv, segments, span * (d_k + d_v)]`, as
+/// [`super::mma_backward::attention_backward_key_mma`]'s). Cube `(32, planes)` units; `q_rows`
+/// a multiple of 16; a selection's block is the cube's `16 * planes` keys.
 #[cube(launch, fast_math = FastMath::all())]
 #[allow(clippy::too_many_arguments)]
-pub fn window_key_flash<F: Float, N: Size>(
+pub fn attention_key_flash<F: Float, N: Size>(
     q: &Tensor<Vector<F, N>>,
     k: &Tensor<Vector<F, N>>,
     v: &Tensor<Vector<F, N>>,
     grad_out: &Tensor<Vector<F, N>>,
     lse: &Tensor<f32>,
     delta: &Tensor<f32>,
+    offsets: &Tensor<u32>,
+    counts: &Tensor<u32>,
+    entries: &Tensor<u32>,
+    segment_base: &Tensor<u32>,
+    segment_block: &Tensor<u32>,
+    segment_total: &Tensor<u32>,
     grad_k: &mut Tensor<F>,
     grad_v: &mut Tensor<F>,
+    partial: &mut Tensor<f32>,
     scale: f32,
     span: u32,
+    segment: u32,
+    #[comptime] window: bool,
     #[comptime] d_k: usize,
     #[comptime] d_v: usize,
     #[comptime] planes: usize,
@@ -39,18 +56,26 @@ pub fn window_key_flash<F: Float, N: Size>(
     #[define(F)] _dtype: StorageType,
 ) {
     let keys = comptime!(planes * MMA_M);
-    let (t_len, h_q, h_kv) = (q.shape(1), q.shape(2), k.shape(2));
-    let g = h_q / h_kv;
-    let tiles = t_len.div_ceil(keys);
-    let cube = CUBE_POS;
-    if cube >= q.shape(0) * h_kv * tiles {
+    let span = span as usize;
+    let cube = KeyCube::new::<Vector<F, N>>(
+        q,
+        k,
+        offsets,
+        counts,
+        entries,
+        segment_base,
+        segment_block,
+        segment_total,
+        span,
+        segment as usize,
+        window,
+        keys,
+    );
+    if !cube.exists {
         terminate!();
     }
-    let (b, hk) = (cube / (tiles * h_kv), (cube / tiles) % h_kv);
-    let s0 = (cube % tiles) * keys;
-    let s_end = min(s0 + keys, t_len);
-    let n_rows = (min(t_len, s_end - 1 + span as usize) - s0) * g;
-    let span = span as usize;
+    let (b, hk, s0, s_end, g) = (cube.b, cube.hk, cube.s0, cube.s_end, cube.g);
+    let t_len = q.shape(1);
     let def = mma::<F>();
     let lane = UNIT_POS_X as usize;
     let plane = UNIT_POS_Y as usize;
@@ -88,17 +113,21 @@ pub fn window_key_flash<F: Float, N: Size>(
     let do_at = comptime!(q_rows * ks);
 
     let mut row_first = 0usize;
-    while row_first < n_rows {
-        let count = min(n_rows - row_first, q_rows);
-        stage_walked_rows::<F, N>(q, grad_out, lse, delta, &mut staged, &mut positions, &mut stats, b, hk, g, s0 * g + row_first, count, q_rows, d_k, d_v);
+    while row_first < cube.n_rows {
+        let count = min(cube.n_rows - row_first, q_rows);
+        stage_walked_rows::<F, N>(q, grad_out, lse, delta, entries, &cube, &mut staged, &mut positions, &mut stats, row_first, count, window, q_rows, d_k, d_v);
         sync_cube();
 
         let mut p = products_with_rows::<F, N>(def, &k_frags, &staged, 0usize, lane, d_k, ks, q_rows);
-        // Every query of the chunk attends every key of the cube unless the chunk is partial,
-        // starts before the cube's last key, or ends past its first key's window.
-        let (t_first, t_last) = (s0 + row_first / g, s0 + (row_first + count - 1) / g);
-        let needs_mask = count < q_rows || t_first + 1 < s_end || t_last >= s0 + span;
-        key_probabilities(&mut p, &positions, &stats, &key, &real, count, span, scale, lane, needs_mask, q_rows);
+        // A window's chunk attends every key of the cube unless the chunk is partial, starts
+        // before the cube's last key, or ends past its first key's window. A selection's rows
+        // come in any order: always masked.
+        let mut needs_mask = true;
+        if window {
+            let (t_first, t_last) = (s0 + row_first / g, s0 + (row_first + count - 1) / g);
+            needs_mask = count < q_rows || t_first + 1 < s_end || t_last >= s0 + span;
+        }
+        key_probabilities(&mut p, &positions, &stats, &key, &real, count, span, scale, lane, needs_mask, window, q_rows);
         accumulate_with_rows::<F, N>(def, &p, &staged, do_at, lane, &mut dv, d_v, vs, q_rows);
         let dp = products_with_rows::<F, N>(def, &v_frags, &staged, do_at, lane, d_v, vs, q_rows);
         key_score_gradients(&mut p, &dp, &stats, lane, q_rows);
@@ -108,25 +137,40 @@ pub fn window_key_flash<F: Float, N: Size>(
         row_first += count;
     }
 
-    let mut base_k = Array::<usize>::new(2usize);
-    let mut base_v = Array::<usize>::new(2usize);
     let mut factor_k = Array::<f32>::new(2usize);
     let mut factor_v = Array::<f32>::new(2usize);
     #[unroll]
     for half in 0..2usize {
-        let row = min(key[half], t_len - 1);
-        base_k[half] = offset3::<F>(grad_k, b, row, hk);
-        base_v[half] = offset3::<F>(grad_v, b, row, hk);
         factor_k[half] = scale;
         factor_v[half] = 1.0f32;
     }
-    store_tiles::<F>(grad_k, &base_k, &real, &dk, &factor_k, lane, d_k);
-    store_tiles::<F>(grad_v, &base_v, &real, &dv, &factor_v, lane, d_v);
+    let mut base_k = Array::<usize>::new(2usize);
+    let mut base_v = Array::<usize>::new(2usize);
+    if window {
+        #[unroll]
+        for half in 0..2usize {
+            let row = min(key[half], t_len - 1);
+            base_k[half] = offset3::<F>(grad_k, b, row, hk);
+            base_v[half] = offset3::<F>(grad_v, b, row, hk);
+        }
+        store_tiles::<F>(grad_k, &base_k, &real, &dk, &factor_k, lane, d_k);
+        store_tiles::<F>(grad_v, &base_v, &real, &dv, &factor_v, lane, d_v);
+    } else {
+        let (segments, h_kv) = (segment_block.shape(2), k.shape(2));
+        #[unroll]
+        for half in 0..2usize {
+            let row = cube.partial_row(segments, h_kv, min(key[half], s_end - 1), span);
+            base_k[half] = row * comptime!(d_k + d_v);
+            base_v[half] = base_k[half] + d_k;
+        }
+        store_tiles::<f32>(partial, &base_k, &real, &dk, &factor_k, lane, d_k);
+        store_tiles::<f32>(partial, &base_v, &real, &dv, &factor_v, lane, d_v);
+    }
 }
 
-/// Walked rows `first..first + count` of the cube's keys (row `r` is query `r / g`, head
-/// `hk * g + r % g`), padded to `q_rows` with zeros: q rows at element 0 of `staged`, dO rows
-/// after `q_rows` q rows, and per row its position, `lse` and (at `q_rows`) `delta`.
+/// Walked rows `first..first + count` of the cube (see [`KeyCube::query_of`]), padded to
+/// `q_rows` with zeros: q rows at element 0 of `staged`, dO rows after `q_rows` q rows, and per
+/// row its position, `lse` and (at `q_rows`) `delta`.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn stage_walked_rows<F: Float, N: Size>(
@@ -134,26 +178,46 @@ fn stage_walked_rows<F: Float, N: Size>(
     grad_out: &Tensor<Vector<F, N>>,
     lse: &Tensor<f32>,
     delta: &Tensor<f32>,
+    entries: &Tensor<u32>,
+    cube: &KeyCube,
     staged: &mut SharedMemory<Vector<F, N>>,
     positions: &mut SharedMemory<u32>,
     stats: &mut SharedMemory<f32>,
-    b: usize,
-    hk: usize,
-    g: usize,
     first: usize,
     count: usize,
+    #[comptime] window: bool,
     #[comptime] q_rows: usize,
     #[comptime] d_k: usize,
     #[comptime] d_v: usize,
 ) {
     let ks = comptime!(storage_stride(d_k));
     let vs = comptime!(storage_stride(d_v));
+    let (b, hk, g) = (cube.b, cube.hk, cube.g);
+    // Positions first: a selection's come from the list, read once per row.
+    let mut i = UNIT_POS as usize;
+    while i < q_rows {
+        let at = first + min(i, count - 1);
+        let t = cube.query_of(entries, at, window);
+        let h = hk * g + at % g;
+        let mut row_lse = f32::new(0.0);
+        let mut row_delta = f32::new(0.0);
+        if i < count {
+            let stat_at = offset3::<f32>(lse, b, t, h);
+            row_lse = lse[stat_at];
+            row_delta = delta[stat_at];
+        }
+        positions[i] = t as u32;
+        stats[i] = row_lse;
+        stats[q_rows + i] = row_delta;
+        i += CUBE_DIM as usize;
+    }
+    sync_cube();
     let (per_q, per_do) = (comptime!(d_k / VECTOR), comptime!(d_v / VECTOR));
     let per_row = comptime!(per_q + per_do);
     let mut idx = UNIT_POS as usize;
     while idx < q_rows * per_row {
         let (i, c) = (idx / per_row, idx % per_row);
-        let (t, h) = ((first + i) / g, hk * g + (first + i) % g);
+        let (t, h) = (positions[i] as usize, hk * g + (first + i) % g);
         let mut value = Vector::<F, N>::new(F::new(0.0));
         if c < per_q {
             if i < count {
@@ -168,25 +232,11 @@ fn stage_walked_rows<F: Float, N: Size>(
         }
         idx += CUBE_DIM as usize;
     }
-    let i = UNIT_POS as usize;
-    if i < q_rows {
-        let (t, h) = ((first + i) / g, hk * g + (first + i) % g);
-        let mut row_lse = f32::new(0.0);
-        let mut row_delta = f32::new(0.0);
-        if i < count {
-            let at = offset3::<f32>(lse, b, t, h);
-            row_lse = lse[at];
-            row_delta = delta[at];
-        }
-        positions[i] = t as u32;
-        stats[i] = row_lse;
-        stats[q_rows + i] = row_delta;
-    }
 }
 
 /// Scores `s^T` (keys as rows, the chunk's walked rows as columns) become `p^T = exp(s^T scale
 /// - lse)` in place; with `needs_mask`, 0 where the column is past `count`, its query does not
-/// attend the key, or the key is past the cube's end. Chunks in the middle of the walk attend
+/// attend the key (causal; and in the window for a window), or the key is past the cube's end. Chunks in the middle of the walk attend
 /// every key of the cube and skip the mask (keys past a ragged end then hold garbage rows of
 /// dK, dV, which are never written).
 #[cube]
@@ -202,6 +252,7 @@ fn key_probabilities(
     scale: f32,
     lane: usize,
     needs_mask: bool,
+    #[comptime] window: bool,
     #[comptime] q_rows: usize,
 ) {
     let column = 2 * (lane % 4);
@@ -216,7 +267,7 @@ fn key_probabilities(
                 #[unroll]
                 for half in 0..2usize {
                     let mut x = s[2 * j + half];
-                    let valid = col < count && real[half] && attends(t, key[half], span, true);
+                    let valid = col < count && real[half] && attends(t, key[half], span, window);
                     x[e] = select(valid, (x[e] * scale - row_lse).exp(), 0.0f32);
                     s[2 * j + half] = x;
                 }

@@ -84,13 +84,16 @@ pub fn scan_counts(
     segment_total[list] = segments;
 }
 
-/// Writes each selecting query into its block's rows.
+/// Writes each selecting query into its block's rows, and beside it (`slots`, laid out as
+/// `entries`) where the block stands in that query's list: the key-major selection forward
+/// writes its partial results there ([`super::flash_select`]).
 #[cube(launch)]
 pub fn fill_selections<I: Int>(
     blocks: &Tensor<I>,
     offsets: &Tensor<u32>,
     cursor: &mut Tensor<Atomic<u32>>,
     entries: &mut Tensor<u32>,
+    slots: &mut Tensor<u32>,
     #[define(I)] _dtype: StorageType,
 ) {
     let pos = ABSOLUTE_POS;
@@ -102,6 +105,8 @@ pub fn fill_selections<I: Int>(
         let n_blocks = offsets.shape(2);
         let list = (b * blocks.shape(2) + hk) * n_blocks + u32::cast_from(j) as usize;
         let at = offsets[list] + cursor[list].fetch_add(1u32);
-        entries[(b * blocks.shape(2) + hk) * entries.shape(2) + at as usize] = t as u32;
+        let entry = (b * blocks.shape(2) + hk) * entries.shape(2) + at as usize;
+        entries[entry] = t as u32;
+        slots[entry] = (pos % blocks.shape(3)) as u32;
     }
 }

@@ -8,6 +8,7 @@ pub mod backward;
 pub mod flash_dq;
 pub mod flash_forward;
 pub mod flash_key;
+pub mod flash_select;
 pub mod forward;
 pub mod fragments;
 pub mod inverse;

@@ -1,0 +1,462 @@
+//! Key-major selected attention forward on the manual MMA (CUDA tensor cores, f16/bf16), in two
+//! passes: per-block partial results, then one merge per query row.
+//!
+//! The query-major forward ([`super::mma_select`]) loads a query's `n` blocks for every query:
+//! at 64k on the production shape that is about 34 GB of K/V through L2, and with `g = 6` its
+//! 16-row tiles hold 6 real rows. Here a cube takes one segment of one selected block's query
+//! list (the backward's key cubes, [`super::key::KeyCube`], [`super::inverse`]): it stages the
+//! block's K and V once, and its planes walk the listed rows `(t, h)` 16 at a time, every tile
+//! full. Each row's softmax over the block stays in registers ([`super::flash_forward`]'s
+//! layout): the plane writes the block's normalised output and log-sum-exp to the row's slot
+//! for that block (`slots` of the inverted index). No cube ever sees a row's other blocks, so
+//! [`merge_selection_partials`] combines the `n` slots of each row afterwards: weights
+//! `exp(lse_i - lse)`, where `lse` is the log-sum-exp of the slots' `lse_i`.
+
+use cubecl::prelude::*;
+
+use super::flash_forward::RowStats;
+use super::forward::MASKED;
+use super::fragments::{
+    accumulate_with_rows, mma, products_with_rows, row_fragments, store_tiles, zero_pairs, Pair, MMA_M, MMA_N,
+};
+use super::key::KeyCube;
+use super::mma_forward::VECTOR;
+use super::rows::{offset3, stage_vector_rows, NEG_LARGE};
+use crate::tiling::storage_stride;
+
+/// `q [B, T, H_q, d_k]`, `k`, `v` and a selection's inverted index -> for every listed row and
+/// block, `part_out [B, T, H_q, n * d_v]` (the row's attention over that block alone, in the
+/// storage type) and `part_lse [B, T, H_q, n]` (f32; `NEG_LARGE` when the block is wholly after
+/// the query), at the block's slot. Slots of unused entries are left unwritten. Cube
+/// `(32, planes)` units; `keys` is the block size (a multiple of 16), `d_k`, `d_v` multiples of
+/// 16.
+#[cube(launch, fast_math = FastMath::all())]
+#[allow(clippy::too_many_arguments)]
+pub fn selection_partials_flash<F: Float, N: Size>(
+    q: &Tensor<Vector<F, N>>,
+    k: &Tensor<Vector<F, N>>,
+    v: &Tensor<Vector<F, N>>,
+    offsets: &Tensor<u32>,
+    counts: &Tensor<u32>,
+    entries: &Tensor<u32>,
+    slots: &Tensor<u32>,
+    segment_base: &Tensor<u32>,
+    segment_block: &Tensor<u32>,
+    segment_total: &Tensor<u32>,
+    part_out: &mut Tensor<F>,
+    part_lse: &mut Tensor<f32>,
+    scale: f32,
+    segment: u32,
+    #[comptime] d_k: usize,
+    #[comptime] d_v: usize,
+    #[comptime] keys: usize,
+    #[comptime] planes: usize,
+    #[define(F)] _dtype: StorageType,
+) {
+    let cube = KeyCube::new::<Vector<F, N>>(
+        q,
+        k,
+        offsets,
+        counts,
+        entries,
+        segment_base,
+        segment_block,
+        segment_total,
+        keys,
+        segment as usize,
+        false,
+        keys,
+    );
+    if !cube.exists {
+        terminate!();
+    }
+    let def = mma::<F>();
+    let lane = UNIT_POS_X as usize;
+    let plane = UNIT_POS_Y as usize;
+    let ks = comptime!(storage_stride(d_k));
+    let vs = comptime!(storage_stride(d_v));
+    // The block's K rows, its V rows, then each plane's 16 query rows.
+    let v_at = comptime!(keys * ks);
+    let q_at = comptime!(keys * (ks + vs)) + plane * comptime!(MMA_M * ks);
+    let mut staged =
+        SharedMemory::<Vector<F, N>>::new_aligned(comptime!((keys * (ks + vs) + planes * MMA_M * ks) / VECTOR), 16usize);
+    let (b, hk, count) = (cube.b, cube.hk, cube.s_end - cube.s0);
+    let (unit, units) = (UNIT_POS as usize, CUBE_DIM as usize);
+    stage_vector_rows::<F, N>(k, &mut staged, 0usize, b, cube.s0, count, hk, keys, d_k, ks, VECTOR, unit, units);
+    stage_vector_rows::<F, N>(v, &mut staged, v_at, b, cube.s0, count, hk, keys, d_v, vs, VECTOR, unit, units);
+    sync_cube();
+
+    let tiles = cube.n_rows.div_ceil(MMA_M);
+    let mut tile = plane;
+    while tile < tiles {
+        stage_listed_tile::<F, N>(q, entries, &cube, &mut staged, q_at, tile * MMA_M, lane, d_k);
+        sync_plane();
+        let q_frags = row_fragments::<F, N>(def, &staged, q_at, 0usize, lane, d_k, ks);
+        let rows = ListedRows::new(entries, &cube, tile, lane);
+
+        let mut scores = products_with_rows::<F, N>(def, &q_frags, &staged, 0usize, lane, d_k, ks, keys);
+        mask_block(&mut scores, &rows, cube.s0, cube.s_end, scale, lane, keys);
+        let mut stats = RowStats::new();
+        // A fresh accumulator: the correction factor has nothing to rescale.
+        let _correction = stats.update(&mut scores, keys);
+        let mut acc = zero_pairs(comptime!(2 * d_v / MMA_N));
+        accumulate_with_rows::<F, N>(def, &scores, &staged, v_at, lane, &mut acc, d_v, vs, keys);
+        store_partial::<F>(part_out, part_lse, slots, &rows, &acc, &stats, b, lane, d_v);
+        // The plane's next tile overwrites its query rows.
+        sync_plane();
+        tile += planes;
+    }
+}
+
+/// The two listed rows a lane holds (`l / 4` and `l / 4 + 8` of its plane's tile): query
+/// position, head, where the row's query stands in the cube's list (`entries`, `slots`), and
+/// whether the row exists.
+#[derive(CubeType)]
+pub struct ListedRows {
+    pub t: Array<usize>,
+    pub h: Array<usize>,
+    pub entry: Array<usize>,
+    pub real: Array<bool>,
+}
+
+#[cube]
+impl ListedRows {
+    pub fn new(entries: &Tensor<u32>, cube: &KeyCube, tile: usize, lane: usize) -> ListedRows {
+        let mut t = Array::<usize>::new(2usize);
+        let mut h = Array::<usize>::new(2usize);
+        let mut entry_at = Array::<usize>::new(2usize);
+        let mut real = Array::<bool>::new(2usize);
+        #[unroll]
+        for half in 0..2usize {
+            let row = tile * MMA_M + lane / 4 + 8 * half;
+            let is_real = row < cube.n_rows;
+            let entry = cube.list_at + select(is_real, row, 0usize) / cube.g;
+            t[half] = entries[entry] as usize;
+            entry_at[half] = entry;
+            h[half] = cube.hk * cube.g + row % cube.g;
+            real[half] = is_real;
+        }
+        ListedRows { t, h, entry: entry_at, real }
+    }
+}
+
+/// Stages rows of `src [B, T, H_q, d]` (q or dO) for listed rows `first..first + 16` of the
+/// cube's list (zeros past its end) at element `at`: the plane's 32 lanes, 16-byte loads (a
+/// group's `g` heads of one query are adjacent).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn stage_listed_tile<F: Float, N: Size>(
+    src: &Tensor<Vector<F, N>>,
+    entries: &Tensor<u32>,
+    cube: &KeyCube,
+    staged: &mut SharedMemory<Vector<F, N>>,
+    at: usize,
+    first: usize,
+    lane: usize,
+    #[comptime] d: usize,
+) {
+    let per_row = comptime!(d / VECTOR);
+    let stride = comptime!(storage_stride(d));
+    let total = comptime!(MMA_M * per_row);
+    #[unroll]
+    for i in 0..comptime!(total.div_ceil(32)) {
+        let idx = lane + i * 32;
+        if idx < total {
+            let (r, c) = (idx / per_row, idx % per_row);
+            let row = first + r;
+            let mut value = Vector::<F, N>::new(F::new(0.0));
+            if row < cube.n_rows {
+                let t = entries[cube.list_at + row / cube.g] as usize;
+                let h = cube.hk * cube.g + row % cube.g;
+                value = src[offset3::<Vector<F, N>>(src, cube.b, t, h) / VECTOR + c];
+            }
+            let to = (at + r * stride) / VECTOR + c;
+            staged[to] = value;
+        }
+    }
+}
+
+/// Scales the scores and masks keys past the block's end (a ragged last block) or after the
+/// row's query (causal). The lane holds keys `8j + 2 (l % 4) + e` of the block.
+#[cube]
+fn mask_block(
+    scores: &mut Array<Pair<f32>>,
+    rows: &ListedRows,
+    s0: usize,
+    s_end: usize,
+    scale: f32,
+    lane: usize,
+    #[comptime] keys: usize,
+) {
+    let column = 2 * (lane % 4);
+    #[unroll]
+    for j in 0..keys / MMA_N {
+        #[unroll]
+        for half in 0..2usize {
+            let mut s = scores[2 * j + half];
+            #[unroll]
+            for e in 0..2usize {
+                let key = s0 + j * MMA_N + column + e;
+                let valid = key < s_end && key <= rows.t[half];
+                s[e] = select(valid, s[e] * scale, f32::new(NEG_LARGE));
+            }
+            scores[2 * j + half] = s;
+        }
+    }
+}
+
+/// Writes the lane's two rows' output over the block, divided by the rows' sums, to their
+/// slots of `part_out`, and (one lane of the quad) the rows' log-sum-exp over the block.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn store_partial<F: Float>(
+    part_out: &mut Tensor<F>,
+    part_lse: &mut Tensor<f32>,
+    slots: &Tensor<u32>,
+    rows: &ListedRows,
+    acc: &Array<Pair<f32>>,
+    stats: &RowStats,
+    b: usize,
+    lane: usize,
+    #[comptime] d_v: usize,
+) {
+    let mut inv = Array::<f32>::new(2usize);
+    let mut base = Array::<usize>::new(2usize);
+    #[unroll]
+    for half in 0..2usize {
+        let sum = stats.row_sum(half);
+        inv[half] = 0.0f32;
+        let mut block_lse = f32::new(NEG_LARGE);
+        if sum > 0.0f32 {
+            inv[half] = 1.0f32 / sum;
+            block_lse = stats.max[half] + sum.ln();
+        }
+        let slot = slots[rows.entry[half]] as usize;
+        base[half] = offset3::<F>(part_out, b, rows.t[half], rows.h[half]) + slot * d_v;
+        if rows.real[half] && lane % 4 == 0 {
+            let at = offset3::<f32>(part_lse, b, rows.t[half], rows.h[half]) + slot;
+            part_lse[at] = block_lse;
+        }
+    }
+    store_tiles::<F>(part_out, &base, &rows.real, acc, &inv, lane, d_v);
+}
+
+/// A selection's dQ, key-major as [`selection_partials_flash`]: a cube stages one block's K
+/// and V, and each plane takes the block's listed rows 16 at a time with their q and dO rows:
+/// `s = q K^T`, `p = exp(s scale - lse)` (the forward's final log-sum-exp), `dp = dO V^T`,
+/// `ds = p (dp - delta)`, and the row's share of dQ over the block, `scale * ds K`, added to the
+/// f32 `grad_q` by atomics (each row's other blocks are other cubes'). Everything stays in
+/// registers; `delta = dO . O` comes from `row_delta`.
+#[cube(launch, fast_math = FastMath::all())]
+#[allow(clippy::too_many_arguments)]
+pub fn selection_dq_flash<F: Float, N: Size>(
+    q: &Tensor<Vector<F, N>>,
+    k: &Tensor<Vector<F, N>>,
+    v: &Tensor<Vector<F, N>>,
+    grad_out: &Tensor<Vector<F, N>>,
+    lse: &Tensor<f32>,
+    delta: &Tensor<f32>,
+    offsets: &Tensor<u32>,
+    counts: &Tensor<u32>,
+    entries: &Tensor<u32>,
+    segment_base: &Tensor<u32>,
+    segment_block: &Tensor<u32>,
+    segment_total: &Tensor<u32>,
+    grad_q: &mut Tensor<Atomic<f32>>,
+    scale: f32,
+    segment: u32,
+    #[comptime] d_k: usize,
+    #[comptime] d_v: usize,
+    #[comptime] keys: usize,
+    #[comptime] planes: usize,
+    #[define(F)] _dtype: StorageType,
+) {
+    let cube = KeyCube::new::<Vector<F, N>>(
+        q,
+        k,
+        offsets,
+        counts,
+        entries,
+        segment_base,
+        segment_block,
+        segment_total,
+        keys,
+        segment as usize,
+        false,
+        keys,
+    );
+    if !cube.exists {
+        terminate!();
+    }
+    let def = mma::<F>();
+    let lane = UNIT_POS_X as usize;
+    let plane = UNIT_POS_Y as usize;
+    let ks = comptime!(storage_stride(d_k));
+    let vs = comptime!(storage_stride(d_v));
+    // The block's K rows, its V rows, then each plane's 16 q rows and 16 dO rows.
+    let v_at = comptime!(keys * ks);
+    let q_at = comptime!(keys * (ks + vs)) + plane * comptime!(MMA_M * (ks + vs));
+    let do_at = q_at + comptime!(MMA_M * ks);
+    let mut staged = SharedMemory::<Vector<F, N>>::new_aligned(
+        comptime!((keys + planes * MMA_M) * (ks + vs) / VECTOR),
+        16usize,
+    );
+    let (b, hk, count) = (cube.b, cube.hk, cube.s_end - cube.s0);
+    let (unit, units) = (UNIT_POS as usize, CUBE_DIM as usize);
+    stage_vector_rows::<F, N>(k, &mut staged, 0usize, b, cube.s0, count, hk, keys, d_k, ks, VECTOR, unit, units);
+    stage_vector_rows::<F, N>(v, &mut staged, v_at, b, cube.s0, count, hk, keys, d_v, vs, VECTOR, unit, units);
+    sync_cube();
+
+    let tiles = cube.n_rows.div_ceil(MMA_M);
+    let mut tile = plane;
+    while tile < tiles {
+        stage_listed_tile::<F, N>(q, entries, &cube, &mut staged, q_at, tile * MMA_M, lane, d_k);
+        stage_listed_tile::<F, N>(grad_out, entries, &cube, &mut staged, do_at, tile * MMA_M, lane, d_v);
+        sync_plane();
+        let rows = ListedRows::new(entries, &cube, tile, lane);
+        let mut row_lse = Array::<f32>::new(2usize);
+        let mut row_delta = Array::<f32>::new(2usize);
+        #[unroll]
+        for half in 0..2usize {
+            let at = offset3::<f32>(lse, b, rows.t[half], rows.h[half]);
+            row_lse[half] = lse[at];
+            row_delta[half] = delta[at];
+        }
+
+        let q_frags = row_fragments::<F, N>(def, &staged, q_at, 0usize, lane, d_k, ks);
+        let mut p = products_with_rows::<F, N>(def, &q_frags, &staged, 0usize, lane, d_k, ks, keys);
+        mask_block(&mut p, &rows, cube.s0, cube.s_end, scale, lane, keys);
+        row_probabilities(&mut p, &row_lse, keys);
+        let do_frags = row_fragments::<F, N>(def, &staged, do_at, 0usize, lane, d_v, vs);
+        let dp = products_with_rows::<F, N>(def, &do_frags, &staged, v_at, lane, d_v, vs, keys);
+        row_score_gradients(&mut p, &dp, &row_delta, keys);
+        let mut dq = zero_pairs(comptime!(2 * d_k / MMA_N));
+        accumulate_with_rows::<F, N>(def, &p, &staged, 0usize, lane, &mut dq, d_k, ks, keys);
+        add_rows(grad_q, &rows, &dq, b, scale, lane, d_k);
+        // The plane's next tile overwrites its q and dO rows.
+        sync_plane();
+        tile += planes;
+    }
+}
+
+/// Masked, scaled scores (masked: `NEG_LARGE`) become `exp(s - lse)` per row, 0 where masked.
+#[cube]
+fn row_probabilities(s: &mut Array<Pair<f32>>, row_lse: &Array<f32>, #[comptime] keys: usize) {
+    #[unroll]
+    for j in 0..keys / MMA_N {
+        #[unroll]
+        for half in 0..2usize {
+            let mut x = s[2 * j + half];
+            #[unroll]
+            for e in 0..2usize {
+                x[e] = select(x[e] > MASKED, (x[e] - row_lse[half]).exp(), 0.0f32);
+            }
+            s[2 * j + half] = x;
+        }
+    }
+}
+
+/// `p` becomes `ds = p (dp - delta)` in place, `delta` per row.
+#[cube]
+fn row_score_gradients(p: &mut Array<Pair<f32>>, dp: &Array<Pair<f32>>, row_delta: &Array<f32>, #[comptime] keys: usize) {
+    #[unroll]
+    for j in 0..keys / MMA_N {
+        #[unroll]
+        for half in 0..2usize {
+            p[2 * j + half] = p[2 * j + half] * (dp[2 * j + half] - Pair::<f32>::new(row_delta[half]));
+        }
+    }
+}
+
+/// Adds the lane's two rows of `tiles` (over `d` columns), times `factor`, to rows `(b, t, h)`
+/// of the f32 `dst` by atomics (real rows only).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn add_rows(
+    dst: &mut Tensor<Atomic<f32>>,
+    rows: &ListedRows,
+    tiles: &Array<Pair<f32>>,
+    b: usize,
+    factor: f32,
+    lane: usize,
+    #[comptime] d: usize,
+) {
+    let column = 2 * (lane % 4);
+    #[unroll]
+    for half in 0..2usize {
+        if rows.real[half] {
+            let base = offset3::<Atomic<f32>>(dst, b, rows.t[half], rows.h[half]) + column;
+            #[unroll]
+            for j in 0..d / MMA_N {
+                let x = tiles[2 * j + half];
+                #[unroll]
+                for e in 0..2usize {
+                    let at = base + j * MMA_N + e;
+                    dst[at].fetch_add(x[e] * factor);
+                }
+            }
+        }
+    }
+}
+
+/// `part_out [B, T, H_q, n * d_v]`, `part_lse [B, T, H_q, n]` and `blocks [B, T, H_kv, n]` ->
+/// `out [B, T, H_q, d_v]`, `lse [B, T, H_q]`: each row's slots combined with weights
+/// `exp(lse_i - lse)`. Slots whose block is unused (negative) or wholly after the query
+/// (`lse_i` masked) weigh nothing; a row with none gets zeros and `NEG_LARGE`. One unit per
+/// vector of `vector` output elements; all tensors but `blocks` contiguous.
+#[cube(launch)]
+pub fn merge_selection_partials<F: Float, I: Int, N: Size>(
+    part_out: &Tensor<Vector<F, N>>,
+    part_lse: &Tensor<f32>,
+    blocks: &Tensor<I>,
+    out: &mut Tensor<Vector<F, N>>,
+    lse: &mut Tensor<f32>,
+    #[comptime] d_v: usize,
+    #[comptime] vector: usize,
+    #[define(F, I)] _dtypes: [StorageType; 2],
+) {
+    let per_row = comptime!(d_v / vector);
+    let (t_len, h_q, n) = (part_lse.shape(1), part_lse.shape(2), part_lse.shape(3));
+    let rows = part_lse.shape(0) * t_len * h_q;
+    let pos = ABSOLUTE_POS;
+    if pos >= rows * per_row {
+        terminate!();
+    }
+    let (row, c) = (pos / per_row, pos % per_row);
+    let h = row % h_q;
+    let t = (row / h_q) % t_len;
+    let b = row / (h_q * t_len);
+    let hk = h / (h_q / blocks.shape(2));
+    let listed = b * blocks.stride(0) + t * blocks.stride(1) + hk * blocks.stride(2);
+
+    let mut row_max = f32::new(NEG_LARGE);
+    for i in 0..n {
+        let block_lse = part_lse[row * n + i];
+        if i32::cast_from(blocks[listed + i * blocks.stride(3)]) >= 0 {
+            row_max = max(row_max, block_lse);
+        }
+    }
+    let mut acc = Vector::<f32, N>::new(0.0f32);
+    let mut row_lse = f32::new(NEG_LARGE);
+    if row_max > MASKED {
+        let mut sum = 0.0f32;
+        for i in 0..n {
+            let block_lse = part_lse[row * n + i];
+            if i32::cast_from(blocks[listed + i * blocks.stride(3)]) >= 0 && block_lse > MASKED {
+                sum += (block_lse - row_max).exp();
+            }
+        }
+        row_lse = row_max + sum.ln();
+        for i in 0..n {
+            let block_lse = part_lse[row * n + i];
+            if i32::cast_from(blocks[listed + i * blocks.stride(3)]) >= 0 && block_lse > MASKED {
+                let weight = (block_lse - row_lse).exp();
+                acc = acc + Vector::<f32, N>::cast_from(part_out[(row * n + i) * per_row + c]) * Vector::<f32, N>::new(weight);
+            }
+        }
+    }
+    out[row * per_row + c] = Vector::<F, N>::cast_from(acc);
+    if c == 0 {
+        lse[row] = row_lse;
+    }
+}
