@@ -179,11 +179,13 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
         } else if let Some(tiling) = select_dq {
             call.row_delta(&out, &grad_out, &delta);
             let (count, dim) = call.plane_grid(call.key_cubes(tiling.keys, &index), tiling.planes);
+            let atomic_width = call.f32_atomic_width();
             flash_select::selection_dq_flash::launch::<R>(
                 &call.client(),
                 count,
                 dim,
                 mma_forward::VECTOR,
+                atomic_width,
                 call.q.clone().into_tensor_arg(),
                 call.k.clone().into_tensor_arg(),
                 call.v.clone().into_tensor_arg(),
@@ -203,6 +205,8 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
                 call.d_v,
                 tiling.keys,
                 tiling.planes,
+                atomic_width,
+                tiling.prefetch_dq,
                 dtype.into(),
             );
         } else if let Some(tiling) = call.flash_tiling(QueryPass::Gradient) {
@@ -634,6 +638,20 @@ impl<R: CubeRuntime> Call<R> {
             return None;
         }
         FlashKeyTiling::plan(self.window, self.d_k, self.d_v)
+    }
+
+    /// f32 elements the device adds atomically in one operation: 4 (sm90's 16-byte vector
+    /// atomics), 2, else 1.
+    fn f32_atomic_width(&self) -> usize {
+        let client = self.client();
+        let props = client.properties();
+        [4, 2, 1]
+            .into_iter()
+            .find(|&width| {
+                let atomic = Type::new(StorageType::Atomic(FloatKind::F32.into())).with_vector_size(width);
+                props.atomic_type_usage(atomic).contains(AtomicUsage::Add)
+            })
+            .unwrap_or(1)
     }
 
     /// Whether the device adds f32 to global memory atomically (every CUDA device with tensor

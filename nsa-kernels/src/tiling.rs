@@ -259,11 +259,14 @@ impl FlashKeyTiling {
 /// Key-major selection forward (see `kernel::flash_select`): a cube stages one selected
 /// block's `keys` keys (the whole block) and `planes` planes take the block's listed query rows
 /// 16 at a time. A lane keeps `d_k / 4` query, `keys / 4` score and `d_v / 4` output registers,
-/// so wide heads take blocks of at most 64 keys.
+/// so wide heads take blocks of at most 64 keys. Where registers allow (`prefetch_dq`: narrow
+/// heads), a dQ plane loads its next tile's q and dO rows while it computes the current one
+/// (`(d_k + d_v) / 8` more registers).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FlashSelectTiling {
     pub planes: usize,
     pub keys: usize,
+    pub prefetch_dq: bool,
 }
 
 impl FlashSelectTiling {
@@ -272,7 +275,12 @@ impl FlashSelectTiling {
     pub fn plan(span: usize, d_k: usize, d_v: usize) -> Option<Self> {
         let longest = if d_k + d_v <= 128 { 128 } else { 64 };
         let fits = d_k % MMA_TILE == 0 && d_v % MMA_TILE == 0 && span % MMA_TILE == 0;
-        (fits && (MMA_TILE..=longest).contains(&span)).then_some(FlashSelectTiling { planes: 4, keys: span })
+        let tiling = FlashSelectTiling {
+            planes: 4,
+            keys: span,
+            prefetch_dq: d_k + d_v <= 128,
+        };
+        (fits && (MMA_TILE..=longest).contains(&span)).then_some(tiling)
     }
 
     /// Shared memory the kernels declare at 16-bit storage, at most: the block's K and V rows
@@ -468,7 +476,8 @@ mod tests {
             let t = FlashSelectTiling::plan(64, d_k, d_v).unwrap();
             assert!(t.shared_bytes(d_k, d_v) <= MMA_SHARED, "{t:?}");
         }
-        assert_eq!(FlashSelectTiling::plan(128, 64, 64), Some(FlashSelectTiling { planes: 4, keys: 128 }));
+        let long = FlashSelectTiling { planes: 4, keys: 128, prefetch_dq: true };
+        assert_eq!(FlashSelectTiling::plan(128, 64, 64), Some(long));
         assert_eq!(FlashSelectTiling::plan(128, 128, 128), None);
         assert_eq!(FlashSelectTiling::plan(24, 64, 64), None);
         assert_eq!(FlashSelectTiling::plan(64, 72, 64), None);

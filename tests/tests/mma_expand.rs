@@ -278,6 +278,7 @@ fn tensor_core_kernels_expand() {
             CubeCount::Static(1, 1, 1),
             CubeDim::new_2d(32, 4),
             nsa_kernels::kernel::mma_forward::VECTOR,
+            1,
             q().into_tensor_arg(),
             kv().into_tensor_arg(),
             kv().into_tensor_arg(),
@@ -297,6 +298,8 @@ fn tensor_core_kernels_expand() {
             64,
             64,
             4,
+            1,
+            true,
             DType::F16.into(),
         );
     });

@@ -88,8 +88,10 @@ pub fn selection_partials_flash<F: Float, N: Size>(
 
     let tiles = cube.n_rows.div_ceil(MMA_M);
     let mut tile = plane;
+    let mut q_rows = Array::<Vector<F, N>>::new(comptime!(lane_vectors(d_k)));
     while tile < tiles {
-        stage_listed_tile::<F, N>(q, entries, &cube, &mut staged, q_at, tile * MMA_M, lane, d_k);
+        fetch_listed_tile::<F, N>(&mut q_rows, q, entries, &cube, tile * MMA_M, lane, d_k);
+        store_listed_tile::<F, N>(&mut staged, &q_rows, q_at, lane, d_k);
         sync_plane();
         let q_frags = row_fragments::<F, N>(def, &staged, q_at, 0usize, lane, d_k, ks);
         let rows = ListedRows::new(entries, &cube, tile, lane);
@@ -140,18 +142,49 @@ impl ListedRows {
     }
 }
 
-/// Stages rows of `src [B, T, H_q, d]` (q or dO) for listed rows `first..first + 16` of the
-/// cube's list (zeros past its end) at element `at`: the plane's 32 lanes, 16-byte loads (a
-/// group's `g` heads of one query are adjacent).
+/// This lane's share of a plane's 16 listed rows of `d` columns: 16-byte vectors.
+pub fn lane_vectors(d: usize) -> usize {
+    (MMA_M * d / VECTOR).div_ceil(32)
+}
+
+/// Loads this lane's share of the rows of `src [B, T, H_q, d]` (q or dO) for listed rows
+/// `first..first + 16` of the cube's list (zeros past its end) into `values`: 16-byte loads, a
+/// group's `g` heads of one query adjacent. Nothing waits on them until [`store_listed_tile`],
+/// so a plane can load its next tile's rows while it computes the current one.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn stage_listed_tile<F: Float, N: Size>(
+fn fetch_listed_tile<F: Float, N: Size>(
+    values: &mut Array<Vector<F, N>>,
     src: &Tensor<Vector<F, N>>,
     entries: &Tensor<u32>,
     cube: &KeyCube,
-    staged: &mut SharedMemory<Vector<F, N>>,
-    at: usize,
     first: usize,
+    lane: usize,
+    #[comptime] d: usize,
+) {
+    let per_row = comptime!(d / VECTOR);
+    let total = comptime!(MMA_M * per_row);
+    #[unroll]
+    for i in 0..comptime!(lane_vectors(d)) {
+        let idx = lane + i * 32;
+        let (r, c) = (idx / per_row, idx % per_row);
+        let row = first + r;
+        let mut value = Vector::<F, N>::new(F::new(0.0));
+        if idx < total && row < cube.n_rows {
+            let t = entries[cube.list_at + row / cube.g] as usize;
+            let h = cube.hk * cube.g + row % cube.g;
+            value = src[offset3::<Vector<F, N>>(src, cube.b, t, h) / VECTOR + c];
+        }
+        values[i] = value;
+    }
+}
+
+/// Writes what [`fetch_listed_tile`] loaded to the plane's rows at element `at`.
+#[cube]
+fn store_listed_tile<F: Float, N: Size>(
+    staged: &mut SharedMemory<Vector<F, N>>,
+    values: &Array<Vector<F, N>>,
+    at: usize,
     lane: usize,
     #[comptime] d: usize,
 ) {
@@ -159,19 +192,12 @@ fn stage_listed_tile<F: Float, N: Size>(
     let stride = comptime!(storage_stride(d));
     let total = comptime!(MMA_M * per_row);
     #[unroll]
-    for i in 0..comptime!(total.div_ceil(32)) {
+    for i in 0..comptime!(lane_vectors(d)) {
         let idx = lane + i * 32;
         if idx < total {
             let (r, c) = (idx / per_row, idx % per_row);
-            let row = first + r;
-            let mut value = Vector::<F, N>::new(F::new(0.0));
-            if row < cube.n_rows {
-                let t = entries[cube.list_at + row / cube.g] as usize;
-                let h = cube.hk * cube.g + row % cube.g;
-                value = src[offset3::<Vector<F, N>>(src, cube.b, t, h) / VECTOR + c];
-            }
             let to = (at + r * stride) / VECTOR + c;
-            staged[to] = value;
+            staged[to] = values[i];
         }
     }
 }
@@ -249,7 +275,7 @@ fn store_partial<F: Float>(
 /// registers; `delta = dO . O` comes from `row_delta`.
 #[cube(launch, fast_math = FastMath::all())]
 #[allow(clippy::too_many_arguments)]
-pub fn selection_dq_flash<F: Float, N: Size>(
+pub fn selection_dq_flash<F: Float, N: Size, A: Size>(
     q: &Tensor<Vector<F, N>>,
     k: &Tensor<Vector<F, N>>,
     v: &Tensor<Vector<F, N>>,
@@ -262,13 +288,15 @@ pub fn selection_dq_flash<F: Float, N: Size>(
     segment_base: &Tensor<u32>,
     segment_block: &Tensor<u32>,
     segment_total: &Tensor<u32>,
-    grad_q: &mut Tensor<Atomic<f32>>,
+    grad_q: &mut Tensor<Atomic<Vector<f32, A>>>,
     scale: f32,
     segment: u32,
     #[comptime] d_k: usize,
     #[comptime] d_v: usize,
     #[comptime] keys: usize,
     #[comptime] planes: usize,
+    #[comptime] atomic_width: usize,
+    #[comptime] prefetch: bool,
     #[define(F)] _dtype: StorageType,
 ) {
     let cube = KeyCube::new::<Vector<F, N>>(
@@ -309,11 +337,28 @@ pub fn selection_dq_flash<F: Float, N: Size>(
 
     let tiles = cube.n_rows.div_ceil(MMA_M);
     let mut tile = plane;
+    let mut q_rows = Array::<Vector<F, N>>::new(comptime!(lane_vectors(d_k)));
+    let mut do_rows = Array::<Vector<F, N>>::new(comptime!(lane_vectors(d_v)));
+    if prefetch {
+        fetch_listed_tile::<F, N>(&mut q_rows, q, entries, &cube, tile * MMA_M, lane, d_k);
+        fetch_listed_tile::<F, N>(&mut do_rows, grad_out, entries, &cube, tile * MMA_M, lane, d_v);
+    }
     while tile < tiles {
-        stage_listed_tile::<F, N>(q, entries, &cube, &mut staged, q_at, tile * MMA_M, lane, d_k);
-        stage_listed_tile::<F, N>(grad_out, entries, &cube, &mut staged, do_at, tile * MMA_M, lane, d_v);
+        if prefetch {
+        } else {
+            fetch_listed_tile::<F, N>(&mut q_rows, q, entries, &cube, tile * MMA_M, lane, d_k);
+            fetch_listed_tile::<F, N>(&mut do_rows, grad_out, entries, &cube, tile * MMA_M, lane, d_v);
+        }
+        store_listed_tile::<F, N>(&mut staged, &q_rows, q_at, lane, d_k);
+        store_listed_tile::<F, N>(&mut staged, &do_rows, do_at, lane, d_v);
         sync_plane();
         let rows = ListedRows::new(entries, &cube, tile, lane);
+        if prefetch {
+            // The next tile's rows load while this one is computed.
+            let next = (tile + planes) * MMA_M;
+            fetch_listed_tile::<F, N>(&mut q_rows, q, entries, &cube, next, lane, d_k);
+            fetch_listed_tile::<F, N>(&mut do_rows, grad_out, entries, &cube, next, lane, d_v);
+        }
         let mut row_lse = Array::<f32>::new(2usize);
         let mut row_delta = Array::<f32>::new(2usize);
         #[unroll]
@@ -332,7 +377,7 @@ pub fn selection_dq_flash<F: Float, N: Size>(
         row_score_gradients(&mut p, &dp, &row_delta, keys);
         let mut dq = zero_pairs(comptime!(2 * d_k / MMA_N));
         accumulate_with_rows::<F, N>(def, &p, &staged, 0usize, lane, &mut dq, d_k, ks, keys);
-        add_rows(grad_q, &rows, &dq, b, scale, lane, d_k);
+        add_rows::<A>(grad_q, &rows, &dq, b, scale, lane, d_k, atomic_width);
         // The plane's next tile overwrites its q and dO rows.
         sync_plane();
         tile += planes;
@@ -369,31 +414,52 @@ fn row_score_gradients(p: &mut Array<Pair<f32>>, dp: &Array<Pair<f32>>, row_delt
 }
 
 /// Adds the lane's two rows of `tiles` (over `d` columns), times `factor`, to rows `(b, t, h)`
-/// of the f32 `dst` by atomics (real rows only).
+/// of the f32 `dst` by atomics (real rows only), `width` columns per atomic (4 where the device
+/// adds 16-byte vectors atomically, sm90: a quarter of the atomics). Neighbouring lanes first
+/// swap halves, so that each holds four consecutive columns of one row: the even lane of a pair
+/// row `l / 4`, the odd lane row `l / 4 + 8`.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn add_rows(
-    dst: &mut Tensor<Atomic<f32>>,
+fn add_rows<A: Size>(
+    dst: &mut Tensor<Atomic<Vector<f32, A>>>,
     rows: &ListedRows,
     tiles: &Array<Pair<f32>>,
     b: usize,
     factor: f32,
     lane: usize,
     #[comptime] d: usize,
+    #[comptime] width: usize,
 ) {
-    let column = 2 * (lane % 4);
+    let quad = lane % 4;
+    let even = quad % 2 == 0;
+    let half = select(even, 0usize, 1usize);
+    let base = offset3::<Atomic<Vector<f32, A>>>(dst, b, rows.t[half], rows.h[half]) + 2 * (quad - quad % 2);
     #[unroll]
-    for half in 0..2usize {
+    for j in 0..d / MMA_N {
+        let low = tiles[2 * j];
+        let high = tiles[2 * j + 1];
+        // The even lane gives away its second row, the odd lane its first.
+        let mut given = Array::<f32>::new(2usize);
+        #[unroll]
+        for e in 0..2usize {
+            given[e] = plane_shuffle_xor(select(even, high[e], low[e]), 1u32);
+        }
+        let mut four = Array::<f32>::new(4usize);
+        #[unroll]
+        for e in 0..2usize {
+            four[e] = select(even, low[e], given[e]);
+            four[2 + e] = select(even, given[e], high[e]);
+        }
         if rows.real[half] {
-            let base = offset3::<Atomic<f32>>(dst, b, rows.t[half], rows.h[half]) + column;
             #[unroll]
-            for j in 0..d / MMA_N {
-                let x = tiles[2 * j + half];
+            for part in 0..comptime!(4 / width) {
+                let mut value = Vector::<f32, A>::new(0.0f32);
                 #[unroll]
-                for e in 0..2usize {
-                    let at = base + j * MMA_N + e;
-                    dst[at].fetch_add(x[e] * factor);
+                for e in 0..width {
+                    value[e] = four[part * width + e] * factor;
                 }
+                let at = (base + j * MMA_N + part * width) / width;
+                dst[at].fetch_add(value);
             }
         }
     }
