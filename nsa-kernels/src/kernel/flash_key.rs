@@ -14,8 +14,10 @@
 //! [`super::backward::sum_segments`] adds up (a block's list spans several cubes). A
 //! selection's dQ is [`super::flash_select::selection_dq_flash`]'s.
 
+use cubecl::prelude::barrier::copy_async;
 use cubecl::prelude::*;
 
+use super::flash_forward::TileBarriers;
 use super::fragments::{accumulate_with_rows, mma, products_with_rows, row_fragments, store_tiles, zero_pairs, Pair, MMA_M, MMA_N};
 use super::key::KeyCube;
 use super::mma_forward::{max_usize, VECTOR};
@@ -80,14 +82,12 @@ pub fn attention_key_flash<F: Float, N: Size>(
     let lane = UNIT_POS_X as usize;
     let plane = UNIT_POS_Y as usize;
 
-    // One buffer: the cube's K and V rows while their fragments load, then each chunk's q and
-    // dO rows.
+    // The cube's K and V rows while their fragments load, then two buffers of walked rows (q
+    // and dO): the next chunk's copies fly while the current one is computed.
     let ks = comptime!(storage_stride(d_k));
     let vs = comptime!(storage_stride(d_v));
-    let mut staged = SharedMemory::<Vector<F, N>>::new_aligned(
-        comptime!(max_usize(keys, q_rows) * (ks + vs) / VECTOR),
-        16usize,
-    );
+    let chunk = comptime!(q_rows * (ks + vs));
+    let mut staged = SharedMemory::<Vector<F, N>>::new_aligned(comptime!(max_usize(keys * (ks + vs), 2 * chunk) / VECTOR), 16usize);
     let units = CUBE_DIM as usize;
     stage_vector_rows::<F, N>(k, &mut staged, 0usize, b, s0, s_end - s0, hk, keys, d_k, ks, VECTOR, UNIT_POS as usize, units);
     stage_vector_rows::<F, N>(v, &mut staged, comptime!(keys * ks), b, s0, s_end - s0, hk, keys, d_v, vs, VECTOR, UNIT_POS as usize, units);
@@ -107,18 +107,28 @@ pub fn attention_key_flash<F: Float, N: Size>(
 
     let mut dk = zero_pairs(comptime!(2 * d_k / MMA_N));
     let mut dv = zero_pairs(comptime!(2 * d_v / MMA_N));
-    // Per walked row of the chunk: its position, lse and delta.
-    let mut positions = SharedMemory::<u32>::new(q_rows);
-    let mut stats = SharedMemory::<f32>::new(comptime!(2 * q_rows));
-    let do_at = comptime!(q_rows * ks);
+    // Per walked row of each buffer's chunk: its position, lse and delta.
+    let mut positions = SharedMemory::<u32>::new(comptime!(2 * q_rows));
+    let mut stats = SharedMemory::<f32>::new(comptime!(4 * q_rows));
+    let barriers = TileBarriers::new();
 
+    // Scalars for the chunk being computed; the next chunk's are fresh variables (see
+    // `window_forward_flash`).
     let mut row_first = 0usize;
+    let mut count = min(cube.n_rows, q_rows);
+    let mut at = 0usize;
+    issue_walked_rows::<F, N>(q, grad_out, lse, delta, entries, &cube, &mut staged, &mut positions, &mut stats, &barriers, row_first, count, at, window, q_rows, d_k, d_v, planes);
     while row_first < cube.n_rows {
-        let count = min(cube.n_rows - row_first, q_rows);
-        stage_walked_rows::<F, N>(q, grad_out, lse, delta, entries, &cube, &mut staged, &mut positions, &mut stats, row_first, count, window, q_rows, d_k, d_v);
-        sync_cube();
+        let next_first = row_first + count;
+        let next_count = select(next_first < cube.n_rows, min(cube.n_rows - min(next_first, cube.n_rows), q_rows), 0usize);
+        let next_at = chunk - at;
+        if next_first < cube.n_rows {
+            issue_walked_rows::<F, N>(q, grad_out, lse, delta, entries, &cube, &mut staged, &mut positions, &mut stats, &barriers, next_first, next_count, next_at, window, q_rows, d_k, d_v, planes);
+        }
+        barriers.wait(at);
+        let slot = select(at == 0, 0usize, 1usize);
 
-        let mut p = products_with_rows::<F, N>(def, &k_frags, &staged, 0usize, lane, d_k, ks, q_rows);
+        let mut p = products_with_rows::<F, N>(def, &k_frags, &staged, at, lane, d_k, ks, q_rows);
         // A window's chunk attends every key of the cube unless the chunk is partial, starts
         // before the cube's last key, or ends past its first key's window. A selection's rows
         // come in any order: always masked.
@@ -127,14 +137,16 @@ pub fn attention_key_flash<F: Float, N: Size>(
             let (t_first, t_last) = (s0 + row_first / g, s0 + (row_first + count - 1) / g);
             needs_mask = count < q_rows || t_first + 1 < s_end || t_last >= s0 + span;
         }
-        key_probabilities(&mut p, &positions, &stats, &key, &real, count, span, scale, lane, needs_mask, window, q_rows);
-        accumulate_with_rows::<F, N>(def, &p, &staged, do_at, lane, &mut dv, d_v, vs, q_rows);
-        let dp = products_with_rows::<F, N>(def, &v_frags, &staged, do_at, lane, d_v, vs, q_rows);
-        key_score_gradients(&mut p, &dp, &stats, lane, q_rows);
-        accumulate_with_rows::<F, N>(def, &p, &staged, 0usize, lane, &mut dk, d_k, ks, q_rows);
-        // The next chunk overwrites q, dO and the statistics.
+        key_probabilities(&mut p, &positions, &stats, slot, &key, &real, count, span, scale, lane, needs_mask, window, q_rows);
+        accumulate_with_rows::<F, N>(def, &p, &staged, comptime!(q_rows * ks) + at, lane, &mut dv, d_v, vs, q_rows);
+        let dp = products_with_rows::<F, N>(def, &v_frags, &staged, comptime!(q_rows * ks) + at, lane, d_v, vs, q_rows);
+        key_score_gradients(&mut p, &dp, &stats, slot, lane, q_rows);
+        accumulate_with_rows::<F, N>(def, &p, &staged, at, lane, &mut dk, d_k, ks, q_rows);
+        // The chunk after next overwrites this buffer and its statistics.
         sync_cube();
-        row_first += count;
+        row_first = next_first;
+        count = next_count;
+        at = next_at;
     }
 
     let mut factor_k = Array::<f32>::new(2usize);
@@ -168,12 +180,15 @@ pub fn attention_key_flash<F: Float, N: Size>(
     }
 }
 
-/// Walked rows `first..first + count` of the cube (see [`KeyCube::query_of`]), padded to
-/// `q_rows` with zeros: q rows at element 0 of `staged`, dO rows after `q_rows` q rows, and per
-/// row its position, `lse` and (at `q_rows`) `delta`.
+/// Starts the copies of walked rows `first..first + count` of the cube (see
+/// [`KeyCube::query_of`]) into the buffer at element `at` of `staged` (0: the first): q rows,
+/// then dO rows after `q_rows` q rows; per row its `lse` and `delta` into the buffer's slot of
+/// `stats` (`[lse; q_rows]`, `[delta; q_rows]`) and its position into `positions` (stored now:
+/// a selection's comes from the list). Rows past `count` copy the last real row (finite; the
+/// mask zeroes their probabilities). Commits the copies to the buffer's barrier.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn stage_walked_rows<F: Float, N: Size>(
+fn issue_walked_rows<F: Float, N: Size>(
     q: &Tensor<Vector<F, N>>,
     grad_out: &Tensor<Vector<F, N>>,
     lse: &Tensor<f32>,
@@ -183,55 +198,55 @@ fn stage_walked_rows<F: Float, N: Size>(
     staged: &mut SharedMemory<Vector<F, N>>,
     positions: &mut SharedMemory<u32>,
     stats: &mut SharedMemory<f32>,
+    barriers: &TileBarriers,
     first: usize,
     count: usize,
+    at: usize,
     #[comptime] window: bool,
     #[comptime] q_rows: usize,
     #[comptime] d_k: usize,
     #[comptime] d_v: usize,
+    #[comptime] planes: usize,
 ) {
     let ks = comptime!(storage_stride(d_k));
     let vs = comptime!(storage_stride(d_v));
     let (b, hk, g) = (cube.b, cube.hk, cube.g);
-    // Positions first: a selection's come from the list, read once per row.
-    let mut i = UNIT_POS as usize;
-    while i < q_rows {
-        let at = first + min(i, count - 1);
-        let t = cube.query_of(entries, at, window);
-        let h = hk * g + at % g;
-        let mut row_lse = f32::new(0.0);
-        let mut row_delta = f32::new(0.0);
-        if i < count {
-            let stat_at = offset3::<f32>(lse, b, t, h);
-            row_lse = lse[stat_at];
-            row_delta = delta[stat_at];
-        }
-        positions[i] = t as u32;
-        stats[i] = row_lse;
-        stats[q_rows + i] = row_delta;
-        i += CUBE_DIM as usize;
-    }
-    sync_cube();
+    let units = comptime!(planes * 32);
     let (per_q, per_do) = (comptime!(d_k / VECTOR), comptime!(d_v / VECTOR));
     let per_row = comptime!(per_q + per_do);
-    let mut idx = UNIT_POS as usize;
-    while idx < q_rows * per_row {
-        let (i, c) = (idx / per_row, idx % per_row);
-        let (t, h) = (positions[i] as usize, hk * g + (first + i) % g);
-        let mut value = Vector::<F, N>::new(F::new(0.0));
-        if c < per_q {
-            if i < count {
-                value = q[offset3::<Vector<F, N>>(q, b, t, h) / VECTOR + c];
+    let total = comptime!(q_rows * per_row);
+    #[unroll]
+    for step in 0..total.div_ceil(units) {
+        let idx = UNIT_POS as usize + step * units;
+        if idx < total {
+            let (i, c) = (idx / per_row, idx % per_row);
+            let row = first + min(i, count - 1);
+            let t = cube.query_of(entries, row, window);
+            let h = hk * g + row % g;
+            if c < per_q {
+                let from = offset3::<Vector<F, N>>(q, b, t, h) / VECTOR + c;
+                let to = (at + i * ks) / VECTOR + c;
+                copy_async(&q.slice(from, from + 1), &mut staged.slice_mut(to, to + 1), VECTOR as u32);
+            } else {
+                let from = offset3::<Vector<F, N>>(grad_out, b, t, h) / VECTOR + c - per_q;
+                let to = (at + comptime!(q_rows * ks) + i * vs) / VECTOR + c - per_q;
+                copy_async(&grad_out.slice(from, from + 1), &mut staged.slice_mut(to, to + 1), VECTOR as u32);
             }
-            staged[(i * ks) / VECTOR + c] = value;
-        } else {
-            if i < count {
-                value = grad_out[offset3::<Vector<F, N>>(grad_out, b, t, h) / VECTOR + c - per_q];
-            }
-            staged[(q_rows * ks + i * vs) / VECTOR + c - per_q] = value;
         }
-        idx += CUBE_DIM as usize;
     }
+    let slot = select(at == 0, 0usize, 1usize);
+    let mut i = UNIT_POS as usize;
+    while i < q_rows {
+        let row = first + min(i, count - 1);
+        let t = cube.query_of(entries, row, window);
+        let stat = offset3::<f32>(lse, b, t, hk * g + row % g);
+        positions[slot * q_rows + i] = t as u32;
+        let to = slot * comptime!(2 * q_rows) + i;
+        copy_async(&lse.slice(stat, stat + 1), &mut stats.slice_mut(to, to + 1), 1u32);
+        copy_async(&delta.slice(stat, stat + 1), &mut stats.slice_mut(to + q_rows, to + q_rows + 1), 1u32);
+        i += units;
+    }
+    barriers.commit(at);
 }
 
 /// Scores `s^T` (keys as rows, the chunk's walked rows as columns) become `p^T = exp(s^T scale
@@ -245,6 +260,7 @@ fn key_probabilities(
     s: &mut Array<Pair<f32>>,
     positions: &SharedMemory<u32>,
     stats: &SharedMemory<f32>,
+    slot: usize,
     key: &Array<usize>,
     real: &Array<bool>,
     count: usize,
@@ -261,9 +277,9 @@ fn key_probabilities(
         #[unroll]
         for e in 0..2usize {
             let col = j * MMA_N + column + e;
-            let row_lse = stats[col];
+            let row_lse = stats[slot * comptime!(2 * q_rows) + col];
             if needs_mask {
-                let t = positions[col] as usize;
+                let t = positions[slot * q_rows + col] as usize;
                 #[unroll]
                 for half in 0..2usize {
                     let mut x = s[2 * j + half];
@@ -285,13 +301,13 @@ fn key_probabilities(
 
 /// `p^T` in `p` becomes `ds^T = p^T (dp^T - delta)` in place, `delta` per column.
 #[cube]
-fn key_score_gradients(p: &mut Array<Pair<f32>>, dp: &Array<Pair<f32>>, stats: &SharedMemory<f32>, lane: usize, #[comptime] q_rows: usize) {
+fn key_score_gradients(p: &mut Array<Pair<f32>>, dp: &Array<Pair<f32>>, stats: &SharedMemory<f32>, slot: usize, lane: usize, #[comptime] q_rows: usize) {
     let column = 2 * (lane % 4);
     #[unroll]
     for j in 0..q_rows / MMA_N {
         #[unroll]
         for e in 0..2usize {
-            let row_delta = stats[q_rows + j * MMA_N + column + e];
+            let row_delta = stats[slot * comptime!(2 * q_rows) + q_rows + j * MMA_N + column + e];
             #[unroll]
             for half in 0..2usize {
                 let mut x = p[2 * j + half];
