@@ -12,9 +12,13 @@ use cubecl::prelude::*;
 use cubecl::{calculate_cube_count_elemwise, CubeDim};
 
 use crate::api::{Keys, SparseAttentionBackend, SparseAttentionGrads};
-use crate::kernel::{backward, flash_dq, flash_forward, flash_key, flash_select, forward, inverse, mma_backward, mma_dq, mma_forward, mma_select};
+use crate::kernel::{
+    backward, flash_dq, flash_forward, flash_key, flash_select, forward, inverse, mma_backward, mma_dq, mma_forward,
+    mma_select,
+};
 use crate::tiling::{
-    delta_rows, FlashKeyTiling, FlashSelectTiling, FlashTiling, KeyMmaTiling, KeyTiling, MmaTiling, QueryPass, QueryTiling, SelectMmaTiling, MMA_SHARED,
+    delta_rows, FlashKeyTiling, FlashSelectTiling, FlashTiling, KeyMmaTiling, KeyTiling, MmaTiling, QueryPass,
+    QueryTiling, SelectMmaTiling, MMA_SHARED,
 };
 
 /// Units per cube of the inverted-index kernels.
@@ -178,7 +182,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
             call.row_delta(&out, &grad_out, &delta);
         } else if let Some(tiling) = select_dq {
             call.row_delta(&out, &grad_out, &delta);
-            let (count, dim) = call.plane_grid(call.key_cubes(tiling.keys, &index), tiling.planes);
+            let (count, dim) = call.plane_grid(call.key_cubes(tiling.keys, &index), tiling.dq_planes);
             let atomic_width = call.f32_atomic_width();
             flash_select::selection_dq_flash::launch::<R>(
                 &call.client(),
@@ -204,9 +208,8 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
                 call.d_k,
                 call.d_v,
                 tiling.keys,
-                tiling.planes,
+                tiling.dq_planes,
                 atomic_width,
-                tiling.prefetch_dq,
                 dtype.into(),
             );
         } else if let Some(tiling) = call.flash_tiling(QueryPass::Gradient) {
@@ -573,8 +576,7 @@ impl<R: CubeRuntime> Call<R> {
         if self.window || !self.has_manual_mma() {
             return None;
         }
-        let tiling = FlashSelectTiling::plan(self.span as usize, self.d_k, self.d_v)?;
-        (tiling.shared_bytes(self.d_k, self.d_v) <= self.mma_shared_bytes()?).then_some(tiling)
+        FlashSelectTiling::plan(self.span as usize, self.d_k, self.d_v, self.mma_shared_bytes()?)
     }
 
     /// The key-major selection forward: each block's listed rows attend it alone (partials at

@@ -256,38 +256,63 @@ impl FlashKeyTiling {
     }
 }
 
-/// Key-major selection forward (see `kernel::flash_select`): a cube stages one selected
-/// block's `keys` keys (the whole block) and `planes` planes take the block's listed query rows
-/// 16 at a time. A lane keeps `d_k / 4` query, `keys / 4` score and `d_v / 4` output registers,
-/// so wide heads take blocks of at most 64 keys. Where registers allow (`prefetch_dq`: narrow
-/// heads), a dQ plane loads its next tile's q and dO rows while it computes the current one
-/// (`(d_k + d_v) / 8` more registers).
+/// Key-major selection (see `kernel::flash_select`): a cube stages one selected block's `keys`
+/// keys (the whole block) and walks the block's listed query rows a chunk of `16 * planes`
+/// at a time, copied asynchronously into two buffers, each plane taking 16 rows of a chunk
+/// (`planes` for the forward, `dq_planes` for dQ, as many as the shared memory holds). A lane
+/// keeps `d_k / 4` query, `keys / 4` score and `d_v / 4` output registers, so wide heads take
+/// blocks of at most 64 keys.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FlashSelectTiling {
-    pub planes: usize,
     pub keys: usize,
-    pub prefetch_dq: bool,
+    pub planes: usize,
+    pub dq_planes: usize,
 }
 
 impl FlashSelectTiling {
-    /// `None` when a head dim or the block size is not a multiple of the MMA tile, or the
-    /// block is longer than the registers allow.
-    pub fn plan(span: usize, d_k: usize, d_v: usize) -> Option<Self> {
+    /// `None` when a head dim or the block size is not a multiple of the MMA tile, the block
+    /// is longer than the registers allow, or not even one plane's buffers fit in `shared`
+    /// bytes.
+    pub fn plan(span: usize, d_k: usize, d_v: usize, shared: usize) -> Option<Self> {
         let longest = if d_k + d_v <= 128 { 128 } else { 64 };
         let fits = d_k % MMA_TILE == 0 && d_v % MMA_TILE == 0 && span % MMA_TILE == 0;
-        let tiling = FlashSelectTiling {
-            planes: 4,
-            keys: span,
-            prefetch_dq: d_k + d_v <= 128,
+        if !fits || !(MMA_TILE..=longest).contains(&span) {
+            return None;
+        }
+        let most = |rows_bytes: fn(usize, usize) -> usize| {
+            [4, 2, 1].into_iter().find(|&planes| Self::shared_bytes_for(span, planes, d_k, d_v, rows_bytes) <= shared)
         };
-        (fits && (MMA_TILE..=longest).contains(&span)).then_some(tiling)
+        Some(FlashSelectTiling {
+            keys: span,
+            planes: most(Self::query_row_bytes)?,
+            dq_planes: most(Self::gradient_row_bytes)?,
+        })
     }
 
-    /// Shared memory the kernels declare at 16-bit storage, at most: the block's K and V rows
-    /// and each plane's 16 query rows (the forward), and as many dO rows (dQ).
+    /// Bytes of one staged row in the forward (q) and in dQ (q and dO), at 16-bit storage.
+    fn query_row_bytes(d_k: usize, _d_v: usize) -> usize {
+        2 * storage_stride(d_k)
+    }
+
+    fn gradient_row_bytes(d_k: usize, d_v: usize) -> usize {
+        2 * (storage_stride(d_k) + storage_stride(d_v))
+    }
+
+    /// The block's K and V rows and two buffers of `16 * planes` walked rows.
+    fn shared_bytes_for(
+        keys: usize,
+        planes: usize,
+        d_k: usize,
+        d_v: usize,
+        rows_bytes: fn(usize, usize) -> usize,
+    ) -> usize {
+        2 * keys * (storage_stride(d_k) + storage_stride(d_v)) + 2 * planes * MMA_TILE * rows_bytes(d_k, d_v)
+    }
+
+    /// Shared memory the forward and the dQ kernel declare at 16-bit storage, at most.
     pub fn shared_bytes(&self, d_k: usize, d_v: usize) -> usize {
-        let (ks, vs) = (storage_stride(d_k), storage_stride(d_v));
-        2 * (self.keys + self.planes * MMA_TILE) * (ks + vs)
+        let forward = Self::shared_bytes_for(self.keys, self.planes, d_k, d_v, Self::query_row_bytes);
+        forward.max(Self::shared_bytes_for(self.keys, self.dq_planes, d_k, d_v, Self::gradient_row_bytes))
     }
 }
 
@@ -473,14 +498,18 @@ mod tests {
     #[test]
     fn key_major_selection_tiles_fit_the_shared_memory_and_refuse_odd_blocks() {
         for (d_k, d_v) in [(64, 64), (128, 128), (192, 128), (16, 16)] {
-            let t = FlashSelectTiling::plan(64, d_k, d_v).unwrap();
+            let t = FlashSelectTiling::plan(64, d_k, d_v, MMA_SHARED).unwrap();
             assert!(t.shared_bytes(d_k, d_v) <= MMA_SHARED, "{t:?}");
         }
-        let long = FlashSelectTiling { planes: 4, keys: 128, prefetch_dq: true };
-        assert_eq!(FlashSelectTiling::plan(128, 64, 64), Some(long));
-        assert_eq!(FlashSelectTiling::plan(128, 128, 128), None);
-        assert_eq!(FlashSelectTiling::plan(24, 64, 64), None);
-        assert_eq!(FlashSelectTiling::plan(64, 72, 64), None);
+        let long = FlashSelectTiling { keys: 128, planes: 4, dq_planes: 4 };
+        assert_eq!(FlashSelectTiling::plan(128, 64, 64, MMA_SHARED), Some(long));
+        // The paper's heads: dQ's two buffers of q and dO rows fit for two planes only.
+        let paper = FlashSelectTiling { keys: 64, planes: 4, dq_planes: 2 };
+        assert_eq!(FlashSelectTiling::plan(64, 128, 128, MMA_SHARED), Some(paper));
+        assert_eq!(FlashSelectTiling::plan(64, 128, 128, 1024), None);
+        assert_eq!(FlashSelectTiling::plan(128, 128, 128, MMA_SHARED), None);
+        assert_eq!(FlashSelectTiling::plan(24, 64, 64, MMA_SHARED), None);
+        assert_eq!(FlashSelectTiling::plan(64, 72, 64, MMA_SHARED), None);
     }
 
     #[test]

@@ -20,12 +20,15 @@ const NO_CMMA: &str = "Cooperative matrix-multiply and accumulate not supported"
 /// What the same compiler says at the first manual MMA (`mma.sync`) of the register-resident
 /// kernels.
 const NO_MANUAL_MMA: &str = "Cooperative matrix-multiply and accumulate isn't supported on wgpu";
-/// And at a plane barrier (`sync_plane`), which the key-major selection kernels meet first. All
-/// three come from compiling the expanded kernel, so the expansion itself went through.
+/// And at a plane barrier (`sync_plane`).
 const NO_PLANE_SYNC: &str = "Synchronization within a plane is not supported in WGSL";
+/// And at an asynchronous copy (`cp.async`) of 8-wide vectors into shared memory, which WGSL's
+/// vector unrolling (WGSL's vectors hold at most 4) cannot split: the key kernels' walks. All
+/// four come from compiling the expanded kernel, so the expansion itself went through.
+const NO_WIDE_ASYNC_COPY: &str = "Out must be local, found SharedArray";
 
 fn expected(message: &str) -> bool {
-    [NO_CMMA, NO_MANUAL_MMA, NO_PLANE_SYNC].iter().any(|known| message.contains(known))
+    [NO_CMMA, NO_MANUAL_MMA, NO_PLANE_SYNC, NO_WIDE_ASYNC_COPY].iter().any(|known| message.contains(known))
 }
 
 static PANICS: Mutex<Vec<String>> = Mutex::new(Vec::new());
@@ -299,7 +302,6 @@ fn tensor_core_kernels_expand() {
             64,
             4,
             1,
-            true,
             DType::F16.into(),
         );
     });
@@ -391,13 +393,20 @@ fn merge_selection_partials_matches_a_float64_log_sum_exp() {
         vector,
         [DType::F32.into(), DType::I32.into()],
     );
-    let got_out = Tensor::<B, 4>::from_primitive(burn::tensor::TensorPrimitive::Float(out_p)).into_data().to_vec::<f32>().unwrap();
-    let got_lse = Tensor::<B, 3>::from_primitive(burn::tensor::TensorPrimitive::Float(lse_p)).into_data().to_vec::<f32>().unwrap();
+    let got_out = Tensor::<B, 4>::from_primitive(burn::tensor::TensorPrimitive::Float(out_p))
+        .into_data()
+        .to_vec::<f32>()
+        .unwrap();
+    let got_lse = Tensor::<B, 3>::from_primitive(burn::tensor::TensorPrimitive::Float(lse_p))
+        .into_data()
+        .to_vec::<f32>()
+        .unwrap();
     for row in 0..rows {
         let (bt, h) = (row / h_q, row % h_q);
         let hk = h / (h_q / h_kv);
-        let used: Vec<usize> =
-            (0..n).filter(|&i| blocks[(bt * h_kv + hk) * n + i] >= 0 && part_lse[row * n + i] > NEG_LARGE / 2.0).collect();
+        let used: Vec<usize> = (0..n)
+            .filter(|&i| blocks[(bt * h_kv + hk) * n + i] >= 0 && part_lse[row * n + i] > NEG_LARGE / 2.0)
+            .collect();
         let (want_lse, weights) = if used.is_empty() {
             (NEG_LARGE, vec![])
         } else {

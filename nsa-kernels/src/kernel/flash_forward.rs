@@ -186,7 +186,8 @@ impl TileBarriers {
         }
     }
 
-    /// Commits this unit's copies into the buffer at element `at` (0: the first).
+    /// Commits this unit's copies into the buffer at element `at` (0: the first; a buffer's
+    /// slot, 0 or 1, names it as well).
     pub fn commit(&self, at: usize) {
         if at == 0 {
             self.first.commit_copy_async();

@@ -14,14 +14,16 @@
 //! [`super::backward::sum_segments`] adds up (a block's list spans several cubes). A
 //! selection's dQ is [`super::flash_select::selection_dq_flash`]'s.
 
-use cubecl::prelude::barrier::copy_async;
 use cubecl::prelude::*;
 
 use super::flash_forward::TileBarriers;
-use super::fragments::{accumulate_with_rows, mma, products_with_rows, row_fragments, store_tiles, zero_pairs, Pair, MMA_M, MMA_N};
+use super::fragments::{
+    accumulate_with_rows, mma, products_with_rows, row_fragments, store_tiles, zero_pairs, Pair, MMA_M, MMA_N,
+};
 use super::key::KeyCube;
 use super::mma_forward::{max_usize, VECTOR};
 use super::rows::{attends, offset3, stage_vector_rows};
+use super::walk::issue_gradient_rows;
 use crate::tiling::storage_stride;
 
 /// `q`, `k`, `v`, `dO`, `lse`, `delta` as [`super::flash_dq::window_dq_flash`], and a
@@ -87,10 +89,39 @@ pub fn attention_key_flash<F: Float, N: Size>(
     let ks = comptime!(storage_stride(d_k));
     let vs = comptime!(storage_stride(d_v));
     let chunk = comptime!(q_rows * (ks + vs));
-    let mut staged = SharedMemory::<Vector<F, N>>::new_aligned(comptime!(max_usize(keys * (ks + vs), 2 * chunk) / VECTOR), 16usize);
+    let mut staged =
+        SharedMemory::<Vector<F, N>>::new_aligned(comptime!(max_usize(keys * (ks + vs), 2 * chunk) / VECTOR), 16usize);
     let units = CUBE_DIM as usize;
-    stage_vector_rows::<F, N>(k, &mut staged, 0usize, b, s0, s_end - s0, hk, keys, d_k, ks, VECTOR, UNIT_POS as usize, units);
-    stage_vector_rows::<F, N>(v, &mut staged, comptime!(keys * ks), b, s0, s_end - s0, hk, keys, d_v, vs, VECTOR, UNIT_POS as usize, units);
+    stage_vector_rows::<F, N>(
+        k,
+        &mut staged,
+        0usize,
+        b,
+        s0,
+        s_end - s0,
+        hk,
+        keys,
+        d_k,
+        ks,
+        VECTOR,
+        UNIT_POS as usize,
+        units,
+    );
+    stage_vector_rows::<F, N>(
+        v,
+        &mut staged,
+        comptime!(keys * ks),
+        b,
+        s0,
+        s_end - s0,
+        hk,
+        keys,
+        d_v,
+        vs,
+        VECTOR,
+        UNIT_POS as usize,
+        units,
+    );
     sync_cube();
     let k_frags = row_fragments::<F, N>(def, &staged, 0usize, plane * MMA_M, lane, d_k, ks);
     let v_frags = row_fragments::<F, N>(def, &staged, comptime!(keys * ks), plane * MMA_M, lane, d_v, vs);
@@ -116,17 +147,60 @@ pub fn attention_key_flash<F: Float, N: Size>(
     // `window_forward_flash`).
     let mut row_first = 0usize;
     let mut count = min(cube.n_rows, q_rows);
-    let mut at = 0usize;
-    issue_walked_rows::<F, N>(q, grad_out, lse, delta, entries, &cube, &mut staged, &mut positions, &mut stats, &barriers, row_first, count, at, window, q_rows, d_k, d_v, planes);
+    let mut slot = 0usize;
+    if count > 0 {
+        issue_gradient_rows::<F, N>(
+            q,
+            grad_out,
+            lse,
+            delta,
+            entries,
+            &cube,
+            &mut staged,
+            &mut positions,
+            &mut stats,
+            &barriers,
+            row_first,
+            count,
+            slot,
+            0usize,
+            window,
+            q_rows,
+            d_k,
+            d_v,
+            planes,
+        );
+    }
     while row_first < cube.n_rows {
         let next_first = row_first + count;
-        let next_count = select(next_first < cube.n_rows, min(cube.n_rows - min(next_first, cube.n_rows), q_rows), 0usize);
-        let next_at = chunk - at;
+        let next_count =
+            select(next_first < cube.n_rows, min(cube.n_rows - min(next_first, cube.n_rows), q_rows), 0usize);
+        let next_slot = 1 - slot;
         if next_first < cube.n_rows {
-            issue_walked_rows::<F, N>(q, grad_out, lse, delta, entries, &cube, &mut staged, &mut positions, &mut stats, &barriers, next_first, next_count, next_at, window, q_rows, d_k, d_v, planes);
+            issue_gradient_rows::<F, N>(
+                q,
+                grad_out,
+                lse,
+                delta,
+                entries,
+                &cube,
+                &mut staged,
+                &mut positions,
+                &mut stats,
+                &barriers,
+                next_first,
+                next_count,
+                next_slot,
+                0usize,
+                window,
+                q_rows,
+                d_k,
+                d_v,
+                planes,
+            );
         }
-        barriers.wait(at);
-        let slot = select(at == 0, 0usize, 1usize);
+        barriers.wait(slot);
+        let at = slot * chunk;
 
         let mut p = products_with_rows::<F, N>(def, &k_frags, &staged, at, lane, d_k, ks, q_rows);
         // A window's chunk attends every key of the cube unless the chunk is partial, starts
@@ -137,7 +211,9 @@ pub fn attention_key_flash<F: Float, N: Size>(
             let (t_first, t_last) = (s0 + row_first / g, s0 + (row_first + count - 1) / g);
             needs_mask = count < q_rows || t_first + 1 < s_end || t_last >= s0 + span;
         }
-        key_probabilities(&mut p, &positions, &stats, slot, &key, &real, count, span, scale, lane, needs_mask, window, q_rows);
+        key_probabilities(
+            &mut p, &positions, &stats, slot, &key, &real, count, span, scale, lane, needs_mask, window, q_rows,
+        );
         accumulate_with_rows::<F, N>(def, &p, &staged, comptime!(q_rows * ks) + at, lane, &mut dv, d_v, vs, q_rows);
         let dp = products_with_rows::<F, N>(def, &v_frags, &staged, comptime!(q_rows * ks) + at, lane, d_v, vs, q_rows);
         key_score_gradients(&mut p, &dp, &stats, slot, lane, q_rows);
@@ -146,7 +222,7 @@ pub fn attention_key_flash<F: Float, N: Size>(
         sync_cube();
         row_first = next_first;
         count = next_count;
-        at = next_at;
+        slot = next_slot;
     }
 
     let mut factor_k = Array::<f32>::new(2usize);
@@ -178,75 +254,6 @@ pub fn attention_key_flash<F: Float, N: Size>(
         store_tiles::<f32>(partial, &base_k, &real, &dk, &factor_k, lane, d_k);
         store_tiles::<f32>(partial, &base_v, &real, &dv, &factor_v, lane, d_v);
     }
-}
-
-/// Starts the copies of walked rows `first..first + count` of the cube (see
-/// [`KeyCube::query_of`]) into the buffer at element `at` of `staged` (0: the first): q rows,
-/// then dO rows after `q_rows` q rows; per row its `lse` and `delta` into the buffer's slot of
-/// `stats` (`[lse; q_rows]`, `[delta; q_rows]`) and its position into `positions` (stored now:
-/// a selection's comes from the list). Rows past `count` copy the last real row (finite; the
-/// mask zeroes their probabilities). Commits the copies to the buffer's barrier.
-#[cube]
-#[allow(clippy::too_many_arguments)]
-fn issue_walked_rows<F: Float, N: Size>(
-    q: &Tensor<Vector<F, N>>,
-    grad_out: &Tensor<Vector<F, N>>,
-    lse: &Tensor<f32>,
-    delta: &Tensor<f32>,
-    entries: &Tensor<u32>,
-    cube: &KeyCube,
-    staged: &mut SharedMemory<Vector<F, N>>,
-    positions: &mut SharedMemory<u32>,
-    stats: &mut SharedMemory<f32>,
-    barriers: &TileBarriers,
-    first: usize,
-    count: usize,
-    at: usize,
-    #[comptime] window: bool,
-    #[comptime] q_rows: usize,
-    #[comptime] d_k: usize,
-    #[comptime] d_v: usize,
-    #[comptime] planes: usize,
-) {
-    let ks = comptime!(storage_stride(d_k));
-    let vs = comptime!(storage_stride(d_v));
-    let (b, hk, g) = (cube.b, cube.hk, cube.g);
-    let units = comptime!(planes * 32);
-    let (per_q, per_do) = (comptime!(d_k / VECTOR), comptime!(d_v / VECTOR));
-    let per_row = comptime!(per_q + per_do);
-    let total = comptime!(q_rows * per_row);
-    #[unroll]
-    for step in 0..total.div_ceil(units) {
-        let idx = UNIT_POS as usize + step * units;
-        if idx < total {
-            let (i, c) = (idx / per_row, idx % per_row);
-            let row = first + min(i, count - 1);
-            let t = cube.query_of(entries, row, window);
-            let h = hk * g + row % g;
-            if c < per_q {
-                let from = offset3::<Vector<F, N>>(q, b, t, h) / VECTOR + c;
-                let to = (at + i * ks) / VECTOR + c;
-                copy_async(&q.slice(from, from + 1), &mut staged.slice_mut(to, to + 1), VECTOR as u32);
-            } else {
-                let from = offset3::<Vector<F, N>>(grad_out, b, t, h) / VECTOR + c - per_q;
-                let to = (at + comptime!(q_rows * ks) + i * vs) / VECTOR + c - per_q;
-                copy_async(&grad_out.slice(from, from + 1), &mut staged.slice_mut(to, to + 1), VECTOR as u32);
-            }
-        }
-    }
-    let slot = select(at == 0, 0usize, 1usize);
-    let mut i = UNIT_POS as usize;
-    while i < q_rows {
-        let row = first + min(i, count - 1);
-        let t = cube.query_of(entries, row, window);
-        let stat = offset3::<f32>(lse, b, t, hk * g + row % g);
-        positions[slot * q_rows + i] = t as u32;
-        let to = slot * comptime!(2 * q_rows) + i;
-        copy_async(&lse.slice(stat, stat + 1), &mut stats.slice_mut(to, to + 1), 1u32);
-        copy_async(&delta.slice(stat, stat + 1), &mut stats.slice_mut(to + q_rows, to + q_rows + 1), 1u32);
-        i += units;
-    }
-    barriers.commit(at);
 }
 
 /// Scores `s^T` (keys as rows, the chunk's walked rows as columns) become `p^T = exp(s^T scale
@@ -301,7 +308,14 @@ fn key_probabilities(
 
 /// `p^T` in `p` becomes `ds^T = p^T (dp^T - delta)` in place, `delta` per column.
 #[cube]
-fn key_score_gradients(p: &mut Array<Pair<f32>>, dp: &Array<Pair<f32>>, stats: &SharedMemory<f32>, slot: usize, lane: usize, #[comptime] q_rows: usize) {
+fn key_score_gradients(
+    p: &mut Array<Pair<f32>>,
+    dp: &Array<Pair<f32>>,
+    stats: &SharedMemory<f32>,
+    slot: usize,
+    lane: usize,
+    #[comptime] q_rows: usize,
+) {
     let column = 2 * (lane % 4);
     #[unroll]
     for j in 0..q_rows / MMA_N {

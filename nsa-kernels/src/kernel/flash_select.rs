@@ -14,7 +14,7 @@
 
 use cubecl::prelude::*;
 
-use super::flash_forward::RowStats;
+use super::flash_forward::{RowStats, TileBarriers};
 use super::forward::MASKED;
 use super::fragments::{
     accumulate_with_rows, mma, products_with_rows, row_fragments, store_tiles, zero_pairs, Pair, MMA_M, MMA_N,
@@ -22,6 +22,7 @@ use super::fragments::{
 use super::key::KeyCube;
 use super::mma_forward::VECTOR;
 use super::rows::{offset3, stage_vector_rows, NEG_LARGE};
+use super::walk::{copy_walked_rows, issue_gradient_rows, store_walked_positions};
 use crate::tiling::storage_stride;
 
 /// `q [B, T, H_q, d_k]`, `k`, `v` and a selection's inverted index -> for every listed row and
@@ -75,38 +76,81 @@ pub fn selection_partials_flash<F: Float, N: Size>(
     let plane = UNIT_POS_Y as usize;
     let ks = comptime!(storage_stride(d_k));
     let vs = comptime!(storage_stride(d_v));
-    // The block's K rows, its V rows, then each plane's 16 query rows.
+    // The block's K rows, its V rows, then two buffers of `q_rows` listed q rows: the next
+    // chunk's copies fly while the planes compute the current one, 16 rows each.
+    let q_rows = comptime!(planes * MMA_M);
     let v_at = comptime!(keys * ks);
-    let q_at = comptime!(keys * (ks + vs)) + plane * comptime!(MMA_M * ks);
-    let mut staged =
-        SharedMemory::<Vector<F, N>>::new_aligned(comptime!((keys * (ks + vs) + planes * MMA_M * ks) / VECTOR), 16usize);
+    let base = comptime!(keys * (ks + vs));
+    let chunk = comptime!(q_rows * ks);
+    let mut staged = SharedMemory::<Vector<F, N>>::new_aligned(comptime!((base + 2 * chunk) / VECTOR), 16usize);
     let (b, hk, count) = (cube.b, cube.hk, cube.s_end - cube.s0);
     let (unit, units) = (UNIT_POS as usize, CUBE_DIM as usize);
     stage_vector_rows::<F, N>(k, &mut staged, 0usize, b, cube.s0, count, hk, keys, d_k, ks, VECTOR, unit, units);
     stage_vector_rows::<F, N>(v, &mut staged, v_at, b, cube.s0, count, hk, keys, d_v, vs, VECTOR, unit, units);
-    sync_cube();
+    let mut positions = SharedMemory::<u32>::new(comptime!(2 * q_rows));
+    let barriers = TileBarriers::new();
 
-    let tiles = cube.n_rows.div_ceil(MMA_M);
-    let mut tile = plane;
-    let mut q_rows = Array::<Vector<F, N>>::new(comptime!(lane_vectors(d_k)));
-    while tile < tiles {
-        fetch_listed_tile::<F, N>(&mut q_rows, q, entries, &cube, tile * MMA_M, lane, d_k);
-        store_listed_tile::<F, N>(&mut staged, &q_rows, q_at, lane, d_k);
-        sync_plane();
-        let q_frags = row_fragments::<F, N>(def, &staged, q_at, 0usize, lane, d_k, ks);
-        let rows = ListedRows::new(entries, &cube, tile, lane);
-
-        let mut scores = products_with_rows::<F, N>(def, &q_frags, &staged, 0usize, lane, d_k, ks, keys);
-        mask_block(&mut scores, &rows, cube.s0, cube.s_end, scale, lane, keys);
-        let mut stats = RowStats::new();
-        // A fresh accumulator: the correction factor has nothing to rescale.
-        let _correction = stats.update(&mut scores, keys);
-        let mut acc = zero_pairs(comptime!(2 * d_v / MMA_N));
-        accumulate_with_rows::<F, N>(def, &scores, &staged, v_at, lane, &mut acc, d_v, vs, keys);
-        store_partial::<F>(part_out, part_lse, slots, &rows, &acc, &stats, b, lane, d_v);
-        // The plane's next tile overwrites its query rows.
-        sync_plane();
-        tile += planes;
+    let mut first = 0usize;
+    let mut count = min(cube.n_rows, q_rows);
+    let mut slot = 0usize;
+    if count > 0 {
+        copy_walked_rows::<F, N>(q, &mut staged, entries, &cube, first, count, base, false, q_rows, d_k, planes);
+        store_walked_positions(entries, &cube, &mut positions, first, count, slot, false, q_rows, planes);
+        barriers.commit(slot);
+    }
+    while first < cube.n_rows {
+        let next_first = first + count;
+        let next_count =
+            select(next_first < cube.n_rows, min(cube.n_rows - min(next_first, cube.n_rows), q_rows), 0usize);
+        let next_slot = 1 - slot;
+        if next_first < cube.n_rows {
+            let next_at = base + next_slot * chunk;
+            copy_walked_rows::<F, N>(
+                q,
+                &mut staged,
+                entries,
+                &cube,
+                next_first,
+                next_count,
+                next_at,
+                false,
+                q_rows,
+                d_k,
+                planes,
+            );
+            store_walked_positions(
+                entries,
+                &cube,
+                &mut positions,
+                next_first,
+                next_count,
+                next_slot,
+                false,
+                q_rows,
+                planes,
+            );
+            barriers.commit(next_slot);
+        }
+        // Also the block's K and V rows, the first time.
+        barriers.wait(slot);
+        let tile = plane * MMA_M;
+        if tile < count {
+            let q_frags = row_fragments::<F, N>(def, &staged, base + slot * chunk, tile, lane, d_k, ks);
+            let rows = ListedRows::in_chunk(&positions, &cube, slot * q_rows, first, tile, count, lane);
+            let mut scores = products_with_rows::<F, N>(def, &q_frags, &staged, 0usize, lane, d_k, ks, keys);
+            mask_block(&mut scores, &rows, cube.s0, cube.s_end, scale, lane, keys);
+            let mut stats = RowStats::new();
+            // A fresh accumulator: the correction factor has nothing to rescale.
+            let _correction = stats.update(&mut scores, keys);
+            let mut acc = zero_pairs(comptime!(2 * d_v / MMA_N));
+            accumulate_with_rows::<F, N>(def, &scores, &staged, v_at, lane, &mut acc, d_v, vs, keys);
+            store_partial::<F>(part_out, part_lse, slots, &rows, &acc, &stats, b, lane, d_v);
+        }
+        // The chunk after next overwrites this buffer and its positions.
+        sync_cube();
+        first = next_first;
+        count = next_count;
+        slot = next_slot;
     }
 }
 
@@ -123,82 +167,33 @@ pub struct ListedRows {
 
 #[cube]
 impl ListedRows {
-    pub fn new(entries: &Tensor<u32>, cube: &KeyCube, tile: usize, lane: usize) -> ListedRows {
+    /// The lane's rows of the plane's tile at row `tile` of the chunk of walked rows
+    /// `first..first + count`, whose positions stand at `positions[at..]`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn in_chunk(
+        positions: &SharedMemory<u32>,
+        cube: &KeyCube,
+        at: usize,
+        first: usize,
+        tile: usize,
+        count: usize,
+        lane: usize,
+    ) -> ListedRows {
         let mut t = Array::<usize>::new(2usize);
         let mut h = Array::<usize>::new(2usize);
         let mut entry_at = Array::<usize>::new(2usize);
         let mut real = Array::<bool>::new(2usize);
         #[unroll]
         for half in 0..2usize {
-            let row = tile * MMA_M + lane / 4 + 8 * half;
-            let is_real = row < cube.n_rows;
-            let entry = cube.list_at + select(is_real, row, 0usize) / cube.g;
-            t[half] = entries[entry] as usize;
-            entry_at[half] = entry;
+            let local = tile + lane / 4 + 8 * half;
+            let is_real = local < count;
+            let row = first + select(is_real, local, 0usize);
+            t[half] = positions[at + local] as usize;
+            entry_at[half] = cube.list_at + row / cube.g;
             h[half] = cube.hk * cube.g + row % cube.g;
             real[half] = is_real;
         }
         ListedRows { t, h, entry: entry_at, real }
-    }
-}
-
-/// This lane's share of a plane's 16 listed rows of `d` columns: 16-byte vectors.
-pub fn lane_vectors(d: usize) -> usize {
-    (MMA_M * d / VECTOR).div_ceil(32)
-}
-
-/// Loads this lane's share of the rows of `src [B, T, H_q, d]` (q or dO) for listed rows
-/// `first..first + 16` of the cube's list (zeros past its end) into `values`: 16-byte loads, a
-/// group's `g` heads of one query adjacent. Nothing waits on them until [`store_listed_tile`],
-/// so a plane can load its next tile's rows while it computes the current one.
-#[cube]
-#[allow(clippy::too_many_arguments)]
-fn fetch_listed_tile<F: Float, N: Size>(
-    values: &mut Array<Vector<F, N>>,
-    src: &Tensor<Vector<F, N>>,
-    entries: &Tensor<u32>,
-    cube: &KeyCube,
-    first: usize,
-    lane: usize,
-    #[comptime] d: usize,
-) {
-    let per_row = comptime!(d / VECTOR);
-    let total = comptime!(MMA_M * per_row);
-    #[unroll]
-    for i in 0..comptime!(lane_vectors(d)) {
-        let idx = lane + i * 32;
-        let (r, c) = (idx / per_row, idx % per_row);
-        let row = first + r;
-        let mut value = Vector::<F, N>::new(F::new(0.0));
-        if idx < total && row < cube.n_rows {
-            let t = entries[cube.list_at + row / cube.g] as usize;
-            let h = cube.hk * cube.g + row % cube.g;
-            value = src[offset3::<Vector<F, N>>(src, cube.b, t, h) / VECTOR + c];
-        }
-        values[i] = value;
-    }
-}
-
-/// Writes what [`fetch_listed_tile`] loaded to the plane's rows at element `at`.
-#[cube]
-fn store_listed_tile<F: Float, N: Size>(
-    staged: &mut SharedMemory<Vector<F, N>>,
-    values: &Array<Vector<F, N>>,
-    at: usize,
-    lane: usize,
-    #[comptime] d: usize,
-) {
-    let per_row = comptime!(d / VECTOR);
-    let stride = comptime!(storage_stride(d));
-    let total = comptime!(MMA_M * per_row);
-    #[unroll]
-    for i in 0..comptime!(lane_vectors(d)) {
-        let idx = lane + i * 32;
-        if idx < total {
-            let (r, c) = (idx / per_row, idx % per_row);
-            let to = (at + r * stride) / VECTOR + c;
-            staged[to] = values[i];
-        }
     }
 }
 
@@ -296,7 +291,6 @@ pub fn selection_dq_flash<F: Float, N: Size, A: Size>(
     #[comptime] keys: usize,
     #[comptime] planes: usize,
     #[comptime] atomic_width: usize,
-    #[comptime] prefetch: bool,
     #[define(F)] _dtype: StorageType,
 ) {
     let cube = KeyCube::new::<Vector<F, N>>(
@@ -321,66 +315,107 @@ pub fn selection_dq_flash<F: Float, N: Size, A: Size>(
     let plane = UNIT_POS_Y as usize;
     let ks = comptime!(storage_stride(d_k));
     let vs = comptime!(storage_stride(d_v));
-    // The block's K rows, its V rows, then each plane's 16 q rows and 16 dO rows.
+    // The block's K rows, its V rows, then two buffers of `q_rows` listed q rows and as many dO
+    // rows, as the forward's.
+    let q_rows = comptime!(planes * MMA_M);
     let v_at = comptime!(keys * ks);
-    let q_at = comptime!(keys * (ks + vs)) + plane * comptime!(MMA_M * (ks + vs));
-    let do_at = q_at + comptime!(MMA_M * ks);
-    let mut staged = SharedMemory::<Vector<F, N>>::new_aligned(
-        comptime!((keys + planes * MMA_M) * (ks + vs) / VECTOR),
-        16usize,
-    );
+    let base = comptime!(keys * (ks + vs));
+    let chunk = comptime!(q_rows * (ks + vs));
+    let do_at = comptime!(q_rows * ks);
+    let mut staged = SharedMemory::<Vector<F, N>>::new_aligned(comptime!((base + 2 * chunk) / VECTOR), 16usize);
     let (b, hk, count) = (cube.b, cube.hk, cube.s_end - cube.s0);
     let (unit, units) = (UNIT_POS as usize, CUBE_DIM as usize);
     stage_vector_rows::<F, N>(k, &mut staged, 0usize, b, cube.s0, count, hk, keys, d_k, ks, VECTOR, unit, units);
     stage_vector_rows::<F, N>(v, &mut staged, v_at, b, cube.s0, count, hk, keys, d_v, vs, VECTOR, unit, units);
-    sync_cube();
+    let mut positions = SharedMemory::<u32>::new(comptime!(2 * q_rows));
+    let mut stats = SharedMemory::<f32>::new(comptime!(4 * q_rows));
+    let barriers = TileBarriers::new();
 
-    let tiles = cube.n_rows.div_ceil(MMA_M);
-    let mut tile = plane;
-    let mut q_rows = Array::<Vector<F, N>>::new(comptime!(lane_vectors(d_k)));
-    let mut do_rows = Array::<Vector<F, N>>::new(comptime!(lane_vectors(d_v)));
-    if prefetch {
-        fetch_listed_tile::<F, N>(&mut q_rows, q, entries, &cube, tile * MMA_M, lane, d_k);
-        fetch_listed_tile::<F, N>(&mut do_rows, grad_out, entries, &cube, tile * MMA_M, lane, d_v);
+    let mut first = 0usize;
+    let mut count = min(cube.n_rows, q_rows);
+    let mut slot = 0usize;
+    if count > 0 {
+        issue_gradient_rows::<F, N>(
+            q,
+            grad_out,
+            lse,
+            delta,
+            entries,
+            &cube,
+            &mut staged,
+            &mut positions,
+            &mut stats,
+            &barriers,
+            first,
+            count,
+            slot,
+            base,
+            false,
+            q_rows,
+            d_k,
+            d_v,
+            planes,
+        );
     }
-    while tile < tiles {
-        if prefetch {
-        } else {
-            fetch_listed_tile::<F, N>(&mut q_rows, q, entries, &cube, tile * MMA_M, lane, d_k);
-            fetch_listed_tile::<F, N>(&mut do_rows, grad_out, entries, &cube, tile * MMA_M, lane, d_v);
+    while first < cube.n_rows {
+        let next_first = first + count;
+        let next_count =
+            select(next_first < cube.n_rows, min(cube.n_rows - min(next_first, cube.n_rows), q_rows), 0usize);
+        let next_slot = 1 - slot;
+        if next_first < cube.n_rows {
+            issue_gradient_rows::<F, N>(
+                q,
+                grad_out,
+                lse,
+                delta,
+                entries,
+                &cube,
+                &mut staged,
+                &mut positions,
+                &mut stats,
+                &barriers,
+                next_first,
+                next_count,
+                next_slot,
+                base,
+                false,
+                q_rows,
+                d_k,
+                d_v,
+                planes,
+            );
         }
-        store_listed_tile::<F, N>(&mut staged, &q_rows, q_at, lane, d_k);
-        store_listed_tile::<F, N>(&mut staged, &do_rows, do_at, lane, d_v);
-        sync_plane();
-        let rows = ListedRows::new(entries, &cube, tile, lane);
-        if prefetch {
-            // The next tile's rows load while this one is computed.
-            let next = (tile + planes) * MMA_M;
-            fetch_listed_tile::<F, N>(&mut q_rows, q, entries, &cube, next, lane, d_k);
-            fetch_listed_tile::<F, N>(&mut do_rows, grad_out, entries, &cube, next, lane, d_v);
-        }
-        let mut row_lse = Array::<f32>::new(2usize);
-        let mut row_delta = Array::<f32>::new(2usize);
-        #[unroll]
-        for half in 0..2usize {
-            let at = offset3::<f32>(lse, b, rows.t[half], rows.h[half]);
-            row_lse[half] = lse[at];
-            row_delta[half] = delta[at];
-        }
+        // Also the block's K and V rows, the first time.
+        barriers.wait(slot);
+        let tile = plane * MMA_M;
+        if tile < count {
+            let at = base + slot * chunk;
+            let rows = ListedRows::in_chunk(&positions, &cube, slot * q_rows, first, tile, count, lane);
+            let mut row_lse = Array::<f32>::new(2usize);
+            let mut row_delta = Array::<f32>::new(2usize);
+            #[unroll]
+            for half in 0..2usize {
+                let local = slot * comptime!(2 * q_rows) + tile + lane / 4 + 8 * half;
+                row_lse[half] = stats[local];
+                row_delta[half] = stats[local + q_rows];
+            }
 
-        let q_frags = row_fragments::<F, N>(def, &staged, q_at, 0usize, lane, d_k, ks);
-        let mut p = products_with_rows::<F, N>(def, &q_frags, &staged, 0usize, lane, d_k, ks, keys);
-        mask_block(&mut p, &rows, cube.s0, cube.s_end, scale, lane, keys);
-        row_probabilities(&mut p, &row_lse, keys);
-        let do_frags = row_fragments::<F, N>(def, &staged, do_at, 0usize, lane, d_v, vs);
-        let dp = products_with_rows::<F, N>(def, &do_frags, &staged, v_at, lane, d_v, vs, keys);
-        row_score_gradients(&mut p, &dp, &row_delta, keys);
-        let mut dq = zero_pairs(comptime!(2 * d_k / MMA_N));
-        accumulate_with_rows::<F, N>(def, &p, &staged, 0usize, lane, &mut dq, d_k, ks, keys);
-        add_rows::<A>(grad_q, &rows, &dq, b, scale, lane, d_k, atomic_width);
-        // The plane's next tile overwrites its q and dO rows.
-        sync_plane();
-        tile += planes;
+            let q_frags = row_fragments::<F, N>(def, &staged, at, tile, lane, d_k, ks);
+            let mut p = products_with_rows::<F, N>(def, &q_frags, &staged, 0usize, lane, d_k, ks, keys);
+            mask_block(&mut p, &rows, cube.s0, cube.s_end, scale, lane, keys);
+            row_probabilities(&mut p, &row_lse, keys);
+            let do_frags = row_fragments::<F, N>(def, &staged, at + do_at, tile, lane, d_v, vs);
+            let dp = products_with_rows::<F, N>(def, &do_frags, &staged, v_at, lane, d_v, vs, keys);
+            row_score_gradients(&mut p, &dp, &row_delta, keys);
+            let mut dq = zero_pairs(comptime!(2 * d_k / MMA_N));
+            accumulate_with_rows::<F, N>(def, &p, &staged, 0usize, lane, &mut dq, d_k, ks, keys);
+            add_rows::<A>(grad_q, &rows, &dq, b, scale, lane, d_k, atomic_width);
+        }
+        // The chunk after next overwrites this buffer and its statistics.
+        sync_cube();
+        first = next_first;
+        count = next_count;
+        slot = next_slot;
     }
 }
 
@@ -403,7 +438,12 @@ fn row_probabilities(s: &mut Array<Pair<f32>>, row_lse: &Array<f32>, #[comptime]
 
 /// `p` becomes `ds = p (dp - delta)` in place, `delta` per row.
 #[cube]
-fn row_score_gradients(p: &mut Array<Pair<f32>>, dp: &Array<Pair<f32>>, row_delta: &Array<f32>, #[comptime] keys: usize) {
+fn row_score_gradients(
+    p: &mut Array<Pair<f32>>,
+    dp: &Array<Pair<f32>>,
+    row_delta: &Array<f32>,
+    #[comptime] keys: usize,
+) {
     #[unroll]
     for j in 0..keys / MMA_N {
         #[unroll]
@@ -517,7 +557,9 @@ pub fn merge_selection_partials<F: Float, I: Int, N: Size>(
             let block_lse = part_lse[row * n + i];
             if i32::cast_from(blocks[listed + i * blocks.stride(3)]) >= 0 && block_lse > MASKED {
                 let weight = (block_lse - row_lse).exp();
-                acc = acc + Vector::<f32, N>::cast_from(part_out[(row * n + i) * per_row + c]) * Vector::<f32, N>::new(weight);
+                acc = acc
+                    + Vector::<f32, N>::cast_from(part_out[(row * n + i) * per_row + c])
+                        * Vector::<f32, N>::new(weight);
             }
         }
     }

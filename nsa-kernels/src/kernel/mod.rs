@@ -19,3 +19,4 @@ pub mod mma_forward;
 pub mod mma_select;
 pub mod query;
 pub mod rows;
+pub mod walk;

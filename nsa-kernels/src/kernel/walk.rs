@@ -1,0 +1,145 @@
+//! The query rows a key-side cube walks ([`KeyCube`]: a window's rows after its keys, or a
+//! selected block's listed rows), staged a chunk at a time by asynchronous copies (`cp.async`)
+//! into one of two buffers, so that the next chunk's copies fly while the current one is
+//! computed. A chunk is `rows` walked rows `first..first + count`; rows past `count` copy the
+//! last real row (finite values, which the kernels mask). The caller commits a chunk's copies
+//! to its buffer's barrier ([`super::flash_forward::TileBarriers`]) and waits on it before
+//! reading.
+
+use cubecl::prelude::barrier::copy_async;
+use cubecl::prelude::*;
+
+use super::flash_forward::TileBarriers;
+use super::key::KeyCube;
+use super::mma_forward::VECTOR;
+use super::rows::offset3;
+use crate::tiling::storage_stride;
+
+/// Starts the copies of the chunk's rows of `src` (q or dO, `[B, T, H_q, d]`) to element `at`
+/// of `staged`, row stride [`storage_stride`]`(d)`.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub fn copy_walked_rows<F: Float, N: Size>(
+    src: &Tensor<Vector<F, N>>,
+    staged: &mut SharedMemory<Vector<F, N>>,
+    entries: &Tensor<u32>,
+    cube: &KeyCube,
+    first: usize,
+    count: usize,
+    at: usize,
+    #[comptime] window: bool,
+    #[comptime] rows: usize,
+    #[comptime] d: usize,
+    #[comptime] planes: usize,
+) {
+    let stride = comptime!(storage_stride(d));
+    let units = comptime!(planes * 32);
+    let per_row = comptime!(d / VECTOR);
+    let total = comptime!(rows * per_row);
+    #[unroll]
+    for step in 0..total.div_ceil(units) {
+        let idx = UNIT_POS as usize + step * units;
+        if idx < total {
+            let (i, c) = (idx / per_row, idx % per_row);
+            let row = first + min(i, count - 1);
+            let t = cube.query_of(entries, row, window);
+            let from = offset3::<Vector<F, N>>(src, cube.b, t, cube.hk * cube.g + row % cube.g) / VECTOR + c;
+            let to = (at + i * stride) / VECTOR + c;
+            copy_async(&src.slice(from, from + 1), &mut staged.slice_mut(to, to + 1), VECTOR as u32);
+        }
+    }
+}
+
+/// Stores the chunk's query positions to `positions[slot * rows..]` (plain stores: a
+/// selection's come from the list, read once per row).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub fn store_walked_positions(
+    entries: &Tensor<u32>,
+    cube: &KeyCube,
+    positions: &mut SharedMemory<u32>,
+    first: usize,
+    count: usize,
+    slot: usize,
+    #[comptime] window: bool,
+    #[comptime] rows: usize,
+    #[comptime] planes: usize,
+) {
+    let units = comptime!(planes * 32);
+    #[unroll]
+    for step in 0..comptime!(rows.div_ceil(units)) {
+        let i = UNIT_POS as usize + step * units;
+        if i < rows {
+            let t = cube.query_of(entries, first + min(i, count - 1), window);
+            positions[slot * rows + i] = t as u32;
+        }
+    }
+}
+
+/// Starts the copies of the chunk's `lse` and `delta` to `stats[slot * 2 rows..]` (`[lse;
+/// rows]`, then `[delta; rows]`), at the positions this unit stored by
+/// [`store_walked_positions`] (the same units take the same rows, so no barrier is needed).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub fn copy_walked_stats(
+    lse: &Tensor<f32>,
+    delta: &Tensor<f32>,
+    cube: &KeyCube,
+    positions: &SharedMemory<u32>,
+    stats: &mut SharedMemory<f32>,
+    first: usize,
+    count: usize,
+    slot: usize,
+    #[comptime] rows: usize,
+    #[comptime] planes: usize,
+) {
+    let units = comptime!(planes * 32);
+    #[unroll]
+    for step in 0..comptime!(rows.div_ceil(units)) {
+        let i = UNIT_POS as usize + step * units;
+        if i < rows {
+            let row = first + min(i, count - 1);
+            let t = positions[slot * rows + i] as usize;
+            let stat = offset3::<f32>(lse, cube.b, t, cube.hk * cube.g + row % cube.g);
+            let to = slot * comptime!(2 * rows) + i;
+            copy_async(&lse.slice(stat, stat + 1), &mut stats.slice_mut(to, to + 1), 1u32);
+            copy_async(&delta.slice(stat, stat + 1), &mut stats.slice_mut(to + rows, to + rows + 1), 1u32);
+        }
+    }
+}
+
+/// What a backward pass walks per chunk: starts the copies of walked rows `first..first +
+/// count` into the buffer of `slot` (0 or 1; buffers of `rows` q rows, then `rows` dO rows,
+/// from element `base` of `staged`), stores their positions, starts the copies of their `lse`
+/// and `delta`, and commits it all to the slot's barrier.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub fn issue_gradient_rows<F: Float, N: Size>(
+    q: &Tensor<Vector<F, N>>,
+    grad_out: &Tensor<Vector<F, N>>,
+    lse: &Tensor<f32>,
+    delta: &Tensor<f32>,
+    entries: &Tensor<u32>,
+    cube: &KeyCube,
+    staged: &mut SharedMemory<Vector<F, N>>,
+    positions: &mut SharedMemory<u32>,
+    stats: &mut SharedMemory<f32>,
+    barriers: &TileBarriers,
+    first: usize,
+    count: usize,
+    slot: usize,
+    base: usize,
+    #[comptime] window: bool,
+    #[comptime] rows: usize,
+    #[comptime] d_k: usize,
+    #[comptime] d_v: usize,
+    #[comptime] planes: usize,
+) {
+    let at = base + slot * comptime!(rows * (storage_stride(d_k) + storage_stride(d_v)));
+    copy_walked_rows::<F, N>(q, staged, entries, cube, first, count, at, window, rows, d_k, planes);
+    let do_at = at + comptime!(rows * storage_stride(d_k));
+    copy_walked_rows::<F, N>(grad_out, staged, entries, cube, first, count, do_at, window, rows, d_v, planes);
+    store_walked_positions(entries, cube, positions, first, count, slot, window, rows, planes);
+    copy_walked_stats(lse, delta, cube, positions, stats, first, count, slot, rows, planes);
+    barriers.commit(slot);
+}
