@@ -169,6 +169,8 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
         let flash_keys = call.flash_key_tiling();
         // A selection on the register-resident kernels: key-major dQ, added by atomics.
         let select_dq = if call.window || flash_keys.is_none() { None } else { call.flash_select_tiling() };
+        // ... unless the key kernel folds it in.
+        let folds_select_dq = flash_keys.is_some_and(|tiling| tiling.fold_dq);
         let key_tiling = if flash_keys.is_some() { None } else { call.key_mma_tiling() };
         // Key cubes that fold dQ, and the key-major dQ, add it to an f32 buffer by atomics;
         // otherwise a query-side kernel writes dQ (and `delta`) first.
@@ -179,6 +181,8 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
             (Some(call.empty(call.q.meta.shape().clone(), dtype)), call.empty(Shape::new([1, 1, 1, 1]), DType::F32))
         };
         if fold_dq {
+            call.row_delta(&out, &grad_out, &delta);
+        } else if folds_select_dq {
             call.row_delta(&out, &grad_out, &delta);
         } else if let Some(tiling) = select_dq {
             call.row_delta(&out, &grad_out, &delta);
@@ -303,11 +307,13 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
         };
         if let Some(tiling) = flash_keys {
             let (count, dim) = call.plane_grid(call.key_cubes(tiling.keys(), &index), tiling.planes);
+            let atomic_width = if tiling.fold_dq { call.f32_atomic_width() } else { 1 };
             flash_key::attention_key_flash::launch::<R>(
                 &call.client(),
                 count,
                 dim,
                 mma_forward::VECTOR,
+                atomic_width,
                 call.q.clone().into_tensor_arg(),
                 call.k.clone().into_tensor_arg(),
                 call.v.clone().into_tensor_arg(),
@@ -323,6 +329,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
                 grad_k.clone().into_tensor_arg(),
                 grad_v.clone().into_tensor_arg(),
                 partial.clone().into_tensor_arg(),
+                grad_q_sum.clone().into_tensor_arg(),
                 call.scale,
                 call.span,
                 SEGMENT_QUERIES as u32,
@@ -331,6 +338,8 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
                 call.d_v,
                 tiling.planes,
                 tiling.q_rows,
+                tiling.fold_dq,
+                atomic_width,
                 dtype.into(),
             );
         } else if let Some(tiling) = key_tiling {
@@ -806,15 +815,15 @@ impl<R: CubeRuntime> Call<R> {
         );
         inverse::scan_counts::launch::<R>(
             &self.client(),
-            self.cube_count(b * h_kv),
+            CubeCount::Static((b * h_kv) as u32, 1, 1),
             self.cube_dim(),
             counts.clone().into_tensor_arg(),
             offsets.clone().into_tensor_arg(),
             segment_base.clone().into_tensor_arg(),
             segment_block.clone().into_tensor_arg(),
             segment_total.clone().into_tensor_arg(),
-            (b * h_kv) as u32,
             SEGMENT_QUERIES as u32,
+            UNITS_PER_CUBE as usize,
         );
         inverse::fill_selections::launch::<R>(
             &self.client(),

@@ -236,10 +236,15 @@ impl FlashTiling {
 /// them `q_rows` at a time. A lane keeps `(d_k + d_v) / 4`
 /// K and V, as many dK and dV, and `q_rows / 2` score and `dp` registers: wide heads walk 32
 /// rows at a time.
+///
+/// A selection's cube at narrow heads folds its rows' dQ in (`fold_dq`: `ds^T` through shared
+/// memory, `ds K` added by atomics), each plane taking 16 of a chunk's rows; wide heads have no
+/// registers for the dQ accumulator beside dK and dV, and a window keeps its query-side dQ.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FlashKeyTiling {
     pub planes: usize,
     pub q_rows: usize,
+    pub fold_dq: bool,
 }
 
 impl FlashKeyTiling {
@@ -247,8 +252,11 @@ impl FlashKeyTiling {
         if d_k % MMA_TILE != 0 || d_v % MMA_TILE != 0 {
             return None;
         }
-        let q_rows = if d_k + d_v <= 128 { 64 } else { 32 };
-        Some(FlashKeyTiling { planes: if window { 8 } else { 4 }, q_rows })
+        let narrow = d_k + d_v <= 128;
+        let q_rows = if narrow { 64 } else { 32 };
+        let planes = if window { 8 } else { 4 };
+        let fold_dq = !window && narrow && q_rows == planes * MMA_TILE;
+        Some(FlashKeyTiling { planes, q_rows, fold_dq })
     }
 
     pub fn keys(&self) -> usize {

@@ -210,13 +210,15 @@ fn tensor_core_kernels_expand() {
     assert_expanded("selection_forward_mma", &panics);
 
     // The register-resident kernels (manual MMA): WGSL stops at their first MMA instead.
-    for window in [true, false] {
+    // A selection's folds its dQ in (atomics), a window's does not.
+    for (window, fold_dq) in [(true, false), (false, false), (false, true)] {
         let panics = panics_of(&device, || {
             nsa_kernels::kernel::flash_key::attention_key_flash::launch::<WgpuRuntime>(
                 &client,
                 CubeCount::Static(1, 1, 1),
                 CubeDim::new_2d(32, 4),
                 nsa_kernels::kernel::mma_forward::VECTOR,
+                1,
                 q().into_tensor_arg(),
                 kv().into_tensor_arg(),
                 kv().into_tensor_arg(),
@@ -232,6 +234,7 @@ fn tensor_core_kernels_expand() {
                 kv().into_tensor_arg(),
                 kv().into_tensor_arg(),
                 Tensor::<B, 3>::zeros([1, 1, 1], &device).into_primitive().tensor().into_tensor_arg(),
+                Tensor::<B, 4>::zeros([1, 64, 2, 64], &device).into_primitive().tensor().into_tensor_arg(),
                 0.125,
                 64,
                 512,
@@ -240,10 +243,12 @@ fn tensor_core_kernels_expand() {
                 64,
                 4,
                 64,
+                fold_dq,
+                1,
                 DType::F16.into(),
             );
         });
-        assert_expanded(&format!("attention_key_flash (window {window})"), &panics);
+        assert_expanded(&format!("attention_key_flash (window {window}, fold_dq {fold_dq})"), &panics);
     }
 
     let panics = panics_of(&device, || {

@@ -14,11 +14,14 @@
 //! [`super::backward::sum_segments`] adds up (a block's list spans several cubes). A
 //! selection's dQ is [`super::flash_select::selection_dq_flash`]'s.
 
+use cubecl::cmma::MmaDefinition;
 use cubecl::prelude::*;
 
 use super::flash_forward::TileBarriers;
+use super::flash_select::{add_rows, ListedRows};
 use super::fragments::{
-    accumulate_with_rows, mma, products_with_rows, row_fragments, store_tiles, zero_pairs, Pair, MMA_M, MMA_N,
+    accumulate_step, accumulate_with_rows, mma, products_with_rows, row_fragments, store_pair_tiles, store_tiles,
+    transposed_fragment, zero_pairs, Pair, MMA_K, MMA_M, MMA_N,
 };
 use super::key::KeyCube;
 use super::mma_forward::{max_usize, VECTOR};
@@ -33,7 +36,7 @@ use crate::tiling::storage_stride;
 /// a multiple of 16; a selection's block is the cube's `16 * planes` keys.
 #[cube(launch, fast_math = FastMath::all())]
 #[allow(clippy::too_many_arguments)]
-pub fn attention_key_flash<F: Float, N: Size>(
+pub fn attention_key_flash<F: Float, N: Size, A: Size>(
     q: &Tensor<Vector<F, N>>,
     k: &Tensor<Vector<F, N>>,
     v: &Tensor<Vector<F, N>>,
@@ -49,6 +52,7 @@ pub fn attention_key_flash<F: Float, N: Size>(
     grad_k: &mut Tensor<F>,
     grad_v: &mut Tensor<F>,
     partial: &mut Tensor<f32>,
+    grad_q: &mut Tensor<Atomic<Vector<f32, A>>>,
     scale: f32,
     span: u32,
     segment: u32,
@@ -57,6 +61,8 @@ pub fn attention_key_flash<F: Float, N: Size>(
     #[comptime] d_v: usize,
     #[comptime] planes: usize,
     #[comptime] q_rows: usize,
+    #[comptime] fold_dq: bool,
+    #[comptime] atomic_width: usize,
     #[define(F)] _dtype: StorageType,
 ) {
     let keys = comptime!(planes * MMA_M);
@@ -89,8 +95,16 @@ pub fn attention_key_flash<F: Float, N: Size>(
     let ks = comptime!(storage_stride(d_k));
     let vs = comptime!(storage_stride(d_v));
     let chunk = comptime!(q_rows * (ks + vs));
-    let mut staged =
-        SharedMemory::<Vector<F, N>>::new_aligned(comptime!(max_usize(keys * (ks + vs), 2 * chunk) / VECTOR), 16usize);
+    // Folding dQ keeps the K rows (the B operand of `ds K`): the buffers start after them.
+    let base = comptime!(if fold_dq { keys * ks } else { 0 });
+    let mut staged = SharedMemory::<Vector<F, N>>::new_aligned(
+        comptime!((base + max_usize(keys * (ks + vs) - base, 2 * chunk)) / VECTOR),
+        16usize,
+    );
+    // With `fold_dq`, the chunk's `ds^T` (keys as rows) in the storage type, read back
+    // transposed as `ds`'s A fragments.
+    let ds_stride = comptime!(storage_stride(q_rows) / 2);
+    let mut ds_tile = SharedMemory::<Pair<F>>::new_aligned(comptime!(if fold_dq { keys * ds_stride } else { 4 }), 16usize);
     let units = CUBE_DIM as usize;
     stage_vector_rows::<F, N>(
         k,
@@ -163,7 +177,7 @@ pub fn attention_key_flash<F: Float, N: Size>(
             row_first,
             count,
             slot,
-            0usize,
+            base,
             window,
             q_rows,
             d_k,
@@ -191,7 +205,7 @@ pub fn attention_key_flash<F: Float, N: Size>(
                 next_first,
                 next_count,
                 next_slot,
-                0usize,
+                base,
                 window,
                 q_rows,
                 d_k,
@@ -200,7 +214,7 @@ pub fn attention_key_flash<F: Float, N: Size>(
             );
         }
         barriers.wait(slot);
-        let at = slot * chunk;
+        let at = base + slot * chunk;
 
         let mut p = products_with_rows::<F, N>(def, &k_frags, &staged, at, lane, d_k, ks, q_rows);
         // A window's chunk attends every key of the cube unless the chunk is partial, starts
@@ -217,7 +231,17 @@ pub fn attention_key_flash<F: Float, N: Size>(
         accumulate_with_rows::<F, N>(def, &p, &staged, comptime!(q_rows * ks) + at, lane, &mut dv, d_v, vs, q_rows);
         let dp = products_with_rows::<F, N>(def, &v_frags, &staged, comptime!(q_rows * ks) + at, lane, d_v, vs, q_rows);
         key_score_gradients(&mut p, &dp, &stats, slot, lane, q_rows);
+        if fold_dq {
+            store_pair_tiles::<F>(&mut ds_tile, &p, plane * MMA_M, lane, q_rows, ds_stride);
+        }
         accumulate_with_rows::<F, N>(def, &p, &staged, at, lane, &mut dk, d_k, ks, q_rows);
+        if fold_dq {
+            sync_cube();
+            fold_query_gradient::<F, N, A>(
+                def, &ds_tile, &staged, &positions, grad_q, &cube, slot, row_first, count, scale, plane, lane, d_k, keys,
+                q_rows, atomic_width,
+            );
+        }
         // The chunk after next overwrites this buffer and its statistics.
         sync_cube();
         row_first = next_first;
@@ -329,5 +353,45 @@ fn key_score_gradients(
                 p[2 * j + half] = x;
             }
         }
+    }
+}
+
+/// A selection's dQ folded into its key cube (flash attention 2's backward): plane `p` takes
+/// rows `16p..16p + 16` of the chunk (`q_rows = 16 * planes`), computes their share over the
+/// cube's keys, `scale * ds K` (`ds` read transposed from `ds_tile`, K rows staged at element
+/// 0), and adds it to the f32 `grad_q` by atomics: each row's other blocks are other cubes'.
+/// This saves the separate dQ pass's recomputed `s` and `dp`.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn fold_query_gradient<F: Float, N: Size, A: Size>(
+    def: MmaDefinition<F, F, f32>,
+    ds_tile: &SharedMemory<Pair<F>>,
+    staged: &SharedMemory<Vector<F, N>>,
+    positions: &SharedMemory<u32>,
+    grad_q: &mut Tensor<Atomic<Vector<f32, A>>>,
+    cube: &KeyCube,
+    slot: usize,
+    first: usize,
+    count: usize,
+    scale: f32,
+    plane: usize,
+    lane: usize,
+    #[comptime] d_k: usize,
+    #[comptime] keys: usize,
+    #[comptime] q_rows: usize,
+    #[comptime] atomic_width: usize,
+) {
+    let ks = comptime!(storage_stride(d_k));
+    let ds_stride = comptime!(storage_stride(q_rows) / 2);
+    let tile = plane * MMA_M;
+    if tile < count {
+        let mut dq = zero_pairs(comptime!(2 * d_k / MMA_N));
+        #[unroll]
+        for kk in 0..keys / MMA_K {
+            let a = transposed_fragment::<F>(def, ds_tile, tile, kk, lane, ds_stride);
+            accumulate_step::<F, N>(def, &a, kk, staged, 0usize, lane, &mut dq, d_k, ks);
+        }
+        let rows = ListedRows::in_chunk(positions, cube, slot * q_rows, first, tile, count, lane);
+        add_rows::<A>(grad_q, &rows, &dq, cube.b, scale, lane, d_k, atomic_width);
     }
 }

@@ -460,7 +460,7 @@ fn row_score_gradients(
 /// row `l / 4`, the odd lane row `l / 4 + 8`.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn add_rows<A: Size>(
+pub fn add_rows<A: Size>(
     dst: &mut Tensor<Atomic<Vector<f32, A>>>,
     rows: &ListedRows,
     tiles: &Array<Pair<f32>>,

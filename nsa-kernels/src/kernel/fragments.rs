@@ -114,7 +114,6 @@ pub fn accumulate_with_rows<F: Float, N: Size>(
     #[comptime] stride: usize,
     #[comptime] n_rows: usize,
 ) {
-    let (quarter, r) = (lane / 8, lane % 8);
     #[unroll]
     for kk in 0..n_rows / MMA_K {
         let mut a = Array::<Pair<F>>::new(4usize);
@@ -122,18 +121,77 @@ pub fn accumulate_with_rows<F: Float, N: Size>(
         for i in 0..4usize {
             a[i] = Pair::<F>::cast_from(p[4 * kk + i]);
         }
+        accumulate_step::<F, N>(def, &a, kk, staged, at, lane, acc, d, stride);
+    }
+}
+
+/// One 16-row step `kk` of [`accumulate_with_rows`]: `acc += a . rows[16 kk..16 kk + 16]`, `a`
+/// an A fragment over those 16 columns.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub fn accumulate_step<F: Float, N: Size>(
+    def: MmaDefinition<F, F, f32>,
+    a: &Array<Pair<F>>,
+    kk: usize,
+    staged: &SharedMemory<Vector<F, N>>,
+    at: usize,
+    lane: usize,
+    acc: &mut Array<Pair<f32>>,
+    #[comptime] d: usize,
+    #[comptime] stride: usize,
+) {
+    let (quarter, r) = (lane / 8, lane % 8);
+    #[unroll]
+    for nn in 0..d / 16 {
+        // Quarters: rows 0-7 and 8-15 of columns 0-7, then of columns 8-15.
+        let row = kk * MMA_K + r + 8 * (quarter % 2);
+        let col = nn * 16 + 8 * (quarter / 2);
+        let b = load_quarters::<F, N>(def, staged, at + row * stride + col, true);
         #[unroll]
-        for nn in 0..d / 16 {
-            // Quarters: rows 0-7 and 8-15 of columns 0-7, then of columns 8-15.
-            let row = kk * MMA_K + r + 8 * (quarter % 2);
-            let col = nn * 16 + 8 * (quarter / 2);
-            let b = load_quarters::<F, N>(def, staged, at + row * stride + col, true);
-            #[unroll]
-            for half_tile in 0..2usize {
-                mma_into::<F>(def, &a, &b, 2 * half_tile, acc, 2 * nn + half_tile);
-            }
+        for half_tile in 0..2usize {
+            mma_into::<F>(def, &a, &b, 2 * half_tile, acc, 2 * nn + half_tile);
         }
     }
+}
+
+/// Writes the lane's result tiles (16 rows, `columns` columns, rounded to the storage type) to
+/// rows `first_row..first_row + 16` of a shared tile of pairs (row stride `stride` pairs).
+#[cube]
+pub fn store_pair_tiles<F: Float>(
+    tile: &mut SharedMemory<Pair<F>>,
+    tiles: &Array<Pair<f32>>,
+    first_row: usize,
+    lane: usize,
+    #[comptime] columns: usize,
+    #[comptime] stride: usize,
+) {
+    #[unroll]
+    for j in 0..columns / MMA_N {
+        #[unroll]
+        for half in 0..2usize {
+            let row = first_row + lane / 4 + 8 * half;
+            tile[row * stride + (j * MMA_N) / 2 + lane % 4] = Pair::<F>::cast_from(tiles[2 * j + half]);
+        }
+    }
+}
+
+/// The A fragment of rows `first_row..first_row + 16`, columns `16 kk..16 kk + 16` of the
+/// transpose of a shared tile of pairs (the tile's rows are the fragment's columns; row stride
+/// `stride` pairs): `ldmatrix.x4.trans`, lane `l` naming tile row `16 kk + 8 (q / 2) + l % 8`
+/// at column `first_row + 8 (q % 2)` for its quarter `q = l / 8`.
+#[cube]
+pub fn transposed_fragment<F: Float>(
+    def: MmaDefinition<F, F, f32>,
+    tile: &SharedMemory<Pair<F>>,
+    first_row: usize,
+    kk: usize,
+    lane: usize,
+    #[comptime] stride: usize,
+) -> Array<Pair<F>> {
+    let (quarter, r) = (lane / 8, lane % 8);
+    let row = kk * MMA_K + 8 * (quarter / 2) + r;
+    let start = row * stride + (first_row + 8 * (quarter % 2)) / 2;
+    def.load_matrix::<Pair<F>, Const<2>>(&tile.slice(start, start + 1), MatrixIdent::A, 4usize, true)
 }
 
 /// `ldmatrix.x4` (optionally transposed) of the four 8x8 quarters whose row this lane names at

@@ -51,7 +51,10 @@ pub fn count_selections<I: Int>(
 }
 
 /// `offsets[b, hk, :]` = exclusive prefix sum of `counts[b, hk, :]`, and the segments of each
-/// block (see the module doc); one unit per `(b, hk)`.
+/// block (see the module doc); one cube of `units` units per `(b, hk)`. Each unit takes a run
+/// of consecutive blocks: it sums its run, one unit scans the `units` sums in shared memory,
+/// and each unit writes its run's offsets and segments from its sum's prefix. (One unit per
+/// `(b, hk)` walking every block took 0.32 ms at 64k: a serial chain of global loads.)
 #[cube(launch)]
 pub fn scan_counts(
     counts: &Tensor<u32>,
@@ -59,29 +62,57 @@ pub fn scan_counts(
     segment_base: &mut Tensor<u32>,
     segment_block: &mut Tensor<u32>,
     segment_total: &mut Tensor<u32>,
-    lists: u32,
     segment: u32,
+    #[comptime] units: usize,
 ) {
-    let list = ABSOLUTE_POS;
-    if list >= lists as usize {
-        terminate!();
-    }
+    let list = CUBE_POS;
+    let unit = UNIT_POS as usize;
     let n_blocks = counts.shape(2);
     let max_segments = segment_block.shape(2);
-    let mut running = 0u32;
+    let run = n_blocks.div_ceil(units);
+    let start = min(unit * run, n_blocks);
+    let end = min(start + run, n_blocks);
+
+    let mut rows = 0u32;
     let mut segments = 0u32;
-    for j in 0..n_blocks {
+    for j in start..end {
+        let count = counts[list * n_blocks + j];
+        rows += count;
+        segments += count.div_ceil(segment);
+    }
+    let mut row_prefix = SharedMemory::<u32>::new(units);
+    let mut segment_prefix = SharedMemory::<u32>::new(units);
+    row_prefix[unit] = rows;
+    segment_prefix[unit] = segments;
+    sync_cube();
+    if unit == 0 {
+        let mut row_sum = 0u32;
+        let mut segment_sum = 0u32;
+        for u in 0..units {
+            let unit_rows = row_prefix[u];
+            let unit_segments = segment_prefix[u];
+            row_prefix[u] = row_sum;
+            segment_prefix[u] = segment_sum;
+            row_sum += unit_rows;
+            segment_sum += unit_segments;
+        }
+        segment_total[list] = segment_sum;
+    }
+    sync_cube();
+
+    let mut running = row_prefix[unit];
+    let mut segment_at = segment_prefix[unit];
+    for j in start..end {
         let count = counts[list * n_blocks + j];
         offsets[list * n_blocks + j] = running;
-        segment_base[list * n_blocks + j] = segments;
-        let end = segments + count.div_ceil(segment);
-        while segments < end {
-            segment_block[list * max_segments + segments as usize] = j as u32;
-            segments += 1u32;
+        segment_base[list * n_blocks + j] = segment_at;
+        let segment_end = segment_at + count.div_ceil(segment);
+        while segment_at < segment_end {
+            segment_block[list * max_segments + segment_at as usize] = j as u32;
+            segment_at += 1u32;
         }
         running += count;
     }
-    segment_total[list] = segments;
 }
 
 /// Writes each selecting query into its block's rows, and beside it (`slots`, laid out as
