@@ -9,10 +9,12 @@
 //! segment of the block's list), `q_rows` at a time: per chunk, `s^T = K q^T` and
 //! `dp^T = V dO^T` as result tiles (keys as rows), `p^T = exp(s^T scale - lse)` and
 //! `ds^T = p^T (dp^T - delta)` in place, then `dV += p^T dO` and `dK += ds^T q`, the chunk's q
-//! and dO rows read from shared memory by transposed `ldmatrix`. A window's cube writes its dK
+//! and dO rows read from shared memory by transposed `ldmatrix`; each chunk is copied by
+//! `cp.async` while the one before is computed ([`super::walk`]). A window's cube writes its dK
 //! and dV; a selection's writes its segment's shares to `partial`, which
 //! [`super::backward::sum_segments`] adds up (a block's list spans several cubes). A
-//! selection's dQ is [`super::flash_select::selection_dq_flash`]'s.
+//! selection's dQ is folded in at narrow heads ([`fold_query_gradient`]), else it is
+//! [`super::flash_select::selection_dq_flash`]'s.
 
 use cubecl::cmma::MmaDefinition;
 use cubecl::prelude::*;
