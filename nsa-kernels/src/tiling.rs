@@ -504,6 +504,18 @@ mod tests {
     }
 
     #[test]
+    fn only_a_selection_at_narrow_heads_folds_dq_into_the_key_kernel() {
+        let fold = |window, d_k, d_v| FlashKeyTiling::plan(window, d_k, d_v).unwrap().fold_dq;
+        assert!(fold(false, 64, 64));
+        assert!(!fold(true, 64, 64), "a window keeps its query-side dQ");
+        assert!(!fold(false, 128, 128), "wide heads have no registers for it");
+        assert!(!fold(false, 192, 128));
+        // Folding has each plane take 16 of a chunk's rows: the chunk is 16 rows per plane.
+        let narrow = FlashKeyTiling::plan(false, 64, 64).unwrap();
+        assert_eq!(narrow.q_rows, narrow.planes * MMA_TILE);
+    }
+
+    #[test]
     fn key_major_selection_tiles_fit_the_shared_memory_and_refuse_odd_blocks() {
         for (d_k, d_v) in [(64, 64), (128, 128), (192, 128), (16, 16)] {
             let t = FlashSelectTiling::plan(64, d_k, d_v, MMA_SHARED).unwrap();

@@ -196,7 +196,8 @@ impl TileBarriers {
         }
     }
 
-    /// Waits until every unit's copies into the buffer at element `at` have landed.
+    /// Waits until every unit's copies into the buffer at element `at` (or of slot `at`, as
+    /// [`Self::commit`]) have landed.
     pub fn wait(&self, at: usize) {
         if at == 0 {
             self.first.arrive_and_wait();
