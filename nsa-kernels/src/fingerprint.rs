@@ -5,29 +5,54 @@
 
 /// FNV-1a over the kernels' sources, their launch code and the dependency lock (Burn's and
 /// CubeCL's own kernels change with their versions).
-pub const KERNEL_FINGERPRINT: u64 = fnv1a(
-    concat!(
-        include_str!("kernel/mod.rs"),
-        include_str!("kernel/forward.rs"),
-        include_str!("kernel/backward.rs"),
-        include_str!("kernel/inverse.rs"),
-        include_str!("kernel/key.rs"),
-        include_str!("kernel/mma_backward.rs"),
-        include_str!("kernel/mma_dq.rs"),
-        include_str!("kernel/mma_forward.rs"),
-        include_str!("kernel/mma_select.rs"),
-        include_str!("kernel/query.rs"),
-        include_str!("kernel/rows.rs"),
-        include_str!("cube.rs"),
-        include_str!("tiling.rs"),
-        include_str!("../../Cargo.lock"),
-    )
-    .as_bytes(),
-);
+pub const KERNEL_FINGERPRINT: u64 = fnv1a_all(SOURCES);
+
+/// What the kernels are built from: every file of `kernel/` (a test holds the list to the
+/// directory), the launch code and tilings, and the lock file.
+const SOURCES: &[(&str, &str)] = &[
+    ("kernel/mod.rs", include_str!("kernel/mod.rs")),
+    ("kernel/backward.rs", include_str!("kernel/backward.rs")),
+    ("kernel/flash_dq.rs", include_str!("kernel/flash_dq.rs")),
+    ("kernel/flash_forward.rs", include_str!("kernel/flash_forward.rs")),
+    ("kernel/flash_key.rs", include_str!("kernel/flash_key.rs")),
+    ("kernel/flash_select.rs", include_str!("kernel/flash_select.rs")),
+    ("kernel/forward.rs", include_str!("kernel/forward.rs")),
+    ("kernel/fragments.rs", include_str!("kernel/fragments.rs")),
+    ("kernel/inverse.rs", include_str!("kernel/inverse.rs")),
+    ("kernel/key.rs", include_str!("kernel/key.rs")),
+    ("kernel/mma_backward.rs", include_str!("kernel/mma_backward.rs")),
+    ("kernel/mma_dq.rs", include_str!("kernel/mma_dq.rs")),
+    ("kernel/mma_forward.rs", include_str!("kernel/mma_forward.rs")),
+    ("kernel/mma_select.rs", include_str!("kernel/mma_select.rs")),
+    ("kernel/query.rs", include_str!("kernel/query.rs")),
+    ("kernel/rows.rs", include_str!("kernel/rows.rs")),
+    ("kernel/walk.rs", include_str!("kernel/walk.rs")),
+    ("cube.rs", include_str!("cube.rs")),
+    ("tiling.rs", include_str!("tiling.rs")),
+    ("Cargo.lock", include_str!("../../Cargo.lock")),
+];
+
+/// [`fnv1a`] over the sources' bytes one after another.
+const fn fnv1a_all(sources: &[(&str, &str)]) -> u64 {
+    let mut hash: u64 = FNV_OFFSET;
+    let mut s = 0;
+    while s < sources.len() {
+        hash = fnv1a_from(hash, sources[s].1.as_bytes());
+        s += 1;
+    }
+    hash
+}
 
 /// 64-bit FNV-1a: small, `const`, and stable across Rust versions (unlike `std`'s hashers).
-pub const fn fnv1a(bytes: &[u8]) -> u64 {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+#[cfg(test)]
+const fn fnv1a(bytes: &[u8]) -> u64 {
+    fnv1a_from(FNV_OFFSET, bytes)
+}
+
+const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+
+/// FNV-1a continued from `hash` over `bytes`.
+const fn fnv1a_from(mut hash: u64, bytes: &[u8]) -> u64 {
     let mut i = 0;
     while i < bytes.len() {
         hash ^= bytes[i] as u64;
@@ -47,5 +72,20 @@ mod tests {
         assert_eq!(fnv1a(b""), 0xcbf2_9ce4_8422_2325);
         assert_eq!(fnv1a(b"a"), 0xaf63_dc4c_8601_ec8c);
         assert_ne!(fnv1a(b"kernel v1"), fnv1a(b"kernel v2"));
+        // Hashing sources one after another is hashing them joined.
+        assert_eq!(fnv1a_all(&[("a", "ker"), ("b", "nel")]), fnv1a(b"kernel"));
+    }
+
+    #[test]
+    fn every_kernel_file_is_in_the_fingerprint() {
+        // A kernel file left out would let a cache filled by an older build serve its kernels.
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/kernel");
+        let listed: Vec<&str> = SOURCES.iter().map(|(name, _)| *name).collect();
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let name = format!("kernel/{}", entry.unwrap().file_name().to_string_lossy());
+            if name.ends_with(".rs") {
+                assert!(listed.contains(&name.as_str()), "{name} is missing from the kernel fingerprint");
+            }
+        }
     }
 }
