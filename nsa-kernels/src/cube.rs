@@ -167,22 +167,21 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
         let delta = call.empty(Shape::new([b, t, h_q]), DType::F32);
         let index = call.inverted_index(t);
         let flash_keys = call.flash_key_tiling();
-        // A selection on the register-resident kernels: key-major dQ, added by atomics.
-        let select_dq = if call.window || flash_keys.is_none() { None } else { call.flash_select_tiling() };
-        // ... unless the key kernel folds it in.
-        let folds_select_dq = flash_keys.is_some_and(|tiling| tiling.fold_dq);
+        // The register-resident key kernel folds dQ in at narrow heads (window or selection);
+        // otherwise a selection's dQ is key-major, added by atomics.
+        let folds_flash_dq = flash_keys.is_some_and(|tiling| tiling.fold_dq);
+        let select_dq =
+            if call.window || flash_keys.is_none() || folds_flash_dq { None } else { call.flash_select_tiling() };
         let key_tiling = if flash_keys.is_some() { None } else { call.key_mma_tiling() };
         // Key cubes that fold dQ, and the key-major dQ, add it to an f32 buffer by atomics;
         // otherwise a query-side kernel writes dQ (and `delta`) first.
         let fold_dq = key_tiling.is_some_and(|tiling| tiling.fold_dq);
-        let (grad_q, grad_q_sum) = if fold_dq || select_dq.is_some() {
+        let (grad_q, grad_q_sum) = if fold_dq || folds_flash_dq || select_dq.is_some() {
             (None, call.zeros(call.q.meta.shape().clone(), DType::F32))
         } else {
             (Some(call.empty(call.q.meta.shape().clone(), dtype)), call.empty(Shape::new([1, 1, 1, 1]), DType::F32))
         };
-        if fold_dq {
-            call.row_delta(&out, &grad_out, &delta);
-        } else if folds_select_dq {
+        if fold_dq || folds_flash_dq {
             call.row_delta(&out, &grad_out, &delta);
         } else if let Some(tiling) = select_dq {
             call.row_delta(&out, &grad_out, &delta);
@@ -597,11 +596,13 @@ impl<R: CubeRuntime> Call<R> {
         let part_out = self.empty(Shape::new([b, t, h_q, n * self.d_v]), self.q.dtype);
         let part_lse = self.empty(Shape::new([b, t, h_q, n]), DType::F32);
         let (count, dim) = self.plane_grid(self.key_cubes(tiling.keys, &index), tiling.planes);
+        let narrow = FlashSelectTiling::narrow_partials(self.d_v);
         flash_select::selection_partials_flash::launch::<R>(
             &self.client(),
             count,
             dim,
             mma_forward::VECTOR,
+            if narrow { mma_forward::VECTOR } else { 1 },
             self.q.clone().into_tensor_arg(),
             self.k.clone().into_tensor_arg(),
             self.v.clone().into_tensor_arg(),
@@ -620,6 +621,7 @@ impl<R: CubeRuntime> Call<R> {
             self.d_v,
             tiling.keys,
             tiling.planes,
+            narrow,
             self.q.dtype.into(),
         );
         let vectors = b * t * h_q * self.d_v / mma_forward::VECTOR;
@@ -641,14 +643,16 @@ impl<R: CubeRuntime> Call<R> {
 
     /// The register-resident dK/dV tiling: a window's under the conditions of
     /// [`Call::flash_tiling`], a selection's under [`Call::flash_select_tiling`]'s where the
-    /// device adds f32 atomically (its dQ is added up by atomics): see [`flash_key`].
+    /// device adds f32 atomically (its dQ is added up by atomics); either folds dQ in at narrow
+    /// heads where the device adds f32 atomically: see [`flash_key`].
     fn flash_key_tiling(&self) -> Option<FlashKeyTiling> {
+        let atomics = self.adds_f32_atomically();
         if self.window {
             self.flash_tiling(QueryPass::Gradient)?;
-        } else if self.flash_select_tiling().is_none() || !self.adds_f32_atomically() {
+        } else if self.flash_select_tiling().is_none() || !atomics {
             return None;
         }
-        FlashKeyTiling::plan(self.window, self.d_k, self.d_v)
+        FlashKeyTiling::plan(self.window, self.d_k, self.d_v, atomics)
     }
 
     /// f32 elements the device adds atomically in one operation: 4 (sm90's 16-byte vector

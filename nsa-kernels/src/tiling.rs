@@ -231,15 +231,16 @@ impl FlashTiling {
     }
 }
 
-/// Register-resident dK/dV (see `kernel::flash_key`): `planes` planes own 16 keys each (8 for
-/// a window; 4 for a selection, 64 keys of a block per cube) and walk the query rows that attend
-/// them `q_rows` at a time. A lane keeps `(d_k + d_v) / 4`
-/// K and V, as many dK and dV, and `q_rows / 2` score and `dp` registers: wide heads walk 32
-/// rows at a time.
+/// Register-resident dK/dV (see `kernel::flash_key`): `planes` planes own 16 keys each and walk
+/// the query rows that attend them `q_rows` at a time. A lane keeps `(d_k + d_v) / 4` K and V, as
+/// many dK and dV, and `q_rows / 2` score and `dp` registers: wide heads walk 32 rows at a time.
 ///
-/// A selection's cube at narrow heads folds its rows' dQ in (`fold_dq`: `ds^T` through shared
-/// memory, `ds K` added by atomics), each plane taking 16 of a chunk's rows; wide heads have no
-/// registers for the dQ accumulator beside dK and dV, and a window keeps its query-side dQ.
+/// At narrow heads, where the device adds f32 atomically, the cube folds its rows' dQ in
+/// (`fold_dq`: `ds^T` through shared memory, `ds K` added by atomics), each plane taking 16 of a
+/// chunk's rows: 4 planes, 64 keys (a selection's block; a window's cube walks ~9 such tiles'
+/// worth of rows per key more often than 128-key cubes would, but saves the query-side dQ
+/// pass). Wide heads have no registers for the dQ accumulator beside dK and dV; there a window
+/// cube takes 128 keys and a window keeps its query-side dQ.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FlashKeyTiling {
     pub planes: usize,
@@ -248,14 +249,15 @@ pub struct FlashKeyTiling {
 }
 
 impl FlashKeyTiling {
-    pub fn plan(window: bool, d_k: usize, d_v: usize) -> Option<Self> {
+    /// `atomics`: the device adds f32 to global memory atomically.
+    pub fn plan(window: bool, d_k: usize, d_v: usize, atomics: bool) -> Option<Self> {
         if d_k % MMA_TILE != 0 || d_v % MMA_TILE != 0 {
             return None;
         }
         let narrow = d_k + d_v <= 128;
         let q_rows = if narrow { 64 } else { 32 };
-        let planes = if window { 8 } else { 4 };
-        let fold_dq = !window && narrow && q_rows == planes * MMA_TILE;
+        let fold_dq = narrow && atomics;
+        let planes = if fold_dq { q_rows / MMA_TILE } else if window { 8 } else { 4 };
         Some(FlashKeyTiling { planes, q_rows, fold_dq })
     }
 
@@ -297,9 +299,10 @@ impl FlashSelectTiling {
         })
     }
 
-    /// Bytes of one staged row in the forward (q) and in dQ (q and dO), at 16-bit storage.
+    /// Bytes per walked row and buffer at 16-bit storage: in the forward the q row, its position
+    /// and block slot; in dQ the q and dO rows.
     fn query_row_bytes(d_k: usize, _d_v: usize) -> usize {
-        2 * storage_stride(d_k)
+        2 * storage_stride(d_k) + 2 * 4
     }
 
     fn gradient_row_bytes(d_k: usize, d_v: usize) -> usize {
@@ -315,6 +318,17 @@ impl FlashSelectTiling {
         rows_bytes: fn(usize, usize) -> usize,
     ) -> usize {
         2 * keys * (storage_stride(d_k) + storage_stride(d_v)) + 2 * planes * MMA_TILE * rows_bytes(d_k, d_v)
+    }
+
+    /// Whether the forward stages each walked row's block slot with its chunk and writes its
+    /// partial results as whole rows of 16-byte vectors (a quad's transpose by shuffles) rather
+    /// than 2 elements per lane: at the production shape's `d_v = 64` the partials took 2.26 ms
+    /// instead of 3.74 (H100, 64k). Wide heads read the slot when storing and write pieces: the
+    /// paper's `d_v = 128` cube then keeps to 168 registers, 3 cubes per SM (with both changes
+    /// 179 registers, 2 cubes, and its forward took 26.8 ms instead of 22.6;
+    /// docs/benchmarks.md).
+    pub fn narrow_partials(d_v: usize) -> bool {
+        d_v <= 64
     }
 
     /// Shared memory the forward and the dQ kernel declare at 16-bit storage, at most.
@@ -504,15 +518,20 @@ mod tests {
     }
 
     #[test]
-    fn only_a_selection_at_narrow_heads_folds_dq_into_the_key_kernel() {
-        let fold = |window, d_k, d_v| FlashKeyTiling::plan(window, d_k, d_v).unwrap().fold_dq;
-        assert!(fold(false, 64, 64));
-        assert!(!fold(true, 64, 64), "a window keeps its query-side dQ");
-        assert!(!fold(false, 128, 128), "wide heads have no registers for it");
-        assert!(!fold(false, 192, 128));
+    fn narrow_heads_fold_dq_into_the_key_kernel_where_atomics_add() {
+        let fold = |window, d_k, d_v, atomics| FlashKeyTiling::plan(window, d_k, d_v, atomics).unwrap().fold_dq;
+        assert!(fold(false, 64, 64, true));
+        assert!(fold(true, 64, 64, true));
+        assert!(!fold(true, 64, 64, false), "no atomics: a window keeps its query-side dQ");
+        assert!(!fold(false, 128, 128, true), "wide heads have no registers for it");
+        assert!(!fold(true, 192, 128, true));
         // Folding has each plane take 16 of a chunk's rows: the chunk is 16 rows per plane.
-        let narrow = FlashKeyTiling::plan(false, 64, 64).unwrap();
-        assert_eq!(narrow.q_rows, narrow.planes * MMA_TILE);
+        for window in [false, true] {
+            let narrow = FlashKeyTiling::plan(window, 64, 64, true).unwrap();
+            assert_eq!(narrow.q_rows, narrow.planes * MMA_TILE);
+        }
+        let wide_window = FlashKeyTiling::plan(true, 128, 128, true).unwrap();
+        assert_eq!(wide_window, FlashKeyTiling { planes: 8, q_rows: 32, fold_dq: false });
     }
 
     #[test]

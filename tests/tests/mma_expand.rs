@@ -210,8 +210,8 @@ fn tensor_core_kernels_expand() {
     assert_expanded("selection_forward_mma", &panics);
 
     // The register-resident kernels (manual MMA): WGSL stops at their first MMA instead.
-    // A selection's folds its dQ in (atomics), a window's does not.
-    for (window, fold_dq) in [(true, false), (false, false), (false, true)] {
+    // Narrow heads fold dQ in (atomics), a window's as a selection's.
+    for (window, fold_dq) in [(true, false), (false, false), (false, true), (true, true)] {
         let panics = panics_of(&device, || {
             nsa_kernels::kernel::flash_key::attention_key_flash::launch::<WgpuRuntime>(
                 &client,
@@ -251,34 +251,40 @@ fn tensor_core_kernels_expand() {
         assert_expanded(&format!("attention_key_flash (window {window}, fold_dq {fold_dq})"), &panics);
     }
 
-    let panics = panics_of(&device, || {
-        nsa_kernels::kernel::flash_select::selection_partials_flash::launch::<WgpuRuntime>(
-            &client,
-            CubeCount::Static(1, 1, 1),
-            CubeDim::new_2d(32, 4),
-            nsa_kernels::kernel::mma_forward::VECTOR,
-            q().into_tensor_arg(),
-            kv().into_tensor_arg(),
-            kv().into_tensor_arg(),
-            index(&device).into_tensor_arg(),
-            index(&device).into_tensor_arg(),
-            index(&device).into_tensor_arg(),
-            index(&device).into_tensor_arg(),
-            index(&device).into_tensor_arg(),
-            index(&device).into_tensor_arg(),
-            index(&device).into_tensor_arg(),
-            q().into_tensor_arg(),
-            Tensor::<B, 4>::zeros([1, 64, 2, 1], &device).into_primitive().tensor().into_tensor_arg(),
-            0.125,
-            512,
-            64,
-            64,
-            64,
-            4,
-            DType::F16.into(),
-        );
-    });
-    assert_expanded("selection_partials_flash", &panics);
+    // Narrow heads: block slots staged, partial results written as whole rows (16-byte
+    // vectors, by quad shuffles); wide heads: slots read at the store, results in pieces.
+    for narrow in [true, false] {
+        let panics = panics_of(&device, || {
+            nsa_kernels::kernel::flash_select::selection_partials_flash::launch::<WgpuRuntime>(
+                &client,
+                CubeCount::Static(1, 1, 1),
+                CubeDim::new_2d(32, 4),
+                nsa_kernels::kernel::mma_forward::VECTOR,
+                if narrow { nsa_kernels::kernel::mma_forward::VECTOR } else { 1 },
+                q().into_tensor_arg(),
+                kv().into_tensor_arg(),
+                kv().into_tensor_arg(),
+                index(&device).into_tensor_arg(),
+                index(&device).into_tensor_arg(),
+                index(&device).into_tensor_arg(),
+                index(&device).into_tensor_arg(),
+                index(&device).into_tensor_arg(),
+                index(&device).into_tensor_arg(),
+                index(&device).into_tensor_arg(),
+                q().into_tensor_arg(),
+                Tensor::<B, 4>::zeros([1, 64, 2, 1], &device).into_primitive().tensor().into_tensor_arg(),
+                0.125,
+                512,
+                64,
+                64,
+                64,
+                4,
+                narrow,
+                DType::F16.into(),
+            );
+        });
+        assert_expanded(&format!("selection_partials_flash (narrow {narrow})"), &panics);
+    }
 
     let panics = panics_of(&device, || {
         nsa_kernels::kernel::flash_select::selection_dq_flash::launch::<WgpuRuntime>(

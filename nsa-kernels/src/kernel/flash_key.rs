@@ -12,9 +12,9 @@
 //! and dO rows read from shared memory by transposed `ldmatrix`; each chunk is copied by
 //! `cp.async` while the one before is computed ([`super::walk`]). A window's cube writes its dK
 //! and dV; a selection's writes its segment's shares to `partial`, which
-//! [`super::backward::sum_segments`] adds up (a block's list spans several cubes). A
-//! selection's dQ is folded in at narrow heads ([`fold_query_gradient`]), else it is
-//! [`super::flash_select::selection_dq_flash`]'s.
+//! [`super::backward::sum_segments`] adds up (a block's list spans several cubes). At narrow
+//! heads dQ is folded in ([`fold_query_gradient`]); else a selection's is
+//! [`super::flash_select::selection_dq_flash`]'s and a window's [`super::flash_dq`]'s.
 
 use cubecl::cmma::MmaDefinition;
 use cubecl::prelude::*;
@@ -286,7 +286,8 @@ pub fn attention_key_flash<F: Float, N: Size, A: Size>(
 /// - lse)` in place; with `needs_mask`, 0 where the column is past `count`, its query does not
 /// attend the key (causal; and in the window for a window), or the key is past the cube's end. Chunks in the middle of the walk attend
 /// every key of the cube and skip the mask (keys past a ragged end then hold garbage rows of
-/// dK, dV, which are never written).
+/// dK, dV, which are never written; their staged K rows are zero, so a folded dQ gets nothing
+/// from them).
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn key_probabilities(
@@ -358,11 +359,12 @@ fn key_score_gradients(
     }
 }
 
-/// A selection's dQ folded into its key cube (flash attention 2's backward): plane `p` takes
+/// dQ folded into the key cube (flash attention 2's backward): plane `p` takes
 /// rows `16p..16p + 16` of the chunk (`q_rows = 16 * planes`), computes their share over the
 /// cube's keys, `scale * ds K` (`ds` read transposed from `ds_tile`, K rows staged at element
-/// 0), and adds it to the f32 `grad_q` by atomics: each row's other blocks are other cubes'.
-/// This saves the separate dQ pass's recomputed `s` and `dp`.
+/// 0), and adds it to the f32 `grad_q` by atomics: each row's other keys (a selection's other
+/// blocks, a window's other tiles) are other cubes'. This saves the separate dQ pass's
+/// recomputed `s` and `dp`.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn fold_query_gradient<F: Float, N: Size, A: Size>(

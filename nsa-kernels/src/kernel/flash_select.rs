@@ -17,12 +17,13 @@ use cubecl::prelude::*;
 use super::flash_forward::{RowStats, TileBarriers};
 use super::forward::MASKED;
 use super::fragments::{
-    accumulate_with_rows, mma, products_with_rows, row_fragments, store_tiles, zero_pairs, Pair, MMA_M, MMA_N,
+    accumulate_with_rows, mma, products_with_rows, row_fragments, scale_rows, store_rows_whole, zero_pairs, Pair, MMA_M,
+    MMA_N,
 };
 use super::key::KeyCube;
 use super::mma_forward::VECTOR;
 use super::rows::{offset3, stage_vector_rows, NEG_LARGE};
-use super::walk::{copy_walked_rows, issue_gradient_rows, store_walked_positions};
+use super::walk::{issue_gradient_rows, issue_query_rows};
 use crate::tiling::storage_stride;
 
 /// `q [B, T, H_q, d_k]`, `k`, `v` and a selection's inverted index -> for every listed row and
@@ -33,7 +34,7 @@ use crate::tiling::storage_stride;
 /// 16.
 #[cube(launch, fast_math = FastMath::all())]
 #[allow(clippy::too_many_arguments)]
-pub fn selection_partials_flash<F: Float, N: Size>(
+pub fn selection_partials_flash<F: Float, N: Size, P: Size>(
     q: &Tensor<Vector<F, N>>,
     k: &Tensor<Vector<F, N>>,
     v: &Tensor<Vector<F, N>>,
@@ -44,7 +45,7 @@ pub fn selection_partials_flash<F: Float, N: Size>(
     segment_base: &Tensor<u32>,
     segment_block: &Tensor<u32>,
     segment_total: &Tensor<u32>,
-    part_out: &mut Tensor<F>,
+    part_out: &mut Tensor<Vector<F, P>>,
     part_lse: &mut Tensor<f32>,
     scale: f32,
     segment: u32,
@@ -52,6 +53,7 @@ pub fn selection_partials_flash<F: Float, N: Size>(
     #[comptime] d_v: usize,
     #[comptime] keys: usize,
     #[comptime] planes: usize,
+    #[comptime] narrow: bool,
     #[define(F)] _dtype: StorageType,
 ) {
     let cube = KeyCube::new::<Vector<F, N>>(
@@ -88,15 +90,17 @@ pub fn selection_partials_flash<F: Float, N: Size>(
     stage_vector_rows::<F, N>(k, &mut staged, 0usize, b, cube.s0, count, hk, keys, d_k, ks, VECTOR, unit, units);
     stage_vector_rows::<F, N>(v, &mut staged, v_at, b, cube.s0, count, hk, keys, d_v, vs, VECTOR, unit, units);
     let mut positions = SharedMemory::<u32>::new(comptime!(2 * q_rows));
+    let mut block_slots = SharedMemory::<u32>::new(comptime!(if narrow { 2 * q_rows } else { 1 }));
     let barriers = TileBarriers::new();
 
     let mut first = 0usize;
     let mut count = min(cube.n_rows, q_rows);
     let mut slot = 0usize;
     if count > 0 {
-        copy_walked_rows::<F, N>(q, &mut staged, entries, &cube, first, count, base, false, q_rows, d_k, planes);
-        store_walked_positions(entries, &cube, &mut positions, first, count, slot, false, q_rows, planes);
-        barriers.commit(slot);
+        issue_query_rows::<F, N>(
+            q, entries, slots, &cube, &mut staged, &mut positions, &mut block_slots, &barriers, first, count, slot, base,
+            narrow, q_rows, d_k, planes,
+        );
     }
     while first < cube.n_rows {
         let next_first = first + count;
@@ -104,32 +108,10 @@ pub fn selection_partials_flash<F: Float, N: Size>(
             select(next_first < cube.n_rows, min(cube.n_rows - min(next_first, cube.n_rows), q_rows), 0usize);
         let next_slot = 1 - slot;
         if next_first < cube.n_rows {
-            let next_at = base + next_slot * chunk;
-            copy_walked_rows::<F, N>(
-                q,
-                &mut staged,
-                entries,
-                &cube,
-                next_first,
-                next_count,
-                next_at,
-                false,
-                q_rows,
-                d_k,
-                planes,
+            issue_query_rows::<F, N>(
+                q, entries, slots, &cube, &mut staged, &mut positions, &mut block_slots, &barriers, next_first,
+                next_count, next_slot, base, narrow, q_rows, d_k, planes,
             );
-            store_walked_positions(
-                entries,
-                &cube,
-                &mut positions,
-                next_first,
-                next_count,
-                next_slot,
-                false,
-                q_rows,
-                planes,
-            );
-            barriers.commit(next_slot);
         }
         // Also the block's K and V rows, the first time.
         barriers.wait(slot);
@@ -144,7 +126,20 @@ pub fn selection_partials_flash<F: Float, N: Size>(
             let _correction = stats.update(&mut scores, keys);
             let mut acc = zero_pairs(comptime!(2 * d_v / MMA_N));
             accumulate_with_rows::<F, N>(def, &scores, &staged, v_at, lane, &mut acc, d_v, vs, keys);
-            store_partial::<F>(part_out, part_lse, slots, &rows, &acc, &stats, b, lane, d_v);
+            // Where the block stands in each row's query list: staged with the chunk at narrow
+            // heads; read here at wide heads, whose registers are short (see `narrow`).
+            let mut block_slot = Array::<usize>::new(2usize);
+            #[unroll]
+            for half in 0..2usize {
+                let local = tile + lane / 4 + 8 * half;
+                if comptime!(narrow) {
+                    block_slot[half] = block_slots[slot * q_rows + local] as usize;
+                } else {
+                    let row = first + select(local < count, local, 0usize);
+                    block_slot[half] = slots[cube.list_at + row / cube.g] as usize;
+                }
+            }
+            store_partial::<F, P>(part_out, part_lse, &rows, &block_slot, &mut acc, &stats, b, lane, d_v, narrow);
         }
         // The chunk after next overwrites this buffer and its positions.
         sync_cube();
@@ -154,14 +149,12 @@ pub fn selection_partials_flash<F: Float, N: Size>(
     }
 }
 
-/// The two listed rows a lane holds (`l / 4` and `l / 4 + 8` of its plane's tile): query
-/// position, head, where the row's query stands in the cube's list (`entries`, `slots`), and
-/// whether the row exists.
+/// The two walked rows a lane holds (`l / 4` and `l / 4 + 8` of its plane's tile): query
+/// position, head, and whether the row exists.
 #[derive(CubeType)]
 pub struct ListedRows {
     pub t: Array<usize>,
     pub h: Array<usize>,
-    pub entry: Array<usize>,
     pub real: Array<bool>,
 }
 
@@ -181,7 +174,6 @@ impl ListedRows {
     ) -> ListedRows {
         let mut t = Array::<usize>::new(2usize);
         let mut h = Array::<usize>::new(2usize);
-        let mut entry_at = Array::<usize>::new(2usize);
         let mut real = Array::<bool>::new(2usize);
         #[unroll]
         for half in 0..2usize {
@@ -189,11 +181,10 @@ impl ListedRows {
             let is_real = local < count;
             let row = first + select(is_real, local, 0usize);
             t[half] = positions[at + local] as usize;
-            entry_at[half] = cube.list_at + row / cube.g;
             h[half] = cube.hk * cube.g + row % cube.g;
             real[half] = is_real;
         }
-        ListedRows { t, h, entry: entry_at, real }
+        ListedRows { t, h, real }
     }
 }
 
@@ -226,23 +217,30 @@ fn mask_block(
     }
 }
 
-/// Writes the lane's two rows' output over the block, divided by the rows' sums, to their
-/// slots of `part_out`, and (one lane of the quad) the rows' log-sum-exp over the block.
+/// Writes the lane's two rows' output over the block, divided by the rows' sums, to their slots
+/// of `part_out` (`block_slot[half]`: where the block stands in the row's query list), and (one
+/// lane of the quad) the rows' log-sum-exp over the block. With `whole_rows` (`part_out` in
+/// 16-byte vectors) the rows go out whole ([`store_rows_whole`]), else 2 elements per lane and
+/// tile.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn store_partial<F: Float>(
-    part_out: &mut Tensor<F>,
+fn store_partial<F: Float, P: Size>(
+    part_out: &mut Tensor<Vector<F, P>>,
     part_lse: &mut Tensor<f32>,
-    slots: &Tensor<u32>,
     rows: &ListedRows,
-    acc: &Array<Pair<f32>>,
+    block_slot: &Array<usize>,
+    acc: &mut Array<Pair<f32>>,
     stats: &RowStats,
     b: usize,
     lane: usize,
     #[comptime] d_v: usize,
+    #[comptime] whole_rows: bool,
 ) {
+    // `part_out` and `part_lse` are contiguous: a row's slot is row `partial` of `part_lse`
+    // (`[B, T, H_q, n]`), and of `part_out` seen as rows of `d_v`.
+    let (t_len, h_q, n) = (part_lse.shape(1), part_lse.shape(2), part_lse.shape(3));
     let mut inv = Array::<f32>::new(2usize);
-    let mut base = Array::<usize>::new(2usize);
+    let mut row_at = Array::<usize>::new(2usize);
     #[unroll]
     for half in 0..2usize {
         let sum = stats.row_sum(half);
@@ -252,14 +250,45 @@ fn store_partial<F: Float>(
             inv[half] = 1.0f32 / sum;
             block_lse = stats.max[half] + sum.ln();
         }
-        let slot = slots[rows.entry[half]] as usize;
-        base[half] = offset3::<F>(part_out, b, rows.t[half], rows.h[half]) + slot * d_v;
+        let partial = ((b * t_len + rows.t[half]) * h_q + rows.h[half]) * n + block_slot[half];
+        row_at[half] = partial * comptime!(if whole_rows { d_v / VECTOR } else { d_v });
         if rows.real[half] && lane % 4 == 0 {
-            let at = offset3::<f32>(part_lse, b, rows.t[half], rows.h[half]) + slot;
-            part_lse[at] = block_lse;
+            part_lse[partial] = block_lse;
         }
     }
-    store_tiles::<F>(part_out, &base, &rows.real, acc, &inv, lane, d_v);
+    scale_rows(acc, &inv, comptime!(d_v / MMA_N));
+    if comptime!(whole_rows) {
+        store_rows_whole::<F, P>(part_out, &row_at, &rows.real, acc, lane, d_v);
+    } else {
+        store_row_pieces::<F, P>(part_out, &row_at, &rows.real, acc, lane, d_v);
+    }
+}
+
+/// [`store_rows_whole`]'s rows as each lane holds them: 2 elements per tile (`dst` unvectorised,
+/// `P` = 1).
+#[cube]
+fn store_row_pieces<F: Float, P: Size>(
+    dst: &mut Tensor<Vector<F, P>>,
+    row_at: &Array<usize>,
+    write: &Array<bool>,
+    tiles: &Array<Pair<f32>>,
+    lane: usize,
+    #[comptime] d: usize,
+) {
+    #[unroll]
+    for half in 0..2usize {
+        if write[half] {
+            let row = row_at[half] + 2 * (lane % 4);
+            #[unroll]
+            for j in 0..d / MMA_N {
+                let o = tiles[2 * j + half];
+                #[unroll]
+                for e in 0..2usize {
+                    dst[row + j * MMA_N + e] = Vector::<F, P>::new(F::cast_from(o[e]));
+                }
+            }
+        }
+    }
 }
 
 /// A selection's dQ, key-major as [`selection_partials_flash`]: a cube stages one block's K

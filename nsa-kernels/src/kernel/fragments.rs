@@ -287,3 +287,81 @@ pub fn store_tiles<F: Float>(
         }
     }
 }
+
+/// Writes the lane's two rows of result tiles (`d` columns, already scaled, rounded to the
+/// storage type) to `dst` as whole 16-byte vectors, where `write[half]`: row `half` starts at
+/// vector `row_at[half]`. A quad holds a row's 8-column tiles 2 columns per lane; a 4x4
+/// transpose of pairs by two rounds of shuffles gives lane `c` whole tiles `4m + c`, so a plane
+/// writes 64 contiguous bytes per row and instruction rather than 2-element pieces.
+#[cube]
+pub fn store_rows_whole<F: Float, N: Size>(
+    dst: &mut Tensor<Vector<F, N>>,
+    row_at: &Array<usize>,
+    write: &Array<bool>,
+    tiles: &Array<Pair<f32>>,
+    lane: usize,
+    #[comptime] d: usize,
+) {
+    let c = lane % 4;
+    let n_tiles = comptime!(d / MMA_N);
+    #[unroll]
+    for half in 0..2usize {
+        #[unroll]
+        for m in 0..n_tiles.div_ceil(4) {
+            // Item `k`: tile `4m + k`'s pair of this row (zero past the last tile).
+            let mut items = Array::<Pair<f32>>::new(4usize);
+            #[unroll]
+            for k in 0..4usize {
+                items[k] = Pair::<f32>::new(0.0f32);
+                if comptime!(4 * m + k < n_tiles) {
+                    items[k] = tiles[2 * (4 * m + k) + half];
+                }
+            }
+            transpose_quad(&mut items, c, 2usize);
+            transpose_quad(&mut items, c, 1usize);
+            // Now item `k` is lane `k`'s pair of tile `4m + c`: columns `2k`, `2k + 1`.
+            if write[half] && 4 * m + c < n_tiles {
+                let mut vector = Vector::<F, N>::empty();
+                #[unroll]
+                for k in 0..4usize {
+                    vector[2 * k] = F::cast_from(items[k][0]);
+                    vector[2 * k + 1] = F::cast_from(items[k][1]);
+                }
+                let at = row_at[half] + 4 * m + c;
+                dst[at] = vector;
+            }
+        }
+    }
+}
+
+/// One round of a quad's 4x4 transpose of pairs (lane `c` holding row `c`): lanes `c` and
+/// `c ^ bit` swap the items whose index differs from `c` in `bit` (`bit` 2, then 1).
+#[cube]
+fn transpose_quad(items: &mut Array<Pair<f32>>, c: usize, #[comptime] bit: usize) {
+    let low = comptime!(if bit == 2 { 1usize } else { 2usize });
+    let keeps_low = (c / bit) % 2 == 0;
+    let mask = comptime!(bit as u32);
+    #[unroll]
+    for i in 0..2usize {
+        // The pair of items this round may swap: index `i * low` with or without `bit`.
+        let (without, with) = (comptime!(i * low), comptime!(i * low + bit));
+        let sent = select_pair(keeps_low, items[with], items[without]);
+        let mut got = Pair::<f32>::new(0.0f32);
+        got[0] = plane_shuffle_xor(sent[0], mask);
+        got[1] = plane_shuffle_xor(sent[1], mask);
+        if keeps_low {
+            items[with] = got;
+        } else {
+            items[without] = got;
+        }
+    }
+}
+
+/// `a` where `cond`, else `b`.
+#[cube]
+fn select_pair(cond: bool, a: Pair<f32>, b: Pair<f32>) -> Pair<f32> {
+    let mut out = b;
+    out[0] = select(cond, a[0], b[0]);
+    out[1] = select(cond, a[1], b[1]);
+    out
+}

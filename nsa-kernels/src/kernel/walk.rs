@@ -143,3 +143,63 @@ pub fn issue_gradient_rows<F: Float, N: Size>(
     copy_walked_stats(lse, delta, cube, positions, stats, first, count, slot, rows, planes);
     barriers.commit(slot);
 }
+
+/// Starts the copies of the chunk's block slots (where the cube's block stands in each walked
+/// row's query list: `slots` of the inverted index, laid out as `entries`) to
+/// `block_slots[slot * rows..]` (4-byte `cp.async`, as [`copy_walked_stats`]).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub fn copy_walked_slots(
+    slots: &Tensor<u32>,
+    cube: &KeyCube,
+    block_slots: &mut SharedMemory<u32>,
+    first: usize,
+    count: usize,
+    slot: usize,
+    #[comptime] rows: usize,
+    #[comptime] planes: usize,
+) {
+    let units = comptime!(planes * 32);
+    #[unroll]
+    for step in 0..comptime!(rows.div_ceil(units)) {
+        let i = UNIT_POS as usize + step * units;
+        if i < rows {
+            let entry = cube.list_at + (first + min(i, count - 1)) / cube.g;
+            let to = slot * rows + i;
+            copy_async(&slots.slice(entry, entry + 1), &mut block_slots.slice_mut(to, to + 1), 1u32);
+        }
+    }
+}
+
+/// What a selection's forward walks per chunk: starts the copies of listed rows `first..first
+/// + count`'s q rows into the buffer of `slot` (buffers of `rows` q rows from element `base` of
+/// `staged`), stores their positions, starts the copies of their block slots (`with_slots`),
+/// and commits it all to the slot's barrier.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub fn issue_query_rows<F: Float, N: Size>(
+    q: &Tensor<Vector<F, N>>,
+    entries: &Tensor<u32>,
+    slots: &Tensor<u32>,
+    cube: &KeyCube,
+    staged: &mut SharedMemory<Vector<F, N>>,
+    positions: &mut SharedMemory<u32>,
+    block_slots: &mut SharedMemory<u32>,
+    barriers: &TileBarriers,
+    first: usize,
+    count: usize,
+    slot: usize,
+    base: usize,
+    #[comptime] with_slots: bool,
+    #[comptime] rows: usize,
+    #[comptime] d_k: usize,
+    #[comptime] planes: usize,
+) {
+    let at = base + slot * comptime!(rows * storage_stride(d_k));
+    copy_walked_rows::<F, N>(q, staged, entries, cube, first, count, at, false, rows, d_k, planes);
+    store_walked_positions(entries, cube, positions, first, count, slot, false, rows, planes);
+    if comptime!(with_slots) {
+        copy_walked_slots(slots, cube, block_slots, first, count, slot, rows, planes);
+    }
+    barriers.commit(slot);
+}
