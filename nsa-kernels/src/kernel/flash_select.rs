@@ -564,33 +564,27 @@ pub fn merge_selection_partials<F: Float, I: Int, N: Size>(
     let hk = h / (h_q / blocks.shape(2));
     let listed = b * blocks.stride(0) + t * blocks.stride(1) + hk * blocks.stride(2);
 
+    // One pass, online (flash attention's rescaling): each used slot's weight against the
+    // running maximum, the sum and the output rescaled when the maximum grows.
     let mut row_max = f32::new(NEG_LARGE);
+    let mut sum = 0.0f32;
+    let mut acc = Vector::<f32, N>::new(0.0f32);
     for i in 0..n {
         let block_lse = part_lse[row * n + i];
-        if i32::cast_from(blocks[listed + i * blocks.stride(3)]) >= 0 {
-            row_max = max(row_max, block_lse);
+        if i32::cast_from(blocks[listed + i * blocks.stride(3)]) >= 0 && block_lse > MASKED {
+            let new_max = max(row_max, block_lse);
+            let rescale = (row_max - new_max).exp();
+            let weight = (block_lse - new_max).exp();
+            let part = Vector::<f32, N>::cast_from(part_out[(row * n + i) * per_row + c]);
+            acc = acc * Vector::<f32, N>::new(rescale) + part * Vector::<f32, N>::new(weight);
+            sum = sum * rescale + weight;
+            row_max = new_max;
         }
     }
-    let mut acc = Vector::<f32, N>::new(0.0f32);
     let mut row_lse = f32::new(NEG_LARGE);
-    if row_max > MASKED {
-        let mut sum = 0.0f32;
-        for i in 0..n {
-            let block_lse = part_lse[row * n + i];
-            if i32::cast_from(blocks[listed + i * blocks.stride(3)]) >= 0 && block_lse > MASKED {
-                sum += (block_lse - row_max).exp();
-            }
-        }
+    if sum > 0.0f32 {
         row_lse = row_max + sum.ln();
-        for i in 0..n {
-            let block_lse = part_lse[row * n + i];
-            if i32::cast_from(blocks[listed + i * blocks.stride(3)]) >= 0 && block_lse > MASKED {
-                let weight = (block_lse - row_lse).exp();
-                acc = acc
-                    + Vector::<f32, N>::cast_from(part_out[(row * n + i) * per_row + c])
-                        * Vector::<f32, N>::new(weight);
-            }
-        }
+        acc = acc * Vector::<f32, N>::new(1.0f32 / sum);
     }
     out[row * per_row + c] = Vector::<F, N>::cast_from(acc);
     if c == 0 {
