@@ -434,3 +434,62 @@ fn merge_selection_partials_matches_a_float64_log_sum_exp() {
         }
     }
 }
+
+/// A test kernel of its own module: Burn's `Tensor` is imported above.
+mod tile_kernel {
+    use cubecl::prelude::*;
+
+    /// Reads a `[16, d]` tile into the registers of one plane in the MMA result layout (lane `l`
+    /// holds rows `l / 4` and `l / 4 + 8`, columns `8j + 2 (l % 4)` and `+ 1` of each 8-column
+    /// tile) and writes it back through `store_rows_whole`.
+    #[cube(launch)]
+    pub fn store_tile_whole<N: Size>(src: &Tensor<f32>, dst: &mut Tensor<Vector<f32, N>>, #[comptime] d: usize) {
+        use nsa_kernels::kernel::fragments::{store_rows_whole, Pair};
+        let lane = UNIT_POS_X as usize;
+        let mut tiles = Array::<Pair<f32>>::new(comptime!(2 * d / 8));
+        let mut row_at = Array::<usize>::new(2usize);
+        let mut write = Array::<bool>::new(2usize);
+        #[unroll]
+        for half in 0..2usize {
+            let row = lane / 4 + 8 * half;
+            #[unroll]
+            for j in 0..d / 8 {
+                let at = row * d + 8 * j + 2 * (lane % 4);
+                let mut pair = Pair::<f32>::new(0.0f32);
+                pair[0] = src[at];
+                pair[1] = src[at + 1];
+                tiles[2 * j + half] = pair;
+            }
+            row_at[half] = row * comptime!(d / 8);
+            write[half] = true;
+        }
+        store_rows_whole::<f32, N>(dst, &row_at, &write, &tiles, lane, d);
+    }
+}
+
+/// `store_rows_whole` (the selection forward's partial results as whole 16-byte rows: a quad's
+/// 4x4 transpose by shuffles) puts every element where it belongs, for a head dim whose tiles
+/// fill whole groups of four (64) and one whose last group is half empty (48).
+#[test]
+fn store_rows_whole_writes_each_row_where_it_belongs() {
+    use burn::tensor::Distribution;
+    let device = WgpuDevice::default();
+    for d in [64usize, 48] {
+        let src = Tensor::<B, 2>::random([16, d], Distribution::Normal(0.0, 1.0), &device);
+        let dst = Tensor::<B, 2>::zeros([16, d], &device);
+        let (s, t) = (src.clone().into_primitive().tensor(), dst.into_primitive().tensor());
+        let client = s.client.clone();
+        tile_kernel::store_tile_whole::launch::<WgpuRuntime>(
+            &client,
+            CubeCount::Static(1, 1, 1),
+            CubeDim::new_2d(32, 1),
+            nsa_kernels::kernel::mma_forward::VECTOR,
+            s.into_tensor_arg(),
+            t.clone().into_tensor_arg(),
+            d,
+        );
+        let got = Tensor::<B, 2>::from_primitive(burn::tensor::TensorPrimitive::Float(t));
+        let err = (got - src).abs().max().into_scalar();
+        assert!(err == 0.0, "d = {d}: rows stored off by {err}");
+    }
+}
