@@ -237,9 +237,9 @@ impl FlashTiling {
 ///
 /// At narrow heads, where the device adds f32 atomically, the cube folds its rows' dQ in
 /// (`fold_dq`: `ds^T` through shared memory, `ds K` added by atomics), each plane taking 16 of a
-/// chunk's rows: 4 planes, 64 keys (a selection's block; a window's cube walks ~9 such tiles'
-/// worth of rows per key more often than 128-key cubes would, but saves the query-side dQ
-/// pass). Wide heads have no registers for the dQ accumulator beside dK and dV; there a window
+/// chunk's rows: 4 planes, 64 keys (a selection's block; a window's 64-key cube walks ~1.8x
+/// the query rows per key that a 128-key cube does, `64 + w - 1` positions for 64 keys against
+/// `128 + w - 1` for 128, but the query-side dQ pass is saved). Wide heads have no registers for the dQ accumulator beside dK and dV; there a window
 /// cube takes 128 keys and a window keeps its query-side dQ.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FlashKeyTiling {
