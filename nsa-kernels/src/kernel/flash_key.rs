@@ -218,7 +218,7 @@ pub fn attention_key_flash<F: Float, N: Size, A: Size>(
         barriers.wait(slot);
         let at = base + slot * chunk;
 
-        let mut p = products_with_rows::<F, N>(def, &k_frags, &staged, at, lane, d_k, ks, q_rows);
+        let do_at = at + comptime!(q_rows * ks);
         // A window's chunk attends every key of the cube unless the chunk is partial, starts
         // before the cube's last key, or ends past its first key's window. A selection's rows
         // come in any order: always masked.
@@ -227,16 +227,26 @@ pub fn attention_key_flash<F: Float, N: Size, A: Size>(
             let (t_first, t_last) = (s0 + row_first / g, s0 + (row_first + count - 1) / g);
             needs_mask = count < q_rows || t_first + 1 < s_end || t_last >= s0 + span;
         }
-        key_probabilities(
-            &mut p, &positions, &stats, slot, &key, &real, count, span, scale, lane, needs_mask, window, q_rows,
-        );
-        accumulate_with_rows::<F, N>(def, &p, &staged, comptime!(q_rows * ks) + at, lane, &mut dv, d_v, vs, q_rows);
-        let dp = products_with_rows::<F, N>(def, &v_frags, &staged, comptime!(q_rows * ks) + at, lane, d_v, vs, q_rows);
-        key_score_gradients(&mut p, &dp, &stats, slot, lane, q_rows);
-        if fold_dq {
-            store_pair_tiles::<F>(&mut ds_tile, &p, plane * MMA_M, lane, q_rows, ds_stride);
+        // The chunk's rows 16 at a time (a loop, not unrolled): a lane holds one group's `p^T`
+        // and `dp^T` (8 registers each) rather than the whole chunk's. At the production shape
+        // this took the folded window cube from 230 to 168 registers, 3 cubes per SM instead
+        // of 2 (docs/benchmarks.md: it gained 3%, the kernel is not occupancy-bound).
+        for group in 0..comptime!(q_rows / MMA_K) {
+            let first = group * MMA_K;
+            let mut p = products_with_rows::<F, N>(def, &k_frags, &staged, at + first * ks, lane, d_k, ks, MMA_K);
+            key_probabilities(
+                &mut p, &positions, &stats, slot, first, &key, &real, count, span, scale, lane, needs_mask, window,
+                q_rows,
+            );
+            let do_rows = do_at + first * vs;
+            accumulate_with_rows::<F, N>(def, &p, &staged, do_rows, lane, &mut dv, d_v, vs, MMA_K);
+            let dp = products_with_rows::<F, N>(def, &v_frags, &staged, do_rows, lane, d_v, vs, MMA_K);
+            key_score_gradients(&mut p, &dp, &stats, slot, first, lane, q_rows);
+            if fold_dq {
+                store_pair_tiles::<F>(&mut ds_tile, &p, plane * MMA_M, first, lane, MMA_K, ds_stride);
+            }
+            accumulate_with_rows::<F, N>(def, &p, &staged, at + first * ks, lane, &mut dk, d_k, ks, MMA_K);
         }
-        accumulate_with_rows::<F, N>(def, &p, &staged, at, lane, &mut dk, d_k, ks, q_rows);
         if fold_dq {
             sync_cube();
             fold_query_gradient::<F, N, A>(
@@ -282,10 +292,10 @@ pub fn attention_key_flash<F: Float, N: Size, A: Size>(
     }
 }
 
-/// Scores `s^T` (keys as rows, the chunk's walked rows as columns) become `p^T = exp(s^T scale
-/// - lse)` in place; with `needs_mask`, 0 where the column is past `count`, its query does not
-/// attend the key (causal; and in the window for a window), or the key is past the cube's end. Chunks in the middle of the walk attend
-/// every key of the cube and skip the mask (keys past a ragged end then hold garbage rows of
+/// Scores `s^T` (keys as rows, the chunk's walked rows `first..first + 16` as columns) become
+/// `p^T = exp(s^T scale - lse)` in place; with `needs_mask`, 0 where the column is past
+/// `count`, its query does not attend the key (causal; and in the window for a window), or the
+/// key is past the cube's end. Chunks in the middle of the walk attend every key of the cube and skip the mask (keys past a ragged end then hold garbage rows of
 /// dK, dV, which are never written; their staged K rows are zero, so a folded dQ gets nothing
 /// from them).
 #[cube]
@@ -295,6 +305,7 @@ fn key_probabilities(
     positions: &SharedMemory<u32>,
     stats: &SharedMemory<f32>,
     slot: usize,
+    first: usize,
     key: &Array<usize>,
     real: &Array<bool>,
     count: usize,
@@ -305,9 +316,9 @@ fn key_probabilities(
     #[comptime] window: bool,
     #[comptime] q_rows: usize,
 ) {
-    let column = 2 * (lane % 4);
+    let column = first + 2 * (lane % 4);
     #[unroll]
-    for j in 0..q_rows / MMA_N {
+    for j in 0..MMA_K / MMA_N {
         #[unroll]
         for e in 0..2usize {
             let col = j * MMA_N + column + e;
@@ -333,19 +344,21 @@ fn key_probabilities(
     }
 }
 
-/// `p^T` in `p` becomes `ds^T = p^T (dp^T - delta)` in place, `delta` per column.
+/// `p^T` in `p` (the chunk's columns `first..first + 16`) becomes `ds^T = p^T (dp^T - delta)`
+/// in place, `delta` per column.
 #[cube]
 fn key_score_gradients(
     p: &mut Array<Pair<f32>>,
     dp: &Array<Pair<f32>>,
     stats: &SharedMemory<f32>,
     slot: usize,
+    first: usize,
     lane: usize,
     #[comptime] q_rows: usize,
 ) {
-    let column = 2 * (lane % 4);
+    let column = first + 2 * (lane % 4);
     #[unroll]
-    for j in 0..q_rows / MMA_N {
+    for j in 0..MMA_K / MMA_N {
         #[unroll]
         for e in 0..2usize {
             let row_delta = stats[slot * comptime!(2 * q_rows) + q_rows + j * MMA_N + column + e];

@@ -155,12 +155,14 @@ pub fn accumulate_step<F: Float, N: Size>(
 }
 
 /// Writes the lane's result tiles (16 rows, `columns` columns, rounded to the storage type) to
-/// rows `first_row..first_row + 16` of a shared tile of pairs (row stride `stride` pairs).
+/// rows `first_row..first_row + 16`, columns from `first_col` (even), of a shared tile of pairs
+/// (row stride `stride` pairs).
 #[cube]
 pub fn store_pair_tiles<F: Float>(
     tile: &mut SharedMemory<Pair<F>>,
     tiles: &Array<Pair<f32>>,
     first_row: usize,
+    first_col: usize,
     lane: usize,
     #[comptime] columns: usize,
     #[comptime] stride: usize,
@@ -170,7 +172,7 @@ pub fn store_pair_tiles<F: Float>(
         #[unroll]
         for half in 0..2usize {
             let row = first_row + lane / 4 + 8 * half;
-            tile[row * stride + (j * MMA_N) / 2 + lane % 4] = Pair::<F>::cast_from(tiles[2 * j + half]);
+            tile[row * stride + (first_col + j * MMA_N) / 2 + lane % 4] = Pair::<F>::cast_from(tiles[2 * j + half]);
         }
     }
 }
