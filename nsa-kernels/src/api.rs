@@ -1,7 +1,7 @@
 //! The backend extension: what a backend must provide, with the reference as the default.
 
 use burn::tensor::ops::{FloatTensor, IntTensor};
-use burn::tensor::{backend::Backend, Int, Tensor, TensorPrimitive};
+use burn::tensor::{backend::Backend, Int, Shape, Tensor, TensorPrimitive};
 
 use crate::reference;
 
@@ -13,14 +13,36 @@ pub enum Keys<B: Backend> {
     Window { w: usize },
     /// The union of blocks `[j * block_size, (j + 1) * block_size)` listed for the row, clamped
     /// causally to `t`. `blocks: [B, T, H_kv, n]`, shared by the query heads of a KV head;
-    /// negative entries are unused slots. Listed blocks must be distinct.
-    Selected { blocks: IntTensor<B>, block_size: usize },
+    /// negative entries are unused slots. Listed blocks must be distinct. `index` is the
+    /// backend's inverted index of `blocks` ([`SparseAttentionBackend::block_index`]), when
+    /// one was built for them.
+    Selected { blocks: IntTensor<B>, block_size: usize, index: Option<BlockIndex<B>> },
 }
 
 impl<B: Backend> Keys<B> {
     /// Selected blocks from a tensor `[B, T, H_kv, n]`.
     pub fn selected(blocks: Tensor<B, 4, Int>, block_size: usize) -> Self {
-        Keys::Selected { blocks: blocks.into_primitive(), block_size }
+        Keys::Selected { blocks: blocks.into_primitive(), block_size, index: None }
+    }
+}
+
+/// Which query rows listed each block of a selection, in whatever layout the backend's kernels
+/// walk (the fused backends': u32 tensors in a fixed order). Built once per key set, so the
+/// forward and the backward share it instead of each building its own.
+#[derive(Clone, Debug)]
+pub struct BlockIndex<B: Backend> {
+    pub tensors: Vec<IntTensor<B>>,
+}
+
+/// `keys` with the backend's inverted block index attached, if it builds one and `keys` is a
+/// selection without one.
+pub fn with_block_index<B: SparseAttentionBackend>(keys: Keys<B>) -> Keys<B> {
+    match keys {
+        Keys::Selected { blocks, block_size, index: None } => {
+            let index = B::block_index(&blocks, block_size);
+            Keys::Selected { blocks, block_size, index }
+        }
+        keys => keys,
     }
 }
 
@@ -42,6 +64,20 @@ pub trait SparseAttentionBackend: Backend {
     /// When false, autodiff differentiates the reference's tensor ops instead.
     fn has_fused_sparse_attention() -> bool {
         false
+    }
+
+    /// The inverted index of a selection's `blocks` `[B, T, H_kv, n]`, for a backend whose
+    /// kernels walk one (`None`: the reference needs none). Autodiff attaches it to the key set
+    /// it saves, so the forward and the backward use one index.
+    fn block_index(_blocks: &IntTensor<Self>, _block_size: usize) -> Option<BlockIndex<Self>> {
+        None
+    }
+
+    /// The shapes of [`Self::block_index`]'s tensors for `blocks` of shape `blocks`, all u32
+    /// (`None` when it builds none): what a wrapper that records ops before running them
+    /// (fusion) declares.
+    fn block_index_shapes(_blocks: &Shape, _block_size: usize) -> Option<Vec<Shape>> {
+        None
     }
 
     /// Attention output and per-row log-sum-exp of the scaled scores.

@@ -7,9 +7,10 @@ use burn::backend::autodiff::{
     ops::{Backward, Ops, OpsKind},
     Autodiff, NodeId,
 };
-use burn::tensor::ops::FloatTensor;
+use burn::tensor::ops::{FloatTensor, IntTensor};
+use burn::tensor::Shape;
 
-use crate::api::{Keys, SparseAttentionBackend};
+use crate::api::{with_block_index, BlockIndex, Keys, SparseAttentionBackend};
 
 /// What the backward needs: the inputs (through the checkpointer), the output, its
 /// log-sum-exp and the key set.
@@ -49,13 +50,25 @@ impl<B: SparseAttentionBackend> Backward<B, 3> for SparseAttentionBackward {
 fn inner_keys<B: SparseAttentionBackend, C: CheckpointStrategy>(keys: &Keys<Autodiff<B, C>>) -> Keys<B> {
     match keys {
         Keys::Window { w } => Keys::Window { w: *w },
-        Keys::Selected { blocks, block_size } => Keys::Selected { blocks: blocks.clone(), block_size: *block_size },
+        Keys::Selected { blocks, block_size, index } => Keys::Selected {
+            blocks: blocks.clone(),
+            block_size: *block_size,
+            index: index.clone().map(|index| BlockIndex { tensors: index.tensors }),
+        },
     }
 }
 
 impl<B: SparseAttentionBackend, C: CheckpointStrategy> SparseAttentionBackend for Autodiff<B, C> {
     fn has_fused_sparse_attention() -> bool {
         B::has_fused_sparse_attention()
+    }
+
+    fn block_index(blocks: &IntTensor<B>, block_size: usize) -> Option<BlockIndex<Self>> {
+        B::block_index(blocks, block_size).map(|index| BlockIndex { tensors: index.tensors })
+    }
+
+    fn block_index_shapes(blocks: &Shape, block_size: usize) -> Option<Vec<Shape>> {
+        B::block_index_shapes(blocks, block_size)
     }
 
     fn sparse_attention(
@@ -76,6 +89,8 @@ impl<B: SparseAttentionBackend, C: CheckpointStrategy> SparseAttentionBackend fo
         match prep {
             OpsKind::Tracked(mut prep) => {
                 let (qn, kn, vn) = (prep.checkpoint(&q), prep.checkpoint(&k), prep.checkpoint(&v));
+                // One inverted index for the forward and the backward.
+                let inner = with_block_index(inner);
                 let (out, lse) = B::sparse_attention(q.primitive, k.primitive, v.primitive, &inner);
                 let state = SavedForward { q: qn, k: kn, v: vn, out: out.clone(), lse: lse.clone(), keys: inner };
                 (prep.finish(state, out), untracked::<B, C>(lse))

@@ -2,8 +2,7 @@
 
 use burn::tensor::{DType, Shape};
 use burn_cubecl::kernel::{cast, into_contiguous};
-use burn_cubecl::ops::numeric::{empty_device_contiguous_dtype, zeros_client};
-use burn_cubecl::ops::reshape;
+use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{element::BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use cubecl::features::{AtomicUsage, MmaConfig};
@@ -11,9 +10,10 @@ use cubecl::ir::{FloatKind, StorageType, Type};
 use cubecl::prelude::*;
 use cubecl::{calculate_cube_count_elemwise, CubeDim};
 
-use crate::api::{Keys, SparseAttentionBackend, SparseAttentionGrads};
+use crate::api::{BlockIndex, Keys, SparseAttentionBackend, SparseAttentionGrads};
+use crate::inverted::{zeros_contiguous, InvertedIndex, SEGMENT_QUERIES, UNITS_PER_CUBE};
 use crate::kernel::{
-    backward, flash_dq, flash_forward, flash_key, flash_select, forward, inverse, mma_backward, mma_dq, mma_forward,
+    backward, flash_dq, flash_forward, flash_key, flash_select, forward, mma_backward, mma_dq, mma_forward,
     mma_select,
 };
 use crate::tiling::{
@@ -21,11 +21,6 @@ use crate::tiling::{
     QueryTiling, SelectMmaTiling, MMA_SHARED,
 };
 
-/// Units per cube of the inverted-index kernels.
-const UNITS_PER_CUBE: u32 = 128;
-/// Queries of a block's list one key cube takes: about what a window key cube walks (its 64
-/// to 128 keys' `w + keys` queries), so the selection's key pass is as balanced as the window's.
-const SEGMENT_QUERIES: usize = 512;
 /// Shared memory per cube at most, so that several cubes share a streaming multiprocessor.
 const SHARED_BYTES_CAP: usize = 48 * 1024;
 
@@ -34,6 +29,15 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
 {
     fn has_fused_sparse_attention() -> bool {
         true
+    }
+
+    fn block_index(blocks: &CubeTensor<R>, block_size: usize) -> Option<BlockIndex<Self>> {
+        let index = InvertedIndex::build(&into_contiguous(blocks.clone()), block_size);
+        Some(BlockIndex { tensors: index.into_tensors() })
+    }
+
+    fn block_index_shapes(blocks: &Shape, block_size: usize) -> Option<Vec<Shape>> {
+        Some(InvertedIndex::<R>::shapes(blocks, block_size))
     }
 
     fn sparse_attention(
@@ -165,7 +169,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
         let [b, t, h_q, _] = call.q.meta.shape().dims::<4>();
         let h_kv = call.k.meta.shape()[2];
         let delta = call.empty(Shape::new([b, t, h_q]), DType::F32);
-        let index = call.inverted_index(t);
+        let index = call.inverted_index();
         let flash_keys = call.flash_key_tiling();
         // The register-resident key kernel folds dQ in at narrow heads (window or selection);
         // otherwise a selection's dQ is key-major, added by atomics.
@@ -432,19 +436,6 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
     }
 }
 
-/// The queries that selected each block (see [`inverse`]); placeholders for a window.
-struct InvertedIndex<R: CubeRuntime> {
-    offsets: CubeTensor<R>,
-    counts: CubeTensor<R>,
-    entries: CubeTensor<R>,
-    /// Each entry's position in its query's block list (laid out as `entries`).
-    slots: CubeTensor<R>,
-    /// Segments of the block lists, one key cube each (see [`inverse`]).
-    segment_base: CubeTensor<R>,
-    segment_block: CubeTensor<R>,
-    segment_total: CubeTensor<R>,
-}
-
 /// One call's inputs made contiguous, with the launch parameters they imply.
 struct Call<R: CubeRuntime> {
     q: CubeTensor<R>,
@@ -452,6 +443,8 @@ struct Call<R: CubeRuntime> {
     v: CubeTensor<R>,
     /// `[B, T, H_kv, n]`, or a 1-element placeholder for a window.
     blocks: CubeTensor<R>,
+    /// The inverted index the key set carries, if any.
+    index: Option<InvertedIndex<R>>,
     window: bool,
     span: u32,
     scale: f32,
@@ -471,16 +464,18 @@ impl<R: CubeRuntime> Call<R> {
         let (q, k, v) = (into_contiguous(q), into_contiguous(k), into_contiguous(v));
         let d_k = q.meta.shape()[3];
         let d_v = v.meta.shape()[3];
-        let (blocks, window, span) = match keys {
+        let (blocks, index, window, span) = match keys {
             Keys::Window { w } => {
-                let placeholder =
-                    zeros_client::<R>(q.client.clone(), q.device.clone(), Shape::new([1, 1, 1, 1]), int_dtype);
-                (placeholder, true, *w)
+                let placeholder = zeros_contiguous::<R>(&q.client, &q.device, Shape::new([1, 1, 1, 1]), int_dtype);
+                (placeholder, None, true, *w)
             }
-            Keys::Selected { blocks, block_size } => (into_contiguous(blocks.clone()), false, *block_size),
+            Keys::Selected { blocks, block_size, index } => {
+                let index = index.as_ref().map(|index| InvertedIndex::from_tensors(index.tensors.clone()));
+                (into_contiguous(blocks.clone()), index, false, *block_size)
+            }
         };
         let span = u32::try_from(span).expect("window or block size fits in u32");
-        Call { q, k, v, blocks, window, span, scale: 1.0 / (d_k as f32).sqrt(), d_k, d_v }
+        Call { q, k, v, blocks, index, window, span, scale: 1.0 / (d_k as f32).sqrt(), d_k, d_v }
     }
 
     fn client(&self) -> ComputeClient<R> {
@@ -495,14 +490,9 @@ impl<R: CubeRuntime> Call<R> {
         empty_device_contiguous_dtype::<R>(self.client(), self.q.device.clone(), shape, dtype)
     }
 
-    /// Zeros, contiguous (see [`Call::empty`]): a rank-1 allocation has no rows to pad.
+    /// Zeros, contiguous (see [`Call::empty`]).
     fn zeros(&self, shape: Shape, dtype: DType) -> CubeTensor<R> {
-        let flat = zeros_client::<R>(self.client(), self.q.device.clone(), Shape::new([shape.num_elements()]), dtype);
-        reshape(flat, shape)
-    }
-
-    fn zeros_u32(&self, shape: Shape) -> CubeTensor<R> {
-        self.zeros(shape, DType::U32)
+        zeros_contiguous::<R>(&self.client(), &self.q.device, shape, dtype)
     }
 
     fn cube_dim(&self) -> CubeDim {
@@ -592,7 +582,7 @@ impl<R: CubeRuntime> Call<R> {
     fn selection_forward_key_major(&self, tiling: &FlashSelectTiling, out: &CubeTensor<R>, lse: &CubeTensor<R>) {
         let [b, t, h_q, _] = self.q.meta.shape().dims::<4>();
         let n = self.blocks.meta.shape()[3];
-        let index = self.inverted_index(t);
+        let index = self.inverted_index();
         let part_out = self.empty(Shape::new([b, t, h_q, n * self.d_v]), self.q.dtype);
         let part_lse = self.empty(Shape::new([b, t, h_q, n]), DType::F32);
         let (count, dim) = self.plane_grid(self.key_cubes(tiling.keys, &index), tiling.planes);
@@ -781,73 +771,14 @@ impl<R: CubeRuntime> Call<R> {
         calculate_cube_count_elemwise(&self.client(), units, self.cube_dim())
     }
 
-    /// Counts, scans and fills the inverted block index of a selection.
-    fn inverted_index(&self, t: usize) -> InvertedIndex<R> {
-        if self.window {
-            // One 1-element buffer for all seven: a window's kernels never read them.
-            let placeholder = self.zeros_u32(Shape::new([1, 1, 1]));
-            return InvertedIndex {
-                offsets: placeholder.clone(),
-                counts: placeholder.clone(),
-                entries: placeholder.clone(),
-                slots: placeholder.clone(),
-                segment_base: placeholder.clone(),
-                segment_block: placeholder.clone(),
-                segment_total: placeholder,
-            };
+    /// The selection's inverted block index: the one its key set carries, else built here.
+    fn inverted_index(&self) -> InvertedIndex<R> {
+        match (&self.index, self.window) {
+            (Some(index), _) => index.clone(),
+            (None, true) => InvertedIndex::placeholder(&self.client(), &self.q.device),
+            (None, false) => InvertedIndex::build(&self.blocks, self.span as usize),
         }
-        let [b, _, h_kv, n] = self.blocks.meta.shape().dims::<4>();
-        let n_blocks = t.div_ceil(self.span as usize);
-        let lists = Shape::new([b, h_kv, n_blocks]);
-        let (counts, cursor) = (self.zeros_u32(lists.clone()), self.zeros_u32(lists.clone()));
-        let offsets = self.empty(lists.clone(), DType::U32);
-        let entries = self.empty(Shape::new([b, h_kv, t * n]), DType::U32);
-        let list_slots = self.empty(Shape::new([b, h_kv, t * n]), DType::U32);
-        let segment_base = self.empty(lists, DType::U32);
-        let segment_block = self.empty(Shape::new([b, h_kv, max_segments(t, n, n_blocks)]), DType::U32);
-        let segment_total = self.empty(Shape::new([b, h_kv]), DType::U32);
-        let slots = b * t * h_kv * n;
-        let int_dtype = self.blocks.dtype;
-        inverse::count_selections::launch::<R>(
-            &self.client(),
-            self.cube_count(slots),
-            self.cube_dim(),
-            self.blocks.clone().into_tensor_arg(),
-            counts.clone().into_tensor_arg(),
-            n_blocks as u32,
-            int_dtype.into(),
-        );
-        inverse::scan_counts::launch::<R>(
-            &self.client(),
-            CubeCount::Static((b * h_kv) as u32, 1, 1),
-            self.cube_dim(),
-            counts.clone().into_tensor_arg(),
-            offsets.clone().into_tensor_arg(),
-            segment_base.clone().into_tensor_arg(),
-            segment_block.clone().into_tensor_arg(),
-            segment_total.clone().into_tensor_arg(),
-            SEGMENT_QUERIES as u32,
-            UNITS_PER_CUBE as usize,
-        );
-        inverse::fill_selections::launch::<R>(
-            &self.client(),
-            self.cube_count(slots),
-            self.cube_dim(),
-            self.blocks.clone().into_tensor_arg(),
-            offsets.clone().into_tensor_arg(),
-            cursor.into_tensor_arg(),
-            entries.clone().into_tensor_arg(),
-            list_slots.clone().into_tensor_arg(),
-            int_dtype.into(),
-        );
-        InvertedIndex { offsets, counts, entries, slots: list_slots, segment_base, segment_block, segment_total }
     }
-}
-
-/// Most segments one `(b, hk)` can have: `sum_j ceil(count_j / SEGMENT_QUERIES)` over blocks
-/// whose counts add up to at most `T * n`.
-fn max_segments(t: usize, n: usize, n_blocks: usize) -> usize {
-    (t * n).div_ceil(SEGMENT_QUERIES) + n_blocks
 }
 
 /// Shapes the kernels rely on; a mismatch is a caller bug, reported before any launch.

@@ -11,39 +11,63 @@ use burn_fusion::stream::{Operation, OperationStreams};
 use burn_fusion::{Fusion, FusionBackend, FusionRuntime};
 use burn_ir::{CustomOpIr, HandleContainer, OperationIr, OperationOutput, TensorIr};
 
-use crate::api::{Keys, SparseAttentionBackend, SparseAttentionGrads};
+use crate::api::{BlockIndex, Keys, SparseAttentionBackend, SparseAttentionGrads};
 use crate::reference::stats_dtype;
 
-/// The key set without its tensor: the block list, when there is one, travels as the op's
-/// last input.
+/// The key set without its tensors: the block list and its inverted index, when there are
+/// any, travel as the op's last inputs.
 #[derive(Clone, Copy, Debug)]
 enum KeyKind {
     Window { w: usize },
-    Selected { block_size: usize },
+    Selected { block_size: usize, indexed: bool },
 }
 
 impl KeyKind {
-    fn of<B: burn::tensor::backend::Backend>(keys: &Keys<B>) -> (Self, Option<IntTensor<B>>) {
+    fn of<B: burn::tensor::backend::Backend>(keys: &Keys<B>) -> (Self, Vec<IntTensor<B>>) {
         match keys {
-            Keys::Window { w } => (KeyKind::Window { w: *w }, None),
-            Keys::Selected { blocks, block_size } => {
-                (KeyKind::Selected { block_size: *block_size }, Some(blocks.clone()))
+            Keys::Window { w } => (KeyKind::Window { w: *w }, Vec::new()),
+            Keys::Selected { blocks, block_size, index } => {
+                let mut tensors = vec![blocks.clone()];
+                tensors.extend(index.iter().flat_map(|index| index.tensors.iter().cloned()));
+                (KeyKind::Selected { block_size: *block_size, indexed: index.is_some() }, tensors)
             }
         }
     }
 
-    /// The inner backend's key set, reading the block list from the op's inputs.
+    /// The inner backend's key set, read from the op's key inputs (`key_inputs`: the block
+    /// list, then the index's tensors).
     fn keys<B: FusionBackend>(
         self,
-        inputs: &[TensorIr],
+        key_inputs: &[TensorIr],
         handles: &mut HandleContainer<<B::FusionRuntime as FusionRuntime>::FusionHandle>,
     ) -> Keys<B> {
         match self {
             KeyKind::Window { w } => Keys::Window { w },
-            KeyKind::Selected { block_size } => {
-                let blocks = inputs.last().expect("a selection passes its block list");
-                Keys::Selected { blocks: handles.get_int_tensor::<B>(blocks), block_size }
+            KeyKind::Selected { block_size, indexed } => {
+                let (blocks, index) = key_inputs.split_first().expect("a selection passes its block list");
+                let index = indexed.then(|| BlockIndex {
+                    tensors: index.iter().map(|tensor| handles.get_int_tensor::<B>(tensor)).collect(),
+                });
+                Keys::Selected { blocks: handles.get_int_tensor::<B>(blocks), block_size, index }
             }
+        }
+    }
+}
+
+/// Builds the inner backend's inverted block index when the stream runs.
+#[derive(Clone, Debug)]
+struct BlockIndexOp<B> {
+    desc: CustomOpIr,
+    block_size: usize,
+    _backend: PhantomData<B>,
+}
+
+impl<B: FusionBackend + SparseAttentionBackend> Operation<B::FusionRuntime> for BlockIndexOp<B> {
+    fn execute(&self, handles: &mut HandleContainer<<B::FusionRuntime as FusionRuntime>::FusionHandle>) {
+        let blocks = handles.get_int_tensor::<B>(&self.desc.inputs[0]);
+        let index = B::block_index(&blocks, self.block_size).expect("the backend declared an index");
+        for (output, tensor) in self.desc.outputs.iter().zip(index.tensors) {
+            handles.register_int_tensor::<B>(&output.id, tensor);
         }
     }
 }
@@ -58,7 +82,7 @@ struct ForwardOp<B> {
 impl<B: FusionBackend + SparseAttentionBackend> Operation<B::FusionRuntime> for ForwardOp<B> {
     fn execute(&self, handles: &mut HandleContainer<<B::FusionRuntime as FusionRuntime>::FusionHandle>) {
         let inputs = &self.desc.inputs;
-        let keys = self.kind.keys::<B>(inputs, handles);
+        let keys = self.kind.keys::<B>(&inputs[3..], handles);
         let [q, k, v] = [0, 1, 2].map(|i| handles.get_float_tensor::<B>(&inputs[i]));
         let (out, lse) = B::sparse_attention(q, k, v, &keys);
         handles.register_float_tensor::<B>(&self.desc.outputs[0].id, out);
@@ -76,7 +100,7 @@ struct BackwardOp<B> {
 impl<B: FusionBackend + SparseAttentionBackend> Operation<B::FusionRuntime> for BackwardOp<B> {
     fn execute(&self, handles: &mut HandleContainer<<B::FusionRuntime as FusionRuntime>::FusionHandle>) {
         let inputs = &self.desc.inputs;
-        let keys = self.kind.keys::<B>(inputs, handles);
+        let keys = self.kind.keys::<B>(&inputs[6..], handles);
         let [q, k, v, out, lse, grad_out] = [0, 1, 2, 3, 4, 5].map(|i| handles.get_float_tensor::<B>(&inputs[i]));
         let grads = B::sparse_attention_backward(q, k, v, out, lse, grad_out, &keys);
         for (output, grad) in self.desc.outputs.iter().zip([grads.q, grads.k, grads.v]) {
@@ -90,6 +114,21 @@ impl<B: FusionBackend + SparseAttentionBackend> SparseAttentionBackend for Fusio
         B::has_fused_sparse_attention()
     }
 
+    fn block_index(blocks: &IntTensor<Self>, block_size: usize) -> Option<BlockIndex<Self>> {
+        let shapes = B::block_index_shapes(&blocks.shape, block_size)?;
+        let client = blocks.client.clone();
+        let streams = OperationStreams::with_inputs([blocks]);
+        let outputs: Vec<TensorIr> =
+            shapes.into_iter().map(|shape| TensorIr::uninit(client.create_empty_handle(), shape, DType::U32)).collect();
+        let desc = CustomOpIr::new("nsa_block_index", &[blocks.clone().into_ir()], &outputs);
+        let op = BlockIndexOp::<B> { desc: desc.clone(), block_size, _backend: PhantomData };
+        Some(BlockIndex { tensors: client.register(streams, OperationIr::Custom(desc), op) })
+    }
+
+    fn block_index_shapes(blocks: &Shape, block_size: usize) -> Option<Vec<Shape>> {
+        B::block_index_shapes(blocks, block_size)
+    }
+
     fn sparse_attention(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
@@ -100,9 +139,9 @@ impl<B: FusionBackend + SparseAttentionBackend> SparseAttentionBackend for Fusio
         let (b, t, h_q) = (q.shape[0], q.shape[1], q.shape[2]);
         let d_v = v.shape[3];
         let dtype = q.dtype;
-        let (kind, blocks) = KeyKind::of(keys);
+        let (kind, key_tensors) = KeyKind::of(keys);
         let mut inputs = vec![q, k, v];
-        inputs.extend(blocks);
+        inputs.extend(key_tensors);
         let streams = OperationStreams::with_inputs(inputs.iter());
         let out = TensorIr::uninit(client.create_empty_handle(), Shape::new([b, t, h_q, d_v]), dtype);
         let lse = TensorIr::uninit(client.create_empty_handle(), Shape::new([b, t, h_q]), lse_dtype::<B>(dtype));
@@ -125,9 +164,9 @@ impl<B: FusionBackend + SparseAttentionBackend> SparseAttentionBackend for Fusio
         let client = q.client.clone();
         let shapes = [q.shape.clone(), k.shape.clone(), v.shape.clone()];
         let dtype = q.dtype;
-        let (kind, blocks) = KeyKind::of(keys);
+        let (kind, key_tensors) = KeyKind::of(keys);
         let mut inputs = vec![q, k, v, out, lse, grad_out];
-        inputs.extend(blocks);
+        inputs.extend(key_tensors);
         let streams = OperationStreams::with_inputs(inputs.iter());
         let outputs = shapes.map(|shape| TensorIr::uninit(client.create_empty_handle(), shape, dtype));
         let inputs: Vec<TensorIr> = inputs.into_iter().map(|x| x.into_ir()).collect();

@@ -19,8 +19,10 @@ mod cube;
 #[cfg(feature = "fusion")]
 mod fusion;
 #[cfg(feature = "cube")]
+mod inverted;
+#[cfg(feature = "cube")]
 pub mod kernel;
 pub mod tiling;
 
-pub use api::{sparse_attention, Keys, SparseAttentionBackend, SparseAttentionGrads};
+pub use api::{sparse_attention, with_block_index, BlockIndex, Keys, SparseAttentionBackend, SparseAttentionGrads};
 pub use fingerprint::KERNEL_FINGERPRINT;

@@ -25,7 +25,7 @@ pub fn key_mask<B: Backend>(keys: &Keys<B>, t: usize, device: &B::Device) -> Ten
     let causal = lag.clone().greater_equal_elem(0);
     match keys {
         Keys::Window { w } => causal.bool_and(lag.lower_elem(*w as i64)),
-        Keys::Selected { blocks, block_size } => {
+        Keys::Selected { blocks, block_size, .. } => {
             let blocks = Tensor::<B, 4, Int>::from_primitive(blocks.clone());
             let [b, _, h, n] = blocks.dims();
             let key_block = Tensor::<B, 1, Int>::arange(0..t as i64, device).div_scalar(*block_size as i64);

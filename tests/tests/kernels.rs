@@ -9,7 +9,7 @@
 
 use burn::backend::wgpu::{CubeBackend, WgpuDevice, WgpuRuntime};
 use burn::backend::Autodiff;
-use burn::tensor::{backend::AutodiffBackend, Int, Tensor, TensorData};
+use burn::tensor::{backend::AutodiffBackend, Int, Tensor, TensorData, TensorMetadata};
 use nsa_kernels::{sparse_attention, Keys, SparseAttentionBackend};
 use nsa_tests::attention::{attention, block_keys, window_keys, AttentionResult, Dims};
 use nsa_tests::{fresh_rng, max_rel_err, normal, random_input, randomized, small_config, to_vec, A64};
@@ -93,6 +93,16 @@ impl Case {
 
     /// Runs the op on `B` and returns `[out, lse, dq, dk, dv]`.
     fn run<B: AutodiffBackend + SparseAttentionBackend>(&self, device: &B::Device) -> [Vec<f64>; 5] {
+        self.run_indexed::<B>(device, None)
+    }
+
+    /// [`Case::run`], a selection's key set carrying the backend's inverted index of
+    /// `index_of` (another block list) when given.
+    fn run_indexed<B: AutodiffBackend + SparseAttentionBackend>(
+        &self,
+        device: &B::Device,
+        index_of: Option<&[i64]>,
+    ) -> [Vec<f64>; 5] {
         let Dims { b, t, h_q, h_kv, d_k, d_v } = self.dims;
         let tensor = |data: &[f64], shape: [usize; 4]| {
             Tensor::<B, 4>::from_data(TensorData::new(data.to_vec(), shape), device).require_grad()
@@ -103,8 +113,12 @@ impl Case {
         let keys = match self.spec {
             Spec::Window { w } => Keys::Window { w },
             Spec::Selected { l_sel, n } => {
-                let blocks = TensorData::new(self.blocks.clone(), [b, t, h_kv, n]);
-                Keys::selected(Tensor::<B, 4, Int>::from_data(blocks, device), l_sel)
+                let list = |blocks: &[i64]| {
+                    let data = TensorData::new(blocks.to_vec(), [b, t, h_kv, n]);
+                    Tensor::<B, 4, Int>::from_data(data, device).into_primitive()
+                };
+                let index = index_of.map(|other| B::block_index(&list(other), l_sel).expect("a fused backend indexes"));
+                Keys::Selected { blocks: list(&self.blocks), block_size: l_sel, index }
             }
         };
         let (out, lse) = sparse_attention(q.clone(), k.clone(), v.clone(), &keys);
@@ -187,6 +201,33 @@ fn layer_fused_and_reference_paths_agree_on_wgpu() {
     let (x, _) = random_input::<Plain>(&mut rng, 2, t, small_config().dim, &device);
     let err = max_rel_err(&to_vec(fused.forward(x.clone())), &to_vec(reference.forward(x)));
     assert!(err <= 1e-5, "fused and reference layer outputs differ by {err:e} (relative)");
+}
+
+/// The inverted block index is built once, in the forward, and carried to the backward in the
+/// key set: the backward walks the index it is given (one made for other blocks gives other
+/// dK), and the index has the shapes the backend declares for fusion to record.
+#[test]
+fn the_backward_walks_the_index_its_key_set_carries() {
+    fn check<B: AutodiffBackend + SparseAttentionBackend>(rng: &mut StdRng, device: &B::Device) {
+        // Three of the six slots are the forced blocks; the others differ between the lists.
+        let (d, spec) = (dims(1, 100, 6, 1, 16, 16), Spec::Selected { l_sel: 8, n: 6 });
+        let case = Case::new(rng, d, spec);
+        let other = random_blocks(rng, d, 8, 6);
+        let blocks = Tensor::<B, 4, Int>::from_data(TensorData::new(other.clone(), [1, 100, 1, 6]), device);
+        let shapes = B::block_index_shapes(&blocks.shape(), 8).expect("a fused backend declares its index");
+        let index = B::block_index(&blocks.into_primitive(), 8).expect("a fused backend indexes");
+        let built: Vec<_> = index.tensors.iter().map(|tensor| tensor.shape()).collect();
+        assert_eq!(built, shapes, "the index has the shapes declared for it");
+
+        let want = case.expected();
+        let [.., own_dk, _] = case.run_indexed::<B>(device, Some(&case.blocks));
+        assert!(max_rel_err(&own_dk, &want.dk) <= 1e-5, "an index of the key set's own blocks gives its dK");
+        let [.., other_dk, _] = case.run_indexed::<B>(device, Some(&other));
+        assert!(max_rel_err(&other_dk, &want.dk) > 1e-2, "the backward walked the carried index, not its own");
+    }
+    let mut rng = fresh_rng("the_backward_walks_the_index_its_key_set_carries");
+    check::<Wgpu>(&mut rng, &WgpuDevice::default());
+    check::<WgpuFusion>(&mut rng, &WgpuDevice::default());
 }
 
 #[test]
