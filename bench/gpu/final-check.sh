@@ -2,7 +2,8 @@
 # One build's closing call: bf16 parity on all four shapes, memcheck over the narrow shapes
 # (production, mha) at T = 1000, the full 64k sweep, and the production anchors at every
 # length, from the same call. From the repository root, with .carry/whl and
-# .carry/bench_torch.py: `bash bench/gpu/final-check.sh .carry/x/nsa.xz`.
+# .carry/bench_torch.py: `bash bench/gpu/final-check.sh .carry/x/nsa.xz`. With BASE=.carry/y/nsa.xz,
+# the production shape at 64k of that build and this one, alternated over two rounds, too.
 set -u
 nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/device.txt
 bin=/tmp/nsa-final; xz -dc "$1" > $bin && chmod +x $bin
@@ -13,6 +14,16 @@ timeout ${MEMCHECK_S:-130} compute-sanitizer --tool memcheck --error-exitcode 9 
   > $OUT/memcheck.txt 2>&1
 echo "memcheck exit $?" | tee -a $OUT/memcheck.txt; tail -3 $OUT/memcheck.txt
 timeout ${SWEEP_S:-260} $bin bench-kernels --backend cuda --precision bf16 --check-len 0 --iters 5 2>&1 | tee $OUT/sweep.txt
+if [ -n "${BASE:-}" ]; then
+  base=/tmp/nsa-base; xz -dc "$BASE" > $base && chmod +x $base
+  for round in 1 2; do
+    for b in $base $bin; do
+      echo "== $b (round $round)" | tee -a $OUT/ab.txt
+      timeout 120 $b bench-kernels --backend cuda --precision bf16 --check-len 0 --lengths 65536 --iters 5 \
+        --shapes production 2>&1 | grep '^| production' | tee -a $OUT/ab.txt
+    done
+  done
+fi
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .carry/whl/*.whl
 PYTHONPATH=/tmp/site timeout ${ANCHOR_S:-100} python3 bench/gpu/anchor_attn.py 1,2048,12,2,64 1,8192,12,2,64 \
   1,16384,12,2,64 1,32768,12,2,64 1,65536,12,2,64 2>&1 | tee $OUT/anchor-production.txt

@@ -236,11 +236,12 @@ impl FlashTiling {
 /// many dK and dV, and `q_rows / 2` score and `dp` registers: wide heads walk 32 rows at a time.
 ///
 /// At narrow heads, where the device adds f32 atomically, the cube folds its rows' dQ in
-/// (`fold_dq`: `ds^T` through shared memory, `ds K` added by atomics), each plane taking 16 of a
-/// chunk's rows: 4 planes, 64 keys (a selection's block; a window's 64-key cube walks ~1.8x
-/// the query rows per key that a 128-key cube does, `64 + w - 1` positions for 64 keys against
-/// `128 + w - 1` for 128, but the query-side dQ pass is saved). Wide heads have no registers for the dQ accumulator beside dK and dV; there a window
-/// cube takes 128 keys and a window keeps its query-side dQ.
+/// (`fold_dq`: `ds^T` through shared memory, `ds K` added by atomics), walking 64 rows at a
+/// time, each plane taking one of the chunk's 16-row tiles and a part of `d_k`. A selection's
+/// cube is its 64-key block (4 planes); a window's takes 128 keys (8 planes, half of `d_k`
+/// each, where those are whole MMA tiles), so it walks `128 + w - 1` positions for 128 keys rather than `64 + w - 1` for 64,
+/// and adds each row's dQ half as often. Wide heads have no registers for the dQ accumulator
+/// beside dK and dV; there a window cube takes 128 keys and a window keeps its query-side dQ.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FlashKeyTiling {
     pub planes: usize,
@@ -257,7 +258,9 @@ impl FlashKeyTiling {
         let narrow = d_k + d_v <= 128;
         let q_rows = if narrow { 64 } else { 32 };
         let fold_dq = narrow && atomics;
-        let planes = if fold_dq { q_rows / MMA_TILE } else if window { 8 } else { 4 };
+        // A 128-key window cube splits d_k in two halves of whole MMA tiles.
+        let halves = !fold_dq || d_k % (2 * MMA_TILE) == 0;
+        let planes = if window && halves { 8 } else { 4 };
         Some(FlashKeyTiling { planes, q_rows, fold_dq })
     }
 
@@ -525,11 +528,13 @@ mod tests {
         assert!(!fold(true, 64, 64, false), "no atomics: a window keeps its query-side dQ");
         assert!(!fold(false, 128, 128, true), "wide heads have no registers for it");
         assert!(!fold(true, 192, 128, true));
-        // Folding has each plane take 16 of a chunk's rows: the chunk is 16 rows per plane.
-        for window in [false, true] {
-            let narrow = FlashKeyTiling::plan(window, 64, 64, true).unwrap();
-            assert_eq!(narrow.q_rows, narrow.planes * MMA_TILE);
+        // Folding has each plane take a 16-row tile of the chunk and an equal part of d_k.
+        for (window, d) in [(false, 64), (true, 64), (false, 48), (true, 48), (true, 32)] {
+            let narrow = FlashKeyTiling::plan(window, d, d, true).unwrap();
+            let row_tiles = narrow.q_rows / MMA_TILE;
+            assert!(narrow.planes % row_tiles == 0 && (d / (narrow.planes / row_tiles)) % MMA_TILE == 0, "{d}");
         }
+        assert_eq!(FlashKeyTiling::plan(true, 64, 64, true).unwrap().keys(), 128, "a window cube takes 128 keys");
         let wide_window = FlashKeyTiling::plan(true, 128, 128, true).unwrap();
         assert_eq!(wide_window, FlashKeyTiling { planes: 8, q_rows: 32, fold_dq: false });
     }

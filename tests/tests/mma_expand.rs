@@ -212,11 +212,14 @@ fn tensor_core_kernels_expand() {
     // The register-resident kernels (manual MMA): WGSL stops at their first MMA instead.
     // Narrow heads fold dQ in (atomics), a window's as a selection's.
     for (window, fold_dq) in [(true, false), (false, false), (false, true), (true, true)] {
+        // The tiling the backend plans (a folding window cube splits d_k over 8 planes).
+        let tiling = nsa_kernels::tiling::FlashKeyTiling::plan(window, 64, 64, fold_dq).unwrap();
+        assert_eq!(tiling.fold_dq, fold_dq);
         let panics = panics_of(&device, || {
             nsa_kernels::kernel::flash_key::attention_key_flash::launch::<WgpuRuntime>(
                 &client,
                 CubeCount::Static(1, 1, 1),
-                CubeDim::new_2d(32, 4),
+                CubeDim::new_2d(32, tiling.planes as u32),
                 nsa_kernels::kernel::mma_forward::VECTOR,
                 1,
                 q().into_tensor_arg(),
@@ -241,8 +244,8 @@ fn tensor_core_kernels_expand() {
                 window,
                 64,
                 64,
-                4,
-                64,
+                tiling.planes,
+                tiling.q_rows,
                 fold_dq,
                 1,
                 DType::F16.into(),

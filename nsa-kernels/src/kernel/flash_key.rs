@@ -372,12 +372,12 @@ fn key_score_gradients(
     }
 }
 
-/// dQ folded into the key cube (flash attention 2's backward): plane `p` takes
-/// rows `16p..16p + 16` of the chunk (`q_rows = 16 * planes`), computes their share over the
-/// cube's keys, `scale * ds K` (`ds` read transposed from `ds_tile`, K rows staged at element
-/// 0), and adds it to the f32 `grad_q` by atomics: each row's other keys (a selection's other
-/// blocks, a window's other tiles) are other cubes'. This saves the separate dQ pass's
-/// recomputed `s` and `dp`.
+/// dQ folded into the key cube (flash attention 2's backward): the chunk's `q_rows / 16` row
+/// tiles times `planes / (q_rows / 16)` column parts of `d_k`, one per plane. A plane computes
+/// its part's share over the cube's keys, `scale * ds K` (`ds` read transposed from `ds_tile`,
+/// K rows staged at element 0), and adds it to the f32 `grad_q` by atomics: each row's other
+/// keys (a selection's other blocks, a window's other tiles) are other cubes'. This saves the
+/// separate dQ pass's recomputed `s` and `dp`.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn fold_query_gradient<F: Float, N: Size, A: Size>(
@@ -400,15 +400,18 @@ fn fold_query_gradient<F: Float, N: Size, A: Size>(
 ) {
     let ks = comptime!(storage_stride(d_k));
     let ds_stride = comptime!(storage_stride(q_rows) / 2);
-    let tile = plane * MMA_M;
+    let row_tiles = comptime!(q_rows / MMA_M);
+    let part = comptime!(d_k * row_tiles * MMA_M / keys);
+    let tile = (plane % row_tiles) * MMA_M;
+    let first_col = (plane / row_tiles) * part;
     if tile < count {
-        let mut dq = zero_pairs(comptime!(2 * d_k / MMA_N));
+        let mut dq = zero_pairs(comptime!(2 * part / MMA_N));
         #[unroll]
         for kk in 0..keys / MMA_K {
             let a = transposed_fragment::<F>(def, ds_tile, tile, kk, lane, ds_stride);
-            accumulate_step::<F, N>(def, &a, kk, staged, 0usize, lane, &mut dq, d_k, ks);
+            accumulate_step::<F, N>(def, &a, kk, staged, first_col, lane, &mut dq, part, ks);
         }
         let rows = ListedRows::in_chunk(positions, cube, slot * q_rows, first, tile, count, lane);
-        add_rows::<A>(grad_q, &rows, &dq, cube.b, scale, lane, d_k, atomic_width);
+        add_rows::<A>(grad_q, &rows, &dq, cube.b, scale, first_col, lane, part, atomic_width);
     }
 }

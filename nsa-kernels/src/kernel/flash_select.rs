@@ -438,7 +438,7 @@ pub fn selection_dq_flash<F: Float, N: Size, A: Size>(
             row_score_gradients(&mut p, &dp, &row_delta, keys);
             let mut dq = zero_pairs(comptime!(2 * d_k / MMA_N));
             accumulate_with_rows::<F, N>(def, &p, &staged, 0usize, lane, &mut dq, d_k, ks, keys);
-            add_rows::<A>(grad_q, &rows, &dq, b, scale, lane, d_k, atomic_width);
+            add_rows::<A>(grad_q, &rows, &dq, b, scale, 0usize, lane, d_k, atomic_width);
         }
         // The chunk after next overwrites this buffer and its statistics.
         sync_cube();
@@ -495,6 +495,7 @@ pub fn add_rows<A: Size>(
     tiles: &Array<Pair<f32>>,
     b: usize,
     factor: f32,
+    first_col: usize,
     lane: usize,
     #[comptime] d: usize,
     #[comptime] width: usize,
@@ -502,7 +503,8 @@ pub fn add_rows<A: Size>(
     let quad = lane % 4;
     let even = quad % 2 == 0;
     let half = select(even, 0usize, 1usize);
-    let base = offset3::<Atomic<Vector<f32, A>>>(dst, b, rows.t[half], rows.h[half]) + 2 * (quad - quad % 2);
+    let base =
+        offset3::<Atomic<Vector<f32, A>>>(dst, b, rows.t[half], rows.h[half]) + first_col + 2 * (quad - quad % 2);
     #[unroll]
     for j in 0..d / MMA_N {
         let low = tiles[2 * j];
