@@ -10,12 +10,16 @@ use burn_cubecl::ops::reshape;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeRuntime;
 use cubecl::prelude::*;
-use cubecl::{calculate_cube_count_elemwise, CubeDim};
+use cubecl::CubeDim;
 
 use crate::kernel::inverse;
 
 /// Units per cube of the inverted-index kernels.
 pub(crate) const UNITS_PER_CUBE: u32 = 128;
+/// Queries per cube of the counting and filling kernels, and the shared tallies of their
+/// first blocks (see [`inverse::count_selections`]; 8 KiB).
+const INDEX_ROWS: usize = 64;
+const HOT_BINS: usize = 2048;
 /// Queries of a block's list one key cube takes: about what a window key cube walks (its 64
 /// to 128 keys' `w + keys` queries), so the selection's key pass is as balanced as the window's.
 pub(crate) const SEGMENT_QUERIES: usize = 512;
@@ -62,7 +66,7 @@ impl<R: CubeRuntime> InvertedIndex<R> {
     /// Counts, scans and fills the index of `blocks` (contiguous).
     pub fn build(blocks: &CubeTensor<R>, span: usize) -> Self {
         let (client, device) = (&blocks.client, &blocks.device);
-        let [b, t, h_kv, n] = blocks.meta.shape().dims::<4>();
+        let [b, t, h_kv, _] = blocks.meta.shape().dims::<4>();
         let n_blocks = t.div_ceil(span);
         let [offsets_shape, counts_shape, entries_shape, slots_shape, base_shape, block_shape, total_shape] =
             <[Shape; 7]>::try_from(Self::shapes(&blocks.meta.shape().clone(), span)).expect("seven index tensors");
@@ -79,15 +83,17 @@ impl<R: CubeRuntime> InvertedIndex<R> {
             segment_total: empty(total_shape),
         };
         let dim = CubeDim::new_1d(UNITS_PER_CUBE);
-        let slots = b * t * h_kv * n;
+        let query_cubes = CubeCount::Static(t.div_ceil(INDEX_ROWS) as u32, b as u32, 1);
         let int_dtype = blocks.dtype;
         inverse::count_selections::launch::<R>(
             client,
-            calculate_cube_count_elemwise(client, slots, dim),
+            query_cubes.clone(),
             dim,
             blocks.clone().into_tensor_arg(),
             index.counts.clone().into_tensor_arg(),
             n_blocks as u32,
+            INDEX_ROWS,
+            HOT_BINS,
             int_dtype.into(),
         );
         inverse::scan_counts::launch::<R>(
@@ -104,13 +110,15 @@ impl<R: CubeRuntime> InvertedIndex<R> {
         );
         inverse::fill_selections::launch::<R>(
             client,
-            calculate_cube_count_elemwise(client, slots, dim),
+            query_cubes,
             dim,
             blocks.clone().into_tensor_arg(),
             index.offsets.clone().into_tensor_arg(),
             cursor.into_tensor_arg(),
             index.entries.clone().into_tensor_arg(),
             index.slots.clone().into_tensor_arg(),
+            INDEX_ROWS,
+            HOT_BINS,
             int_dtype.into(),
         );
         index

@@ -496,3 +496,98 @@ fn store_rows_whole_writes_each_row_where_it_belongs() {
         assert!(err == 0.0, "d = {d}: rows stored off by {err}");
     }
 }
+
+/// The inverted block index on WGPU against a CPU inversion of random block lists: each
+/// `(b, hk, block)` lists every query that selected it once, with the block's slot in that
+/// query's list. Tallies of 8 bins and cubes of 4 queries, so that both the shared tallies
+/// (the first blocks) and the global atomics (the rest) are taken, by several cubes per list.
+#[test]
+fn inverted_index_lists_every_selecting_query_once() {
+    use burn::tensor::TensorData;
+    use nsa_kernels::kernel::inverse;
+    use nsa_tests::fresh_rng;
+    use rand::seq::SliceRandom;
+    let device = WgpuDevice::default();
+    let mut rng = fresh_rng("inverted_index_lists_every_selecting_query_once");
+    let (b, t, h_kv, n, n_blocks, rows, hot_bins) = (2, 37, 2, 5, 12, 4, 8);
+    // Distinct blocks per (b, t, hk), block 0 in every list, unused slots -1.
+    let mut blocks = Vec::new();
+    for _ in 0..b * t * h_kv {
+        let mut row: Vec<i32> = (1..n_blocks as i32).collect();
+        row.shuffle(&mut rng);
+        row.truncate(n - 2);
+        row.extend([0, -1]);
+        row.shuffle(&mut rng);
+        blocks.extend(row);
+    }
+    // Zeros relabelled u32 (Burn's int here is i32, of the same width).
+    let u32s = |shape: [usize; 3]| CubeTensor { dtype: DType::U32, ..Tensor::<B, 3, Int>::zeros(shape, &device).into_primitive() };
+    let blocks_t = Tensor::<B, 4, Int>::from_data(TensorData::new(blocks.clone(), [b, t, h_kv, n]), &device);
+    let [counts, offsets, cursor, base] = [0; 4].map(|_| u32s([b, h_kv, n_blocks]));
+    let [entries, slots] = [0; 2].map(|_| u32s([b, h_kv, t * n]));
+    let segment_block = u32s([b, h_kv, t * n + n_blocks]);
+    let segment_total = u32s([b, h_kv, 1]);
+    let client = counts.client.clone();
+    let cubes = CubeCount::Static(t.div_ceil(rows) as u32, b as u32, 1);
+    let blocks_p = blocks_t.into_primitive();
+    let int = DType::I32;
+    inverse::count_selections::launch::<WgpuRuntime>(
+        &client,
+        cubes.clone(),
+        CubeDim::new_1d(32),
+        blocks_p.clone().into_tensor_arg(),
+        counts.clone().into_tensor_arg(),
+        n_blocks as u32,
+        rows,
+        hot_bins,
+        int.into(),
+    );
+    inverse::scan_counts::launch::<WgpuRuntime>(
+        &client,
+        CubeCount::Static((b * h_kv) as u32, 1, 1),
+        CubeDim::new_1d(32),
+        counts.clone().into_tensor_arg(),
+        offsets.clone().into_tensor_arg(),
+        base.into_tensor_arg(),
+        segment_block.into_tensor_arg(),
+        segment_total.into_tensor_arg(),
+        8,
+        32,
+    );
+    inverse::fill_selections::launch::<WgpuRuntime>(
+        &client,
+        cubes,
+        CubeDim::new_1d(32),
+        blocks_p.into_tensor_arg(),
+        offsets.clone().into_tensor_arg(),
+        cursor.into_tensor_arg(),
+        entries.clone().into_tensor_arg(),
+        slots.clone().into_tensor_arg(),
+        rows,
+        hot_bins,
+        int.into(),
+    );
+    let read = |x: CubeTensor<WgpuRuntime>| -> Vec<u32> {
+        let bytes = client.read_one(x.handle.clone()).expect("read back");
+        bytes.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+    };
+    let (counts, offsets, entries, slots) = (read(counts), read(offsets), read(entries), read(slots));
+    for bb in 0..b {
+        for hk in 0..h_kv {
+            for j in 0..n_blocks {
+                let list = (bb * h_kv + hk) * n_blocks + j;
+                let mut want: Vec<(u32, u32)> = (0..t)
+                    .flat_map(|tt| (0..n).map(move |i| (tt, i)))
+                    .filter(|&(tt, i)| blocks[((bb * t + tt) * h_kv + hk) * n + i] == j as i32)
+                    .map(|(tt, i)| (tt as u32, i as u32))
+                    .collect();
+                assert_eq!(counts[list] as usize, want.len(), "count of list {list}");
+                let at = (bb * h_kv + hk) * t * n + offsets[list] as usize;
+                let mut got: Vec<(u32, u32)> = (at..at + want.len()).map(|e| (entries[e], slots[e])).collect();
+                got.sort_unstable();
+                want.sort_unstable();
+                assert_eq!(got, want, "queries of list {list} (block {j})");
+            }
+        }
+    }
+}

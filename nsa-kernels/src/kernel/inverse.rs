@@ -25,28 +25,69 @@ fn slot_of<I: Int>(blocks: &Tensor<I>, pos: usize) -> (usize, usize, usize, i32)
     (b, t, hk, i32::cast_from(blocks[at]))
 }
 
-/// Slots of `blocks`, from its shape (its buffer may be longer: padded rows).
+/// The slots of a cube of the counting and filling kernels: `rows` consecutive positions
+/// (`CUBE_POS_X`) of batch row `CUBE_POS_Y`, whose slots are contiguous in row-major order;
+/// `(start, end)` and how many of each KV head's first blocks the cube tallies in shared
+/// memory (`hot_bins / H_kv`).
 #[cube]
-fn slot_count<I: Int>(blocks: &Tensor<I>) -> usize {
-    blocks.shape(0) * blocks.shape(1) * blocks.shape(2) * blocks.shape(3)
+fn cube_slots<I: Int>(blocks: &Tensor<I>, #[comptime] rows: usize, #[comptime] hot_bins: usize) -> (usize, usize, usize) {
+    let (t_len, h_kv, n) = (blocks.shape(1), blocks.shape(2), blocks.shape(3));
+    let (b, t0) = (CUBE_POS_Y as usize, CUBE_POS_X as usize * rows);
+    let per_row = h_kv * n;
+    let start = (b * t_len + min(t0, t_len)) * per_row;
+    let end = (b * t_len + min(t0 + rows, t_len)) * per_row;
+    (start, end, hot_bins / h_kv)
 }
 
-/// `counts[b, hk, j] += 1` for every listed block.
+/// Zeroes a cube's tallies.
+#[cube]
+fn clear_tallies(tallies: &mut SharedMemory<Atomic<u32>>, #[comptime] hot_bins: usize) {
+    let mut bin = UNIT_POS as usize;
+    while bin < hot_bins {
+        tallies[bin].store(0u32);
+        bin += CUBE_DIM as usize;
+    }
+}
+
+/// `counts[b, hk, j] += 1` for every listed block. Every query lists block 0 (forced) and its
+/// local blocks, and random selections favour early blocks: one global atomic per slot made
+/// 65536 same-address atomics per KV head at 64k. A cube of `rows` queries instead tallies each
+/// KV head's first `hot_bins / H_kv` blocks in shared memory and adds each tally once.
 #[cube(launch)]
 pub fn count_selections<I: Int>(
     blocks: &Tensor<I>,
     counts: &mut Tensor<Atomic<u32>>,
     n_blocks: u32,
+    #[comptime] rows: usize,
+    #[comptime] hot_bins: usize,
     #[define(I)] _dtype: StorageType,
 ) {
-    let pos = ABSOLUTE_POS;
-    if pos >= slot_count::<I>(blocks) {
-        terminate!();
+    let (start, end, hot) = cube_slots::<I>(blocks, rows, hot_bins);
+    let (b, h_kv, n_blocks) = (CUBE_POS_Y as usize, blocks.shape(2), n_blocks as usize);
+    let mut tallies = SharedMemory::<Atomic<u32>>::new(hot_bins);
+    clear_tallies(&mut tallies, hot_bins);
+    sync_cube();
+    let mut pos = start + UNIT_POS as usize;
+    while pos < end {
+        let (_b, _t, hk, j) = slot_of::<I>(blocks, pos);
+        if j >= 0 {
+            let j = u32::cast_from(j) as usize;
+            if j < hot {
+                tallies[hk * hot + j].fetch_add(1u32);
+            } else {
+                counts[(b * h_kv + hk) * n_blocks + j].fetch_add(1u32);
+            }
+        }
+        pos += CUBE_DIM as usize;
     }
-    let (b, _t, hk, j) = slot_of::<I>(blocks, pos);
-    if j >= 0 {
-        let list = (b * blocks.shape(2) + hk) * n_blocks as usize + u32::cast_from(j) as usize;
-        counts[list].fetch_add(1u32);
+    sync_cube();
+    let mut bin = UNIT_POS as usize;
+    while bin < hot * h_kv {
+        let tally = tallies[bin].load();
+        if tally > 0 {
+            counts[(b * h_kv + bin / hot) * n_blocks + bin % hot].fetch_add(tally);
+        }
+        bin += CUBE_DIM as usize;
     }
 }
 
@@ -117,7 +158,9 @@ pub fn scan_counts(
 
 /// Writes each selecting query into its block's rows, and beside it (`slots`, laid out as
 /// `entries`) where the block stands in that query's list: the key-major selection forward
-/// writes its partial results there ([`super::flash_select`]).
+/// writes its partial results there ([`super::flash_select`]). Cubes as [`count_selections`]'s:
+/// a cube tallies its queries of each first block in shared memory, reserves that many places
+/// of the block's rows with one global atomic, and hands them out by shared atomics.
 #[cube(launch)]
 pub fn fill_selections<I: Int>(
     blocks: &Tensor<I>,
@@ -125,19 +168,51 @@ pub fn fill_selections<I: Int>(
     cursor: &mut Tensor<Atomic<u32>>,
     entries: &mut Tensor<u32>,
     slots: &mut Tensor<u32>,
+    #[comptime] rows: usize,
+    #[comptime] hot_bins: usize,
     #[define(I)] _dtype: StorageType,
 ) {
-    let pos = ABSOLUTE_POS;
-    if pos >= slot_count::<I>(blocks) {
-        terminate!();
+    let (start, end, hot) = cube_slots::<I>(blocks, rows, hot_bins);
+    let (b, h_kv, n_blocks) = (CUBE_POS_Y as usize, blocks.shape(2), offsets.shape(2));
+    let mut tallies = SharedMemory::<Atomic<u32>>::new(hot_bins);
+    let mut reserved = SharedMemory::<u32>::new(hot_bins);
+    clear_tallies(&mut tallies, hot_bins);
+    sync_cube();
+    let mut pos = start + UNIT_POS as usize;
+    while pos < end {
+        let (_b, _t, hk, j) = slot_of::<I>(blocks, pos);
+        if j >= 0 && (u32::cast_from(j) as usize) < hot {
+            tallies[hk * hot + u32::cast_from(j) as usize].fetch_add(1u32);
+        }
+        pos += CUBE_DIM as usize;
     }
-    let (b, t, hk, j) = slot_of::<I>(blocks, pos);
-    if j >= 0 {
-        let n_blocks = offsets.shape(2);
-        let list = (b * blocks.shape(2) + hk) * n_blocks + u32::cast_from(j) as usize;
-        let at = offsets[list] + cursor[list].fetch_add(1u32);
-        let entry = (b * blocks.shape(2) + hk) * entries.shape(2) + at as usize;
-        entries[entry] = t as u32;
-        slots[entry] = (pos % blocks.shape(3)) as u32;
+    sync_cube();
+    let mut bin = UNIT_POS as usize;
+    while bin < hot * h_kv {
+        let tally = tallies[bin].load();
+        if tally > 0 {
+            reserved[bin] = cursor[(b * h_kv + bin / hot) * n_blocks + bin % hot].fetch_add(tally);
+        }
+        tallies[bin].store(0u32);
+        bin += CUBE_DIM as usize;
+    }
+    sync_cube();
+    let mut pos = start + UNIT_POS as usize;
+    while pos < end {
+        let (_b, t, hk, j) = slot_of::<I>(blocks, pos);
+        if j >= 0 {
+            let j = u32::cast_from(j) as usize;
+            let list = (b * h_kv + hk) * n_blocks + j;
+            let place = if j < hot {
+                let bin = hk * hot + j;
+                reserved[bin] + tallies[bin].fetch_add(1u32)
+            } else {
+                cursor[list].fetch_add(1u32)
+            };
+            let entry = (b * h_kv + hk) * entries.shape(2) + (offsets[list] + place) as usize;
+            entries[entry] = t as u32;
+            slots[entry] = (pos % blocks.shape(3)) as u32;
+        }
+        pos += CUBE_DIM as usize;
     }
 }
