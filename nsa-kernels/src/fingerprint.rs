@@ -28,6 +28,7 @@ const SOURCES: &[(&str, &str)] = &[
     ("kernel/rows.rs", include_str!("kernel/rows.rs")),
     ("kernel/walk.rs", include_str!("kernel/walk.rs")),
     ("cube.rs", include_str!("cube.rs")),
+    ("inverted.rs", include_str!("inverted.rs")),
     ("tiling.rs", include_str!("tiling.rs")),
     ("Cargo.lock", include_str!("../../Cargo.lock")),
 ];
