@@ -233,7 +233,8 @@ impl FlashTiling {
 
 /// Register-resident dK/dV (see `kernel::flash_key`): `planes` planes own 16 keys each and walk
 /// the query rows that attend them `q_rows` at a time. A lane keeps `(d_k + d_v) / 4` K and V, as
-/// many dK and dV, and `q_rows / 2` score and `dp` registers: wide heads walk 32 rows at a time.
+/// many dK and dV, and one 16-row group's score and `dp` (8 registers each; the chunk is
+/// computed a group at a time): wide heads walk 32 rows at a time.
 ///
 /// At narrow heads, where the device adds f32 atomically, the cube folds its rows' dQ in
 /// (`fold_dq`: `ds^T` through shared memory, `ds K` added by atomics), walking 64 rows at a

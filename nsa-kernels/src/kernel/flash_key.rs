@@ -229,8 +229,8 @@ pub fn attention_key_flash<F: Float, N: Size, A: Size>(
         }
         // The chunk's rows 16 at a time (a loop, not unrolled): a lane holds one group's `p^T`
         // and `dp^T` (8 registers each) rather than the whole chunk's. At the production shape
-        // this took the folded window cube from 230 to 168 registers, 3 cubes per SM instead
-        // of 2 (docs/benchmarks.md: it gained 3%, the kernel is not occupancy-bound).
+        // this took a 4-plane folded cube from 230 to 168 registers, 3 cubes per SM instead of
+        // 2 (docs/benchmarks.md: it gained 3%, the kernel is not occupancy-bound).
         for group in 0..comptime!(q_rows / MMA_K) {
             let first = group * MMA_K;
             let mut p = products_with_rows::<F, N>(def, &k_frags, &staged, at + first * ks, lane, d_k, ks, MMA_K);

@@ -49,6 +49,37 @@ fn clear_tallies(tallies: &mut SharedMemory<Atomic<u32>>, #[comptime] hot_bins: 
     }
 }
 
+/// Tallies the cube's slots `start..end` whose block `j` is among its KV head's first `hot`
+/// (bin `hk * hot + j`). With `count_rest` (the count) every other listed block is added to
+/// `rest[b, hk, j]` at once; the fill leaves those for its second pass.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn tally_slots<I: Int>(
+    blocks: &Tensor<I>,
+    tallies: &mut SharedMemory<Atomic<u32>>,
+    rest: &mut Tensor<Atomic<u32>>,
+    start: usize,
+    end: usize,
+    hot: usize,
+    n_blocks: usize,
+    #[comptime] count_rest: bool,
+) {
+    let (b, h_kv) = (CUBE_POS_Y as usize, blocks.shape(2));
+    let mut pos = start + UNIT_POS as usize;
+    while pos < end {
+        let (_b, _t, hk, j) = slot_of::<I>(blocks, pos);
+        if j >= 0 {
+            let j = u32::cast_from(j) as usize;
+            if j < hot {
+                tallies[hk * hot + j].fetch_add(1u32);
+            } else if count_rest {
+                rest[(b * h_kv + hk) * n_blocks + j].fetch_add(1u32);
+            }
+        }
+        pos += CUBE_DIM as usize;
+    }
+}
+
 /// `counts[b, hk, j] += 1` for every listed block. Every query lists block 0 (forced) and its
 /// local blocks, and random selections favour early blocks: one global atomic per slot made
 /// 65536 same-address atomics per KV head at 64k. A cube of `rows` queries instead tallies each
@@ -67,19 +98,7 @@ pub fn count_selections<I: Int>(
     let mut tallies = SharedMemory::<Atomic<u32>>::new(hot_bins);
     clear_tallies(&mut tallies, hot_bins);
     sync_cube();
-    let mut pos = start + UNIT_POS as usize;
-    while pos < end {
-        let (_b, _t, hk, j) = slot_of::<I>(blocks, pos);
-        if j >= 0 {
-            let j = u32::cast_from(j) as usize;
-            if j < hot {
-                tallies[hk * hot + j].fetch_add(1u32);
-            } else {
-                counts[(b * h_kv + hk) * n_blocks + j].fetch_add(1u32);
-            }
-        }
-        pos += CUBE_DIM as usize;
-    }
+    tally_slots::<I>(blocks, &mut tallies, counts, start, end, hot, n_blocks, true);
     sync_cube();
     let mut bin = UNIT_POS as usize;
     while bin < hot * h_kv {
@@ -178,14 +197,7 @@ pub fn fill_selections<I: Int>(
     let mut reserved = SharedMemory::<u32>::new(hot_bins);
     clear_tallies(&mut tallies, hot_bins);
     sync_cube();
-    let mut pos = start + UNIT_POS as usize;
-    while pos < end {
-        let (_b, _t, hk, j) = slot_of::<I>(blocks, pos);
-        if j >= 0 && (u32::cast_from(j) as usize) < hot {
-            tallies[hk * hot + u32::cast_from(j) as usize].fetch_add(1u32);
-        }
-        pos += CUBE_DIM as usize;
-    }
+    tally_slots::<I>(blocks, &mut tallies, cursor, start, end, hot, n_blocks, false);
     sync_cube();
     let mut bin = UNIT_POS as usize;
     while bin < hot * h_kv {
