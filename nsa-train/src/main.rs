@@ -121,7 +121,8 @@ enum Command {
         /// Sequence lengths to time.
         #[arg(long, value_delimiter = ',', default_value = "2048,8192,16384,32768,65536")]
         lengths: Vec<usize>,
-        /// Timed runs per case (the median is reported).
+        /// Timed runs per case: the median of synced runs, and the mean of as many queued back to
+        /// back (pipelined).
         #[arg(long, default_value_t = 10)]
         iters: usize,
         /// Storage dtype of q, k, v (bf16 needs CUDA).
