@@ -414,11 +414,13 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
             );
         }
         if !call.window {
-            let elements = b * t * h_kv * (call.d_k + call.d_v);
+            let vector = backward::sum_segments_vector(call.d_k, call.d_v);
+            let units = b * t * h_kv * (call.d_k + call.d_v) / vector;
             backward::sum_segments::launch::<R>(
                 &call.client(),
-                call.cube_count(elements),
+                call.cube_count(units),
                 call.cube_dim(),
+                vector,
                 partial.into_tensor_arg(),
                 index.counts.into_tensor_arg(),
                 index.segment_base.into_tensor_arg(),
@@ -428,6 +430,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
                 SEGMENT_QUERIES as u32,
                 call.d_k,
                 call.d_v,
+                vector,
                 dtype.into(),
             );
         }

@@ -168,6 +168,8 @@ fn cases(rng: &mut StdRng) -> Vec<Case> {
         Case::new(rng, dims(1, 600, 4, 2, 16, 16), Spec::Selected { l_sel: 16, n: 3 }),
         // Several KV heads with a group each (the benchmark's selection: h_kv = 2, g = 6, n = 16).
         Case::new(rng, dims(2, 300, 12, 2, 64, 64), Spec::Selected { l_sel: 64, n: 16 }),
+        // Head dims off every vector width (`sum_segments` adds one element per unit there).
+        Case::new(rng, dims(1, 40, 4, 2, 6, 10), Spec::Selected { l_sel: 8, n: 3 }),
     ]
 }
 
