@@ -13,8 +13,8 @@
 //!   the counterpart of `triton.testing.do_bench`, which the anchors use: CUDA events around each
 //!   call, no sync between calls.
 //!
-//! Timed backward passes are seeded with `dO = 1` ([`timed_forward_backward`]); the parity check
-//! uses a random `dO`.
+//! Timed backward passes are seeded with `dO = 1` ([`Seed::Ones`]); the parity check uses a
+//! random `dO`.
 //! Work is counted over attended keys only: forward `4 * keys * d * H_q` FLOPs (`q.k` and
 //! `p.v`, `d_k = d_v = d`), forward+backward 3.5x that (flash attention's convention: the
 //! backward recomputes the scores and does four more products).
@@ -146,32 +146,33 @@ fn pipelined_ms<B: Backend, O>(device: &B::Device, iters: usize, mut f: impl FnM
     ms
 }
 
-/// `[out, dq, dk, dv]` of `sum(out * grad_out)` through `attend`.
+/// How a backward is seeded.
+#[derive(Clone, Copy)]
+enum Seed {
+    /// `sum(out * grad_out)`: a random `dO`, for the parity check.
+    GradOut,
+    /// `out.backward()`: `dO = 1`, for timing. The kernels do the same work for any `dO`, and
+    /// this adds one fill kernel where `GradOut` adds a product and a reduction (0.38 ms of a
+    /// 64k production fwd+bwd on the H100, ncu); the anchors time `fn().backward(dO)`, with
+    /// neither.
+    Ones,
+}
+
+/// `[out, dq, dk, dv]` through `attend`, the backward seeded by `seed`.
 fn forward_backward<B: AutodiffBackend>(
     x: &Inputs<B::InnerBackend>,
+    seed: Seed,
     attend: impl Fn(Tensor<B, 4>, Tensor<B, 4>, Tensor<B, 4>) -> Tensor<B, 4>,
 ) -> [Tensor<B::InnerBackend, 4>; 4] {
     let track = |t: &Tensor<B::InnerBackend, 4>| Tensor::<B, 4>::from_inner(t.clone()).require_grad();
     let (q, k, v) = (track(&x.q), track(&x.k), track(&x.v));
     let out = attend(q.clone(), k.clone(), v.clone());
-    let grads = (out.clone() * Tensor::from_inner(x.grad_out.clone())).sum().backward();
+    let grads = match seed {
+        Seed::GradOut => (out.clone() * Tensor::from_inner(x.grad_out.clone())).sum().backward(),
+        Seed::Ones => out.clone().backward(),
+    };
     let g = |t: &Tensor<B, 4>| t.grad(&grads).expect("input has a gradient");
     [out.inner(), g(&q), g(&k), g(&v)]
-}
-
-/// `[dq, dk, dv]` of a backward seeded with `dO = 1` (`out.backward()`), for timing: the same
-/// kernels and work as any other `dO`, with one fill kernel where [`forward_backward`]'s
-/// `sum(out * grad_out)` adds a product and a reduction (0.38 ms of a 64k production fwd+bwd on
-/// the H100, ncu). The anchors time `fn().backward(dO)`, with neither.
-fn timed_forward_backward<B: AutodiffBackend>(
-    x: &Inputs<B::InnerBackend>,
-    attend: impl Fn(Tensor<B, 4>, Tensor<B, 4>, Tensor<B, 4>) -> Tensor<B, 4>,
-) -> [Tensor<B::InnerBackend, 4>; 3] {
-    let track = |t: &Tensor<B::InnerBackend, 4>| Tensor::<B, 4>::from_inner(t.clone()).require_grad();
-    let (q, k, v) = (track(&x.q), track(&x.k), track(&x.v));
-    let grads = attend(q.clone(), k.clone(), v.clone()).backward();
-    let g = |t: &Tensor<B, 4>| t.grad(&grads).expect("input has a gradient");
-    [g(&q), g(&k), g(&v)]
 }
 
 /// Max |a - b| over max |b|.
@@ -187,7 +188,7 @@ fn host<B: Backend>(t: Tensor<B, 4>) -> Vec<f64> {
 
 /// `[out, dq, dk, dv]` of the reference path on the parity inputs, on the host.
 fn reference_grads<R: AutodiffBackend>(x: &Inputs<R::InnerBackend>, keys: &Keys<R>) -> [Vec<f64>; 4] {
-    forward_backward::<R>(x, |q, k, v| reference::forward(q, k, v, keys).0).map(host)
+    forward_backward::<R>(x, Seed::GradOut, |q, k, v| reference::forward(q, k, v, keys).0).map(host)
 }
 
 /// The parity reference, window then selection: f64 on the CPU where built with it, else the
@@ -248,7 +249,8 @@ pub fn bench_kernels<B: TrainBackend>(device: &B::Device, opts: &BenchOptions) -
         for ((name, keys), want) in
             [("window", Keys::Window { w: W }), ("selected", Keys::selected(blocks, L_SEL))].into_iter().zip(wanted)
         {
-            let fused = forward_backward::<B>(&x, |q, k, v| sparse_attention(q, k, v, &keys).0).map(host);
+            let fused =
+                forward_backward::<B>(&x, Seed::GradOut, |q, k, v| sparse_attention(q, k, v, &keys).0).map(host);
             let errs: Vec<f64> = fused.iter().zip(&want).map(|(a, b)| rel_err(a, b)).collect();
             let pass = errs.iter().all(|e| *e <= tol);
             ok &= pass;
@@ -286,13 +288,13 @@ pub fn bench_kernels<B: TrainBackend>(device: &B::Device, opts: &BenchOptions) -
                     let _ = sparse_attention(x.q.clone(), x.k.clone(), x.v.clone(), &inner_keys);
                 });
                 let fb = median_ms::<B::InnerBackend>(device, opts.iters, || {
-                    let _ = timed_forward_backward::<B>(&x, |q, k, v| sparse_attention(q, k, v, &keys).0);
+                    let _ = forward_backward::<B>(&x, Seed::Ones, |q, k, v| sparse_attention(q, k, v, &keys).0);
                 });
                 let fwd_queued = pipelined_ms::<B::InnerBackend, _>(device, opts.iters, || {
                     sparse_attention(x.q.clone(), x.k.clone(), x.v.clone(), &inner_keys)
                 });
                 let fb_queued = pipelined_ms::<B::InnerBackend, _>(device, opts.iters, || {
-                    timed_forward_backward::<B>(&x, |q, k, v| sparse_attention(q, k, v, &keys).0)
+                    forward_backward::<B>(&x, Seed::Ones, |q, k, v| sparse_attention(q, k, v, &keys).0)
                 });
                 // Keys are counted per KV head row; each of the g query heads attends them.
                 let flops = 2.0 * (attended * (shape.h_q / shape.h_kv)) as f64 * (shape.d_k + shape.d_v) as f64;
