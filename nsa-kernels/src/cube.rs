@@ -82,25 +82,30 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
         if let Some(tiling) = call.flash_tiling(QueryPass::Forward) {
             let cubes = b * h_kv * t.div_ceil(tiling.queries(h_q / h_kv));
             let (count, dim) = call.plane_grid(cubes, tiling.planes());
-            flash_forward::window_forward_flash::launch::<R>(
-                &call.client(),
-                count,
-                dim,
-                mma_forward::VECTOR,
-                call.q.clone().into_tensor_arg(),
-                call.k.clone().into_tensor_arg(),
-                call.v.clone().into_tensor_arg(),
-                out.clone().into_tensor_arg(),
-                lse.clone().into_tensor_arg(),
-                call.scale,
-                call.span,
-                call.d_k,
-                call.d_v,
-                tiling.rows,
-                tiling.planes(),
-                tiling.key_tile,
-                call.q.dtype.into(),
-            );
+            // SAFETY: the register-resident kernels bound every global access themselves (rows
+            // past the tensor are clamped or masked); compute-sanitizer's memcheck runs clean
+            // over them unchecked (bench/gpu/memcheck.sh).
+            unsafe {
+                flash_forward::window_forward_flash::launch_unchecked::<R>(
+                    &call.client(),
+                    count,
+                    dim,
+                    mma_forward::VECTOR,
+                    call.q.clone().into_tensor_arg(),
+                    call.k.clone().into_tensor_arg(),
+                    call.v.clone().into_tensor_arg(),
+                    out.clone().into_tensor_arg(),
+                    lse.clone().into_tensor_arg(),
+                    call.scale,
+                    call.span,
+                    call.d_k,
+                    call.d_v,
+                    tiling.rows,
+                    tiling.planes(),
+                    tiling.key_tile,
+                    call.q.dtype.into(),
+                );
+            }
             return (out, lse);
         }
         if let Some(tiling) = call.mma_tiling(QueryPass::Forward) {
@@ -191,59 +196,69 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
             call.row_delta(&out, &grad_out, &delta);
             let (count, dim) = call.plane_grid(call.key_cubes(tiling.keys, &index), tiling.dq_planes);
             let atomic_width = call.f32_atomic_width();
-            flash_select::selection_dq_flash::launch::<R>(
-                &call.client(),
-                count,
-                dim,
-                mma_forward::VECTOR,
-                atomic_width,
-                call.q.clone().into_tensor_arg(),
-                call.k.clone().into_tensor_arg(),
-                call.v.clone().into_tensor_arg(),
-                grad_out.clone().into_tensor_arg(),
-                lse.clone().into_tensor_arg(),
-                delta.clone().into_tensor_arg(),
-                index.offsets.clone().into_tensor_arg(),
-                index.counts.clone().into_tensor_arg(),
-                index.entries.clone().into_tensor_arg(),
-                index.segment_base.clone().into_tensor_arg(),
-                index.segment_block.clone().into_tensor_arg(),
-                index.segment_total.clone().into_tensor_arg(),
-                grad_q_sum.clone().into_tensor_arg(),
-                call.scale,
-                SEGMENT_QUERIES as u32,
-                call.d_k,
-                call.d_v,
-                tiling.keys,
-                tiling.dq_planes,
-                atomic_width,
-                dtype.into(),
-            );
+            // SAFETY: the register-resident kernels bound every global access themselves (rows
+            // past the tensor are clamped or masked); compute-sanitizer's memcheck runs clean
+            // over them unchecked (bench/gpu/memcheck.sh).
+            unsafe {
+                flash_select::selection_dq_flash::launch_unchecked::<R>(
+                    &call.client(),
+                    count,
+                    dim,
+                    mma_forward::VECTOR,
+                    atomic_width,
+                    call.q.clone().into_tensor_arg(),
+                    call.k.clone().into_tensor_arg(),
+                    call.v.clone().into_tensor_arg(),
+                    grad_out.clone().into_tensor_arg(),
+                    lse.clone().into_tensor_arg(),
+                    delta.clone().into_tensor_arg(),
+                    index.offsets.clone().into_tensor_arg(),
+                    index.counts.clone().into_tensor_arg(),
+                    index.entries.clone().into_tensor_arg(),
+                    index.segment_base.clone().into_tensor_arg(),
+                    index.segment_block.clone().into_tensor_arg(),
+                    index.segment_total.clone().into_tensor_arg(),
+                    grad_q_sum.clone().into_tensor_arg(),
+                    call.scale,
+                    SEGMENT_QUERIES as u32,
+                    call.d_k,
+                    call.d_v,
+                    tiling.keys,
+                    tiling.dq_planes,
+                    atomic_width,
+                    dtype.into(),
+                );
+            }
         } else if let Some(tiling) = call.flash_tiling(QueryPass::Gradient) {
             call.row_delta(&out, &grad_out, &delta);
             let cubes = b * h_kv * t.div_ceil(tiling.queries(h_q / h_kv));
             let (count, dim) = call.plane_grid(cubes, tiling.planes());
-            flash_dq::window_dq_flash::launch::<R>(
-                &call.client(),
-                count,
-                dim,
-                mma_forward::VECTOR,
-                call.q.clone().into_tensor_arg(),
-                call.k.clone().into_tensor_arg(),
-                call.v.clone().into_tensor_arg(),
-                grad_out.clone().into_tensor_arg(),
-                lse.clone().into_tensor_arg(),
-                delta.clone().into_tensor_arg(),
-                grad_q.clone().expect("a query-side dQ").into_tensor_arg(),
-                call.scale,
-                call.span,
-                call.d_k,
-                call.d_v,
-                tiling.rows,
-                tiling.planes(),
-                tiling.key_tile,
-                dtype.into(),
-            );
+            // SAFETY: the register-resident kernels bound every global access themselves (rows
+            // past the tensor are clamped or masked); compute-sanitizer's memcheck runs clean
+            // over them unchecked (bench/gpu/memcheck.sh).
+            unsafe {
+                flash_dq::window_dq_flash::launch_unchecked::<R>(
+                    &call.client(),
+                    count,
+                    dim,
+                    mma_forward::VECTOR,
+                    call.q.clone().into_tensor_arg(),
+                    call.k.clone().into_tensor_arg(),
+                    call.v.clone().into_tensor_arg(),
+                    grad_out.clone().into_tensor_arg(),
+                    lse.clone().into_tensor_arg(),
+                    delta.clone().into_tensor_arg(),
+                    grad_q.clone().expect("a query-side dQ").into_tensor_arg(),
+                    call.scale,
+                    call.span,
+                    call.d_k,
+                    call.d_v,
+                    tiling.rows,
+                    tiling.planes(),
+                    tiling.key_tile,
+                    dtype.into(),
+                );
+            }
         } else if let Some(tiling) = call.mma_tiling(QueryPass::Gradient) {
             let (count, dim) = call.mma_grid(&tiling);
             mma_dq::attention_backward_query_mma::launch::<R>(
@@ -311,40 +326,45 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
         if let Some(tiling) = flash_keys {
             let (count, dim) = call.plane_grid(call.key_cubes(tiling.keys(), &index), tiling.planes);
             let atomic_width = if tiling.fold_dq { call.f32_atomic_width() } else { 1 };
-            flash_key::attention_key_flash::launch::<R>(
-                &call.client(),
-                count,
-                dim,
-                mma_forward::VECTOR,
-                atomic_width,
-                call.q.clone().into_tensor_arg(),
-                call.k.clone().into_tensor_arg(),
-                call.v.clone().into_tensor_arg(),
-                grad_out.clone().into_tensor_arg(),
-                lse.clone().into_tensor_arg(),
-                delta.clone().into_tensor_arg(),
-                index.offsets.into_tensor_arg(),
-                index.counts.clone().into_tensor_arg(),
-                index.entries.into_tensor_arg(),
-                index.segment_base.clone().into_tensor_arg(),
-                index.segment_block.clone().into_tensor_arg(),
-                index.segment_total.into_tensor_arg(),
-                grad_k.clone().into_tensor_arg(),
-                grad_v.clone().into_tensor_arg(),
-                partial.clone().into_tensor_arg(),
-                grad_q_sum.clone().into_tensor_arg(),
-                call.scale,
-                call.span,
-                SEGMENT_QUERIES as u32,
-                call.window,
-                call.d_k,
-                call.d_v,
-                tiling.planes,
-                tiling.q_rows,
-                tiling.fold_dq,
-                atomic_width,
-                dtype.into(),
-            );
+            // SAFETY: the register-resident kernels bound every global access themselves (rows
+            // past the tensor are clamped or masked); compute-sanitizer's memcheck runs clean
+            // over them unchecked (bench/gpu/memcheck.sh).
+            unsafe {
+                flash_key::attention_key_flash::launch_unchecked::<R>(
+                    &call.client(),
+                    count,
+                    dim,
+                    mma_forward::VECTOR,
+                    atomic_width,
+                    call.q.clone().into_tensor_arg(),
+                    call.k.clone().into_tensor_arg(),
+                    call.v.clone().into_tensor_arg(),
+                    grad_out.clone().into_tensor_arg(),
+                    lse.clone().into_tensor_arg(),
+                    delta.clone().into_tensor_arg(),
+                    index.offsets.into_tensor_arg(),
+                    index.counts.clone().into_tensor_arg(),
+                    index.entries.into_tensor_arg(),
+                    index.segment_base.clone().into_tensor_arg(),
+                    index.segment_block.clone().into_tensor_arg(),
+                    index.segment_total.into_tensor_arg(),
+                    grad_k.clone().into_tensor_arg(),
+                    grad_v.clone().into_tensor_arg(),
+                    partial.clone().into_tensor_arg(),
+                    grad_q_sum.clone().into_tensor_arg(),
+                    call.scale,
+                    call.span,
+                    SEGMENT_QUERIES as u32,
+                    call.window,
+                    call.d_k,
+                    call.d_v,
+                    tiling.planes,
+                    tiling.q_rows,
+                    tiling.fold_dq,
+                    atomic_width,
+                    dtype.into(),
+                );
+            }
         } else if let Some(tiling) = key_tiling {
             let (count, dim) = call.plane_grid(call.key_cubes(tiling.keys(), &index), tiling.planes);
             mma_backward::attention_backward_key_mma::launch::<R>(
@@ -590,33 +610,38 @@ impl<R: CubeRuntime> Call<R> {
         let part_lse = self.empty(Shape::new([b, t, h_q, n]), DType::F32);
         let (count, dim) = self.plane_grid(self.key_cubes(tiling.keys, &index), tiling.planes);
         let narrow = FlashSelectTiling::narrow_partials(self.d_v);
-        flash_select::selection_partials_flash::launch::<R>(
-            &self.client(),
-            count,
-            dim,
-            mma_forward::VECTOR,
-            if narrow { mma_forward::VECTOR } else { 1 },
-            self.q.clone().into_tensor_arg(),
-            self.k.clone().into_tensor_arg(),
-            self.v.clone().into_tensor_arg(),
-            index.offsets.into_tensor_arg(),
-            index.counts.into_tensor_arg(),
-            index.entries.into_tensor_arg(),
-            index.slots.into_tensor_arg(),
-            index.segment_base.into_tensor_arg(),
-            index.segment_block.into_tensor_arg(),
-            index.segment_total.into_tensor_arg(),
-            part_out.clone().into_tensor_arg(),
-            part_lse.clone().into_tensor_arg(),
-            self.scale,
-            SEGMENT_QUERIES as u32,
-            self.d_k,
-            self.d_v,
-            tiling.keys,
-            tiling.planes,
-            narrow,
-            self.q.dtype.into(),
-        );
+        // SAFETY: the register-resident kernels bound every global access themselves (rows
+        // past the tensor are clamped or masked); compute-sanitizer's memcheck runs clean
+        // over them unchecked (bench/gpu/memcheck.sh).
+        unsafe {
+            flash_select::selection_partials_flash::launch_unchecked::<R>(
+                &self.client(),
+                count,
+                dim,
+                mma_forward::VECTOR,
+                if narrow { mma_forward::VECTOR } else { 1 },
+                self.q.clone().into_tensor_arg(),
+                self.k.clone().into_tensor_arg(),
+                self.v.clone().into_tensor_arg(),
+                index.offsets.into_tensor_arg(),
+                index.counts.into_tensor_arg(),
+                index.entries.into_tensor_arg(),
+                index.slots.into_tensor_arg(),
+                index.segment_base.into_tensor_arg(),
+                index.segment_block.into_tensor_arg(),
+                index.segment_total.into_tensor_arg(),
+                part_out.clone().into_tensor_arg(),
+                part_lse.clone().into_tensor_arg(),
+                self.scale,
+                SEGMENT_QUERIES as u32,
+                self.d_k,
+                self.d_v,
+                tiling.keys,
+                tiling.planes,
+                narrow,
+                self.q.dtype.into(),
+            );
+        }
         let vectors = b * t * h_q * self.d_v / mma_forward::VECTOR;
         flash_select::merge_selection_partials::launch::<R>(
             &self.client(),

@@ -19,7 +19,7 @@ use crate::tiling::storage_stride;
 
 /// `q`, `k`, `v`, `dO` as the forward's inputs and output, `lse` and `delta` `[B, T, H_q]`
 /// (f32) -> `grad_q`. Cube `(32, planes)` units, `rows <= 16 * planes` real rows.
-#[cube(launch, fast_math = FastMath::all())]
+#[cube(launch, launch_unchecked, fast_math = FastMath::all())]
 #[allow(clippy::too_many_arguments)]
 pub fn window_dq_flash<F: Float, N: Size>(
     q: &Tensor<Vector<F, N>>,

@@ -25,7 +25,7 @@ use crate::tiling::storage_stride;
 /// `lse [B, T, H_q]` (f32) for a causal window of `span` keys, as
 /// [`super::forward::attention_forward`]. Cube `(32, planes)` units; `rows <= 16 * planes`
 /// real rows; `d_k`, `d_v` and `key_tile` multiples of 16.
-#[cube(launch, fast_math = FastMath::all())]
+#[cube(launch, launch_unchecked, fast_math = FastMath::all())]
 pub fn window_forward_flash<F: Float, N: Size>(
     q: &Tensor<Vector<F, N>>,
     k: &Tensor<Vector<F, N>>,
@@ -89,8 +89,10 @@ pub fn window_forward_flash<F: Float, N: Size>(
 
         let mut scores = products_with_rows::<F, N>(def, &q_frags, &staged, at, lane, d_k, ks, key_tile);
         let needs_mask = tile_needs_mask(first, count, cube.t0, cube.t_end, span, key_tile);
-        mask_and_scale(&mut scores, &lanes, first, count, span, scale, lane, needs_mask, key_tile);
-        let correction = stats.update(&mut scores, key_tile);
+        if needs_mask {
+            mask_scores(&mut scores, &lanes, first, count, span, lane, key_tile);
+        }
+        let correction = stats.update(&mut scores, scale, key_tile);
         scale_rows(&mut acc, &correction, comptime!(d_v / MMA_N));
         accumulate_with_rows::<F, N>(def, &scores, &staged, at + key_tile * ks, lane, &mut acc, d_v, vs, key_tile);
         // The tile after next overwrites this buffer.
@@ -229,9 +231,16 @@ impl RowStats {
         RowStats { max, sum }
     }
 
-    /// One key tile of the online softmax: turns the scaled, masked scores into probabilities
-    /// in place and returns the factor that rescales each row's accumulated output.
-    pub fn update(&mut self, scores: &mut Array<Pair<f32>>, #[comptime] key_tile: usize) -> Array<f32> {
+    /// One key tile of the online softmax: turns the raw (unscaled) masked scores into
+    /// probabilities `exp(s scale - max)` in place and returns the factor that rescales each
+    /// row's accumulated output. The maximum is kept scaled (`scale > 0` keeps the order).
+    ///
+    /// Why raw scores: the scale folds into the exponential's argument (one fused multiply-add
+    /// per score instead of a multiply and a subtraction), and a masked score needs no test of
+    /// its own. A row that has no attended key yet (its maximum still masked) is shifted by 0
+    /// instead of its maximum, so its masked scores give `exp(-huge) = 0` and never
+    /// `exp(0) = 1`: one test per row rather than one per score.
+    pub fn update(&mut self, scores: &mut Array<Pair<f32>>, scale: f32, #[comptime] key_tile: usize) -> Array<f32> {
         let mut correction = Array::<f32>::new(2usize);
         #[unroll]
         for half in 0..2usize {
@@ -243,15 +252,16 @@ impl RowStats {
             }
             tile_max = max(tile_max, plane_shuffle_xor(tile_max, 1u32));
             tile_max = max(tile_max, plane_shuffle_xor(tile_max, 2u32));
-            let new_max = max(self.max[half], tile_max);
-            correction[half] = (self.max[half] - new_max).exp();
+            let new_max = max(self.max[half], tile_max * scale);
+            let shift = select(new_max > MASKED * scale, new_max, 0.0f32);
+            correction[half] = (self.max[half] - shift).exp();
             let mut tile_sum = 0.0f32;
             #[unroll]
             for j in 0..key_tile / MMA_N {
                 let mut s = scores[2 * j + half];
                 #[unroll]
                 for e in 0..2usize {
-                    s[e] = select(s[e] > MASKED, (s[e] - new_max).exp(), 0.0f32);
+                    s[e] = fma(s[e], scale, -shift).exp();
                     tile_sum += s[e];
                 }
                 scores[2 * j + half] = s;
@@ -271,10 +281,39 @@ impl RowStats {
     }
 }
 
-/// Scales the scores and masks keys past the tile's `count` or outside a row's window (keys
-/// `first..first + count` of the tile; the lane holds keys `8j + 2 (l % 4) + e`). Padding rows
-/// (zero queries, never written) need no mask. Only tiles at the walk's ends mask anything
-/// ([`tile_needs_mask`]); the others are only scaled.
+/// Masks keys past the tile's `count` or outside a row's window (keys `first..first + count` of
+/// the tile; the lane holds keys `8j + 2 (l % 4) + e`) to `NEG_LARGE`, leaving the others as
+/// they are. Padding rows (zero queries, never written) need no mask. Only tiles at the walk's
+/// ends mask anything ([`tile_needs_mask`]).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub fn mask_scores(
+    scores: &mut Array<Pair<f32>>,
+    lanes: &LaneRows,
+    first: usize,
+    count: usize,
+    span: usize,
+    lane: usize,
+    #[comptime] key_tile: usize,
+) {
+    let column = 2 * (lane % 4);
+    #[unroll]
+    for j in 0..key_tile / MMA_N {
+        #[unroll]
+        for half in 0..2usize {
+            let mut s = scores[2 * j + half];
+            #[unroll]
+            for e in 0..2usize {
+                let key = j * MMA_N + column + e;
+                let valid = key < count && attends(lanes.t[half], first + key, span, true);
+                s[e] = select(valid, s[e], f32::new(NEG_LARGE));
+            }
+            scores[2 * j + half] = s;
+        }
+    }
+}
+
+/// [`mask_scores`], then every score times `scale` (masked ones stay below `MASKED`).
 #[cube]
 #[allow(clippy::too_many_arguments)]
 pub fn mask_and_scale(
@@ -288,28 +327,13 @@ pub fn mask_and_scale(
     needs_mask: bool,
     #[comptime] key_tile: usize,
 ) {
-    let column = 2 * (lane % 4);
-    let scale_pair = Pair::<f32>::new(scale);
     if needs_mask {
-        #[unroll]
-        for j in 0..key_tile / MMA_N {
-            #[unroll]
-            for half in 0..2usize {
-                let mut s = scores[2 * j + half];
-                #[unroll]
-                for e in 0..2usize {
-                    let key = j * MMA_N + column + e;
-                    let valid = key < count && attends(lanes.t[half], first + key, span, true);
-                    s[e] = select(valid, s[e] * scale, f32::new(NEG_LARGE));
-                }
-                scores[2 * j + half] = s;
-            }
-        }
-    } else {
-        #[unroll]
-        for i in 0..2 * key_tile / MMA_N {
-            scores[i] = scores[i] * scale_pair;
-        }
+        mask_scores(scores, lanes, first, count, span, lane, key_tile);
+    }
+    let scale_pair = Pair::<f32>::new(scale);
+    #[unroll]
+    for i in 0..2 * key_tile / MMA_N {
+        scores[i] = scores[i] * scale_pair;
     }
 }
 

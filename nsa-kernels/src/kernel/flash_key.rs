@@ -36,7 +36,7 @@ use crate::tiling::storage_stride;
 /// a selection's `partial` (`[B * H_kv, segments, span * (d_k + d_v)]`, as
 /// [`super::mma_backward::attention_backward_key_mma`]'s). Cube `(32, planes)` units; `q_rows`
 /// a multiple of 16; a selection's block is the cube's `16 * planes` keys.
-#[cube(launch, fast_math = FastMath::all())]
+#[cube(launch, launch_unchecked, fast_math = FastMath::all())]
 #[allow(clippy::too_many_arguments)]
 pub fn attention_key_flash<F: Float, N: Size, A: Size>(
     q: &Tensor<Vector<F, N>>,
@@ -218,7 +218,6 @@ pub fn attention_key_flash<F: Float, N: Size, A: Size>(
         barriers.wait(slot);
         let at = base + slot * chunk;
 
-        let do_at = at + comptime!(q_rows * ks);
         // A window's chunk attends every key of the cube unless the chunk is partial, starts
         // before the cube's last key, or ends past its first key's window. A selection's rows
         // come in any order: always masked.
@@ -227,25 +226,18 @@ pub fn attention_key_flash<F: Float, N: Size, A: Size>(
             let (t_first, t_last) = (s0 + row_first / g, s0 + (row_first + count - 1) / g);
             needs_mask = count < q_rows || t_first + 1 < s_end || t_last >= s0 + span;
         }
-        // The chunk's rows 16 at a time (a loop, not unrolled): a lane holds one group's `p^T`
-        // and `dp^T` (8 registers each) rather than the whole chunk's. At the production shape
-        // this took a 4-plane folded cube from 230 to 168 registers, 3 cubes per SM instead of
-        // 2 (docs/benchmarks.md: it gained 3%, the kernel is not occupancy-bound).
-        for group in 0..comptime!(q_rows / MMA_K) {
-            let first = group * MMA_K;
-            let mut p = products_with_rows::<F, N>(def, &k_frags, &staged, at + first * ks, lane, d_k, ks, MMA_K);
-            key_probabilities(
-                &mut p, &positions, &stats, slot, first, &key, &real, count, span, scale, lane, needs_mask, window,
-                q_rows,
+        // The mask is decided per chunk, outside the row groups, so each group's body has no
+        // branch (a branch per score pair kept the compiler from scheduling across them).
+        if needs_mask {
+            chunk_gradients::<F, N>(
+                def, &k_frags, &v_frags, &staged, &mut ds_tile, &positions, &stats, &mut dk, &mut dv, at, slot, &key,
+                &real, count, span, scale, plane, lane, true, window, fold_dq, planes, q_rows, d_k, d_v,
             );
-            let do_rows = do_at + first * vs;
-            accumulate_with_rows::<F, N>(def, &p, &staged, do_rows, lane, &mut dv, d_v, vs, MMA_K);
-            let dp = products_with_rows::<F, N>(def, &v_frags, &staged, do_rows, lane, d_v, vs, MMA_K);
-            key_score_gradients(&mut p, &dp, &stats, slot, first, lane, q_rows);
-            if fold_dq {
-                store_pair_tiles::<F>(&mut ds_tile, &p, plane * MMA_M, first, lane, MMA_K, ds_stride);
-            }
-            accumulate_with_rows::<F, N>(def, &p, &staged, at + first * ks, lane, &mut dk, d_k, ks, MMA_K);
+        } else if comptime!(window) {
+            chunk_gradients::<F, N>(
+                def, &k_frags, &v_frags, &staged, &mut ds_tile, &positions, &stats, &mut dk, &mut dv, at, slot, &key,
+                &real, count, span, scale, plane, lane, false, window, fold_dq, planes, q_rows, d_k, d_v,
+            );
         }
         if fold_dq {
             sync_cube();
@@ -292,8 +284,67 @@ pub fn attention_key_flash<F: Float, N: Size, A: Size>(
     }
 }
 
+/// One staged chunk's share of dK, dV (and, with `fold_dq`, its `ds^T` tiles in `ds_tile`), 16
+/// walked rows at a time: `s^T`, `p^T`, `dV += p^T dO`, `dp^T`, `ds^T`, `dK += ds^T q`.
+///
+/// A lane holds one group's `p^T` and `dp^T` (8 registers each). The groups are unrolled only
+/// where the cube is alone on its SM anyway (a window's folded cube of 8 planes, ~170 registers:
+/// one cube per SM whatever it uses up to 255), so that the compiler can overlap one group's
+/// products with the previous group's exponentials; a 4-plane cube keeps the loop (unrolling it
+/// took one from 168 to 230 registers, 3 cubes per SM to 2).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn chunk_gradients<F: Float, N: Size>(
+    def: MmaDefinition<F, F, f32>,
+    k_frags: &Array<Pair<F>>,
+    v_frags: &Array<Pair<F>>,
+    staged: &SharedMemory<Vector<F, N>>,
+    ds_tile: &mut SharedMemory<Pair<F>>,
+    positions: &SharedMemory<u32>,
+    stats: &SharedMemory<f32>,
+    dk: &mut Array<Pair<f32>>,
+    dv: &mut Array<Pair<f32>>,
+    at: usize,
+    slot: usize,
+    key: &Array<usize>,
+    real: &Array<bool>,
+    count: usize,
+    span: usize,
+    scale: f32,
+    plane: usize,
+    lane: usize,
+    #[comptime] masked: bool,
+    #[comptime] window: bool,
+    #[comptime] fold_dq: bool,
+    #[comptime] planes: usize,
+    #[comptime] q_rows: usize,
+    #[comptime] d_k: usize,
+    #[comptime] d_v: usize,
+) {
+    let ks = comptime!(storage_stride(d_k));
+    let vs = comptime!(storage_stride(d_v));
+    let ds_stride = comptime!(storage_stride(q_rows) / 2);
+    let do_at = at + comptime!(q_rows * ks);
+    #[unroll(comptime!(window && fold_dq && planes >= 8))]
+    for group in 0..comptime!(q_rows / MMA_K) {
+        let first = group * MMA_K;
+        let mut p = products_with_rows::<F, N>(def, k_frags, staged, at + first * ks, lane, d_k, ks, MMA_K);
+        key_probabilities(
+            &mut p, positions, stats, slot, first, key, real, count, span, scale, lane, masked, window, q_rows,
+        );
+        let do_rows = do_at + first * vs;
+        accumulate_with_rows::<F, N>(def, &p, staged, do_rows, lane, dv, d_v, vs, MMA_K);
+        let dp = products_with_rows::<F, N>(def, v_frags, staged, do_rows, lane, d_v, vs, MMA_K);
+        key_score_gradients(&mut p, &dp, stats, slot, first, lane, q_rows);
+        if fold_dq {
+            store_pair_tiles::<F>(ds_tile, &p, plane * MMA_M, first, lane, MMA_K, ds_stride);
+        }
+        accumulate_with_rows::<F, N>(def, &p, staged, at + first * ks, lane, dk, d_k, ks, MMA_K);
+    }
+}
+
 /// Scores `s^T` (keys as rows, the chunk's walked rows `first..first + 16` as columns) become
-/// `p^T = exp(s^T scale - lse)` in place; with `needs_mask`, 0 where the column is past
+/// `p^T = exp(s^T scale - lse)` in place; with `masked`, 0 where the column is past
 /// `count`, its query does not attend the key (causal; and in the window for a window), or the
 /// key is past the cube's end. Chunks in the middle of the walk attend every key of the cube and skip the mask (keys past a ragged end then hold garbage rows of
 /// dK, dV, which are never written; their staged K rows are zero, so a folded dQ gets nothing
@@ -312,7 +363,7 @@ fn key_probabilities(
     span: usize,
     scale: f32,
     lane: usize,
-    needs_mask: bool,
+    #[comptime] masked: bool,
     #[comptime] window: bool,
     #[comptime] q_rows: usize,
 ) {
@@ -323,7 +374,7 @@ fn key_probabilities(
         for e in 0..2usize {
             let col = j * MMA_N + column + e;
             let row_lse = stats[slot * comptime!(2 * q_rows) + col];
-            if needs_mask {
+            if masked {
                 let t = positions[slot * q_rows + col] as usize;
                 #[unroll]
                 for half in 0..2usize {

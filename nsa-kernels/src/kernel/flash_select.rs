@@ -32,7 +32,7 @@ use crate::tiling::storage_stride;
 /// the query), at the block's slot. Slots of unused entries are left unwritten. Cube
 /// `(32, planes)` units; `keys` is the block size (a multiple of 16), `d_k`, `d_v` multiples of
 /// 16.
-#[cube(launch, fast_math = FastMath::all())]
+#[cube(launch, launch_unchecked, fast_math = FastMath::all())]
 #[allow(clippy::too_many_arguments)]
 pub fn selection_partials_flash<F: Float, N: Size, P: Size>(
     q: &Tensor<Vector<F, N>>,
@@ -120,10 +120,10 @@ pub fn selection_partials_flash<F: Float, N: Size, P: Size>(
             let q_frags = row_fragments::<F, N>(def, &staged, base + slot * chunk, tile, lane, d_k, ks);
             let rows = ListedRows::in_chunk(&positions, &cube, slot * q_rows, first, tile, count, lane);
             let mut scores = products_with_rows::<F, N>(def, &q_frags, &staged, 0usize, lane, d_k, ks, keys);
-            mask_block(&mut scores, &rows, cube.s0, cube.s_end, scale, lane, keys);
+            mask_block(&mut scores, &rows, cube.s0, cube.s_end, lane, keys);
             let mut stats = RowStats::new();
             // A fresh accumulator: the correction factor has nothing to rescale.
-            let _correction = stats.update(&mut scores, keys);
+            let _correction = stats.update(&mut scores, scale, keys);
             let mut acc = zero_pairs(comptime!(2 * d_v / MMA_N));
             accumulate_with_rows::<F, N>(def, &scores, &staged, v_at, lane, &mut acc, d_v, vs, keys);
             // Where the block stands in each row's query list: staged with the chunk at narrow
@@ -188,15 +188,14 @@ impl ListedRows {
     }
 }
 
-/// Scales the scores and masks keys past the block's end (a ragged last block) or after the
-/// row's query (causal). The lane holds keys `8j + 2 (l % 4) + e` of the block.
+/// Masks keys past the block's end (a ragged last block) or after the row's query (causal) to
+/// `NEG_LARGE`; [`RowStats::update`] scales the rest. The lane holds keys `8j + 2 (l % 4) + e` of the block.
 #[cube]
 fn mask_block(
     scores: &mut Array<Pair<f32>>,
     rows: &ListedRows,
     s0: usize,
     s_end: usize,
-    scale: f32,
     lane: usize,
     #[comptime] keys: usize,
 ) {
@@ -210,7 +209,7 @@ fn mask_block(
             for e in 0..2usize {
                 let key = s0 + j * MMA_N + column + e;
                 let valid = key < s_end && key <= rows.t[half];
-                s[e] = select(valid, s[e] * scale, f32::new(NEG_LARGE));
+                s[e] = select(valid, s[e], f32::new(NEG_LARGE));
             }
             scores[2 * j + half] = s;
         }
@@ -297,7 +296,7 @@ fn store_row_pieces<F: Float, P: Size>(
 /// `ds = p (dp - delta)`, and the row's share of dQ over the block, `scale * ds K`, added to the
 /// f32 `grad_q` by atomics (each row's other blocks are other cubes'). Everything stays in
 /// registers; `delta = dO . O` comes from `row_delta`.
-#[cube(launch, fast_math = FastMath::all())]
+#[cube(launch, launch_unchecked, fast_math = FastMath::all())]
 #[allow(clippy::too_many_arguments)]
 pub fn selection_dq_flash<F: Float, N: Size, A: Size>(
     q: &Tensor<Vector<F, N>>,
@@ -431,8 +430,8 @@ pub fn selection_dq_flash<F: Float, N: Size, A: Size>(
 
             let q_frags = row_fragments::<F, N>(def, &staged, at, tile, lane, d_k, ks);
             let mut p = products_with_rows::<F, N>(def, &q_frags, &staged, 0usize, lane, d_k, ks, keys);
-            mask_block(&mut p, &rows, cube.s0, cube.s_end, scale, lane, keys);
-            row_probabilities(&mut p, &row_lse, keys);
+            mask_block(&mut p, &rows, cube.s0, cube.s_end, lane, keys);
+            row_probabilities(&mut p, &row_lse, scale, keys);
             let do_frags = row_fragments::<F, N>(def, &staged, at + do_at, tile, lane, d_v, vs);
             let dp = products_with_rows::<F, N>(def, &do_frags, &staged, v_at, lane, d_v, vs, keys);
             row_score_gradients(&mut p, &dp, &row_delta, keys);
@@ -448,9 +447,10 @@ pub fn selection_dq_flash<F: Float, N: Size, A: Size>(
     }
 }
 
-/// Masked, scaled scores (masked: `NEG_LARGE`) become `exp(s - lse)` per row, 0 where masked.
+/// Masked raw scores (masked: `NEG_LARGE`) become `exp(s scale - lse)` per row: a masked score
+/// gives `exp(-huge) = 0` (a row's `lse` is finite), so it needs no test of its own.
 #[cube]
-fn row_probabilities(s: &mut Array<Pair<f32>>, row_lse: &Array<f32>, #[comptime] keys: usize) {
+fn row_probabilities(s: &mut Array<Pair<f32>>, row_lse: &Array<f32>, scale: f32, #[comptime] keys: usize) {
     #[unroll]
     for j in 0..keys / MMA_N {
         #[unroll]
@@ -458,7 +458,7 @@ fn row_probabilities(s: &mut Array<Pair<f32>>, row_lse: &Array<f32>, #[comptime]
             let mut x = s[2 * j + half];
             #[unroll]
             for e in 0..2usize {
-                x[e] = select(x[e] > MASKED, (x[e] - row_lse[half]).exp(), 0.0f32);
+                x[e] = fma(x[e], scale, -row_lse[half]).exp();
             }
             s[2 * j + half] = x;
         }
