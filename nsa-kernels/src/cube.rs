@@ -670,7 +670,8 @@ impl<R: CubeRuntime> Call<R> {
         } else if self.flash_select_tiling().is_none() || !atomics {
             return None;
         }
-        FlashKeyTiling::plan(self.window, self.d_k, self.d_v, atomics)
+        let shared = self.client().properties().hardware.max_shared_memory_size;
+        FlashKeyTiling::plan(self.window, self.d_k, self.d_v, atomics, shared)
     }
 
     /// f32 elements the device adds atomically in one operation: 4 (sm90's 16-byte vector

@@ -211,11 +211,17 @@ impl FlashTiling {
         if d_k % MMA_TILE != 0 || d_v % MMA_TILE != 0 {
             return None;
         }
-        let rows = (MMA_ROWS / g).max(1) * g;
         let wide = match pass {
             QueryPass::Forward => d_k + d_v > 256,
             QueryPass::Gradient => d_k + d_v > 128,
         };
+        // A narrow forward lane needs about 128 registers, and CUDA's compiler is only told the
+        // cube's size (`__launch_bounds__(units)`), not how many cubes should share an SM: at 8
+        // planes it may take 140 and leave one cube of 8 planes per SM. A cube of 16 planes
+        // caps a unit at 128 registers (65536 / 512), so 16 planes always run per SM, and each
+        // staged K/V tile serves twice the queries.
+        let cube_rows = if pass == QueryPass::Forward && d_k + d_v <= 128 { 2 * MMA_ROWS } else { MMA_ROWS };
+        let rows = (cube_rows / g).max(1) * g;
         let key_tile = if wide { 32 } else { 64 };
         Some(FlashTiling { rows, key_tile })
     }
@@ -251,8 +257,9 @@ pub struct FlashKeyTiling {
 }
 
 impl FlashKeyTiling {
-    /// `atomics`: the device adds f32 to global memory atomically.
-    pub fn plan(window: bool, d_k: usize, d_v: usize, atomics: bool) -> Option<Self> {
+    /// `atomics`: the device adds f32 to global memory atomically; `shared`: the bytes of
+    /// shared memory a cube may have.
+    pub fn plan(window: bool, d_k: usize, d_v: usize, atomics: bool, shared: usize) -> Option<Self> {
         if d_k % MMA_TILE != 0 || d_v % MMA_TILE != 0 {
             return None;
         }
@@ -262,7 +269,24 @@ impl FlashKeyTiling {
         // A 128-key window cube splits d_k in two halves of whole MMA tiles.
         let halves = !fold_dq || d_k % (2 * MMA_TILE) == 0;
         let planes = if window && halves { 8 } else { 4 };
-        Some(FlashKeyTiling { planes, q_rows, fold_dq })
+        let tiling = FlashKeyTiling { planes, q_rows, fold_dq };
+        // A folding window cube of 8 planes runs alone on its SM (~170 registers a unit), so
+        // it may take the shared memory of the whole SM: chunks of 128 rows halve the chunks
+        // walked, and with them the barriers that idle the SM while its one cube waits.
+        let long = FlashKeyTiling { q_rows: 128, ..tiling };
+        let alone = window && fold_dq && planes == 8;
+        Some(if alone && long.shared_bytes(d_k, d_v) <= shared { long } else { tiling })
+    }
+
+    /// Shared memory of a cube at 16-bit storage: K and V rows (K kept when folding dQ) or two
+    /// buffers of `q_rows` q and dO rows, the folded `ds^T` tile, and the rows' positions and
+    /// statistics.
+    pub fn shared_bytes(&self, d_k: usize, d_v: usize) -> usize {
+        let (keys, row) = (self.keys(), storage_stride(d_k) + storage_stride(d_v));
+        let base = if self.fold_dq { keys * storage_stride(d_k) } else { 0 };
+        let staged = base + (keys * row - base).max(2 * self.q_rows * row);
+        let ds = if self.fold_dq { keys * storage_stride(self.q_rows) } else { 0 };
+        2 * (staged + ds) + 4 * 6 * self.q_rows
     }
 
     pub fn keys(&self) -> usize {
@@ -523,7 +547,7 @@ mod tests {
 
     #[test]
     fn narrow_heads_fold_dq_into_the_key_kernel_where_atomics_add() {
-        let fold = |window, d_k, d_v, atomics| FlashKeyTiling::plan(window, d_k, d_v, atomics).unwrap().fold_dq;
+        let fold = |window, d_k, d_v, atomics| FlashKeyTiling::plan(window, d_k, d_v, atomics, MMA_SHARED).unwrap().fold_dq;
         assert!(fold(false, 64, 64, true));
         assert!(fold(true, 64, 64, true));
         assert!(!fold(true, 64, 64, false), "no atomics: a window keeps its query-side dQ");
@@ -531,12 +555,19 @@ mod tests {
         assert!(!fold(true, 192, 128, true));
         // Folding has each plane take a 16-row tile of the chunk and an equal part of d_k.
         for (window, d) in [(false, 64), (true, 64), (false, 48), (true, 48), (true, 32)] {
-            let narrow = FlashKeyTiling::plan(window, d, d, true).unwrap();
+            let narrow = FlashKeyTiling::plan(window, d, d, true, MMA_SHARED).unwrap();
             let row_tiles = narrow.q_rows / MMA_TILE;
             assert!(narrow.planes % row_tiles == 0 && (d / (narrow.planes / row_tiles)) % MMA_TILE == 0, "{d}");
         }
-        assert_eq!(FlashKeyTiling::plan(true, 64, 64, true).unwrap().keys(), 128, "a window cube takes 128 keys");
-        let wide_window = FlashKeyTiling::plan(true, 128, 128, true).unwrap();
+        assert_eq!(FlashKeyTiling::plan(true, 64, 64, true, MMA_SHARED).unwrap().keys(), 128, "a window cube takes 128 keys");
+        // Alone on its SM, a folding window cube walks 128-row chunks where the SM's shared
+        // memory holds them (an H100's 227 KiB), else 64.
+        let h100 = FlashKeyTiling::plan(true, 64, 64, true, 227 * 1024).unwrap();
+        assert_eq!((h100.q_rows, h100.planes), (128, 8));
+        assert!(h100.shared_bytes(64, 64) <= 227 * 1024 && h100.shared_bytes(64, 64) > MMA_SHARED);
+        assert_eq!(FlashKeyTiling::plan(true, 64, 64, true, MMA_SHARED).unwrap().q_rows, 64);
+        assert_eq!(FlashKeyTiling::plan(false, 64, 64, true, 227 * 1024).unwrap().q_rows, 64, "4 planes share an SM");
+        let wide_window = FlashKeyTiling::plan(true, 128, 128, true, 227 * 1024).unwrap();
         assert_eq!(wide_window, FlashKeyTiling { planes: 8, q_rows: 32, fold_dq: false });
     }
 

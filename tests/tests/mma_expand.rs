@@ -213,7 +213,7 @@ fn tensor_core_kernels_expand() {
     // Narrow heads fold dQ in (atomics), a window's as a selection's.
     for (window, fold_dq) in [(true, false), (false, false), (false, true), (true, true)] {
         // The tiling the backend plans (a folding window cube splits d_k over 8 planes).
-        let tiling = nsa_kernels::tiling::FlashKeyTiling::plan(window, 64, 64, fold_dq).unwrap();
+        let tiling = nsa_kernels::tiling::FlashKeyTiling::plan(window, 64, 64, fold_dq, nsa_kernels::tiling::MMA_SHARED).unwrap();
         assert_eq!(tiling.fold_dq, fold_dq);
         let panics = panics_of(&device, || {
             nsa_kernels::kernel::flash_key::attention_key_flash::launch::<WgpuRuntime>(
