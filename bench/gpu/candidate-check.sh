@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
-# A kernel candidate against a baseline in one device call: the candidate's bf16 parity on all
-# four shapes, its memcheck over production and mha at T = 1000 (both key sets, fwd and bwd),
-# then both builds at 64k alternated over two rounds (SHAPES, default production), and every
-# kernel's own time for both (ncu at real clocks, production 64k, one run each).
-# From the repository root: `bash bench/gpu/candidate-check.sh .carry/base/nsa.xz .carry/x/nsa.xz`.
+# Kernel candidates against a baseline in one device call: the last candidate's bf16 parity on
+# all four shapes, its memcheck over production and mha at T = 1000 (both key sets, fwd and
+# bwd), then every build at 64k alternated over two rounds (SHAPES, default production), and
+# every kernel's own time for each build (ncu at real clocks, production 64k, one run each).
+# From the repository root:
+# `bash bench/gpu/candidate-check.sh .carry/base/nsa.xz .carry/x/nsa.xz [.carry/y/nsa.xz ...]`.
 set -u
 nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/device.txt
-base=/tmp/nsa-base; xz -dc "$1" > $base && chmod +x $base
-cand=/tmp/nsa-cand; xz -dc "$2" > $cand && chmod +x $cand
+builds=()
+for i in $(seq 1 $#); do
+  bin=/tmp/nsa-$i; xz -dc "${!i}" > $bin && chmod +x $bin; builds+=($bin)
+done
+cand=${builds[-1]}
 for s in "2049 production" "777 paper" "777 wide,mha"; do
   set -- $s
   timeout 150 $cand bench-kernels --backend cuda --precision bf16 --check-len $1 --lengths 64 --iters 1 --shapes $2 2>&1 \
@@ -18,13 +22,13 @@ timeout ${MEMCHECK_S:-130} compute-sanitizer --tool memcheck --error-exitcode 9 
   > $OUT/memcheck.txt 2>&1
 echo "memcheck exit $?" | tee -a $OUT/memcheck.txt; grep "ERROR SUMMARY" $OUT/memcheck.txt
 for round in 1 2; do
-  for b in $base $cand; do
+  for b in ${builds[@]}; do
     echo "== $b (round $round)" | tee -a $OUT/ab.txt
     timeout 120 $b bench-kernels --backend cuda --precision bf16 --check-len 0 --lengths 65536 --iters 10 \
       --shapes ${SHAPES:-production} 2>&1 | grep '^| [a-z]' | tee -a $OUT/ab.txt
   done
 done
-for b in $base $cand; do
+for b in ${builds[@]}; do
   timeout 100 ncu --clock-control none --kernel-name-base function --metrics gpu__time_duration.sum --csv \
     $b bench-kernels --backend cuda --precision bf16 --check-len 0 --lengths 65536 --iters 1 --shapes production \
     2>/dev/null > /tmp/t.csv
