@@ -610,37 +610,49 @@ impl<R: CubeRuntime> Call<R> {
         let part_lse = self.empty(Shape::new([b, t, h_q, n]), DType::F32);
         let (count, dim) = self.plane_grid(self.key_cubes(tiling.keys, &index), tiling.planes);
         let narrow = FlashSelectTiling::narrow_partials(self.d_v);
-        // SAFETY: the register-resident kernels bound every global access themselves (rows
-        // past the tensor are clamped or masked); compute-sanitizer's memcheck runs clean
-        // over them unchecked (bench/gpu/memcheck.sh).
-        unsafe {
-            flash_select::selection_partials_flash::launch_unchecked::<R>(
-                &self.client(),
-                count,
-                dim,
-                mma_forward::VECTOR,
-                if narrow { mma_forward::VECTOR } else { 1 },
-                self.q.clone().into_tensor_arg(),
-                self.k.clone().into_tensor_arg(),
-                self.v.clone().into_tensor_arg(),
-                index.offsets.into_tensor_arg(),
-                index.counts.into_tensor_arg(),
-                index.entries.into_tensor_arg(),
-                index.slots.into_tensor_arg(),
-                index.segment_base.into_tensor_arg(),
-                index.segment_block.into_tensor_arg(),
-                index.segment_total.into_tensor_arg(),
-                part_out.clone().into_tensor_arg(),
-                part_lse.clone().into_tensor_arg(),
-                self.scale,
-                SEGMENT_QUERIES as u32,
-                self.d_k,
-                self.d_v,
-                tiling.keys,
-                tiling.planes,
-                narrow,
-                self.q.dtype.into(),
-            );
+        // Unchecked at narrow heads only. In one H100 call (docs/benchmarks.md, twelfth
+        // session) the build with every register-resident kernel unchecked took the paper
+        // shape's selected forward at 64k to 43.6 ms, against 21.4-24.4 ms for the previous
+        // build; restoring this kernel's scaled-score softmax at wide heads changed nothing,
+        // which leaves the unchecked launch, the only other change to its code there. At narrow
+        // heads unchecked measured 1.88 -> 1.85 ms. SAFETY: the kernel bounds every global
+        // access itself (rows past the tensor are clamped or masked); compute-sanitizer's
+        // memcheck runs clean over it unchecked (bench/gpu/memcheck.sh).
+        macro_rules! partials {
+            ($launch:ident) => {
+                flash_select::selection_partials_flash::$launch::<R>(
+                    &self.client(),
+                    count,
+                    dim,
+                    mma_forward::VECTOR,
+                    if narrow { mma_forward::VECTOR } else { 1 },
+                    self.q.clone().into_tensor_arg(),
+                    self.k.clone().into_tensor_arg(),
+                    self.v.clone().into_tensor_arg(),
+                    index.offsets.into_tensor_arg(),
+                    index.counts.into_tensor_arg(),
+                    index.entries.into_tensor_arg(),
+                    index.slots.into_tensor_arg(),
+                    index.segment_base.into_tensor_arg(),
+                    index.segment_block.into_tensor_arg(),
+                    index.segment_total.into_tensor_arg(),
+                    part_out.clone().into_tensor_arg(),
+                    part_lse.clone().into_tensor_arg(),
+                    self.scale,
+                    SEGMENT_QUERIES as u32,
+                    self.d_k,
+                    self.d_v,
+                    tiling.keys,
+                    tiling.planes,
+                    narrow,
+                    self.q.dtype.into(),
+                )
+            };
+        }
+        if narrow {
+            unsafe { partials!(launch_unchecked) };
+        } else {
+            partials!(launch);
         }
         let vectors = b * t * h_q * self.d_v / mma_forward::VECTOR;
         flash_select::merge_selection_partials::launch::<R>(

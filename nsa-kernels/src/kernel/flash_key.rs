@@ -231,12 +231,12 @@ pub fn attention_key_flash<F: Float, N: Size, A: Size>(
         if needs_mask {
             chunk_gradients::<F, N>(
                 def, &k_frags, &v_frags, &staged, &mut ds_tile, &positions, &stats, &mut dk, &mut dv, at, slot, &key,
-                &real, count, span, scale, plane, lane, true, window, fold_dq, planes, q_rows, d_k, d_v,
+                &real, count, span, scale, plane, lane, true, window, fold_dq, q_rows, d_k, d_v,
             );
         } else if comptime!(window) {
             chunk_gradients::<F, N>(
                 def, &k_frags, &v_frags, &staged, &mut ds_tile, &positions, &stats, &mut dk, &mut dv, at, slot, &key,
-                &real, count, span, scale, plane, lane, false, window, fold_dq, planes, q_rows, d_k, d_v,
+                &real, count, span, scale, plane, lane, false, window, fold_dq, q_rows, d_k, d_v,
             );
         }
         if fold_dq {
@@ -317,7 +317,6 @@ fn chunk_gradients<F: Float, N: Size>(
     #[comptime] masked: bool,
     #[comptime] window: bool,
     #[comptime] fold_dq: bool,
-    #[comptime] planes: usize,
     #[comptime] q_rows: usize,
     #[comptime] d_k: usize,
     #[comptime] d_v: usize,
