@@ -1,4 +1,12 @@
 //! [`SparseAttentionBackend`] for `CubeBackend` (CUDA, WGPU): launches the CubeCL kernels.
+//!
+//! # Unchecked launches
+//!
+//! The register-resident kernels (`flash_*`, CUDA only) launch without CubeCL's bounds checks
+//! on global reads and writes: each bounds every global access itself (rows past the tensor are
+//! clamped to the last row or masked, stores test their row), and compute-sanitizer's memcheck
+//! runs clean over them unchecked (`bench/gpu/memcheck.sh`, docs/benchmarks.md). The selection
+//! partials stay checked at wide heads (see [`Call::selection_forward_key_major`]).
 
 use burn::tensor::{DType, Shape};
 use burn_cubecl::kernel::{cast, into_contiguous};
@@ -82,9 +90,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
         if let Some(tiling) = call.flash_tiling(QueryPass::Forward) {
             let cubes = b * h_kv * t.div_ceil(tiling.queries(h_q / h_kv));
             let (count, dim) = call.plane_grid(cubes, tiling.planes());
-            // SAFETY: the register-resident kernels bound every global access themselves (rows
-            // past the tensor are clamped or masked); compute-sanitizer's memcheck runs clean
-            // over them unchecked (bench/gpu/memcheck.sh).
+            // SAFETY: see "Unchecked launches" in this module's documentation.
             unsafe {
                 flash_forward::window_forward_flash::launch_unchecked::<R>(
                     &call.client(),
@@ -196,9 +202,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
             call.row_delta(&out, &grad_out, &delta);
             let (count, dim) = call.plane_grid(call.key_cubes(tiling.keys, &index), tiling.dq_planes);
             let atomic_width = call.f32_atomic_width();
-            // SAFETY: the register-resident kernels bound every global access themselves (rows
-            // past the tensor are clamped or masked); compute-sanitizer's memcheck runs clean
-            // over them unchecked (bench/gpu/memcheck.sh).
+            // SAFETY: see "Unchecked launches" in this module's documentation.
             unsafe {
                 flash_select::selection_dq_flash::launch_unchecked::<R>(
                     &call.client(),
@@ -233,9 +237,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
             call.row_delta(&out, &grad_out, &delta);
             let cubes = b * h_kv * t.div_ceil(tiling.queries(h_q / h_kv));
             let (count, dim) = call.plane_grid(cubes, tiling.planes());
-            // SAFETY: the register-resident kernels bound every global access themselves (rows
-            // past the tensor are clamped or masked); compute-sanitizer's memcheck runs clean
-            // over them unchecked (bench/gpu/memcheck.sh).
+            // SAFETY: see "Unchecked launches" in this module's documentation.
             unsafe {
                 flash_dq::window_dq_flash::launch_unchecked::<R>(
                     &call.client(),
@@ -326,9 +328,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
         if let Some(tiling) = flash_keys {
             let (count, dim) = call.plane_grid(call.key_cubes(tiling.keys(), &index), tiling.planes);
             let atomic_width = if tiling.fold_dq { call.f32_atomic_width() } else { 1 };
-            // SAFETY: the register-resident kernels bound every global access themselves (rows
-            // past the tensor are clamped or masked); compute-sanitizer's memcheck runs clean
-            // over them unchecked (bench/gpu/memcheck.sh).
+            // SAFETY: see "Unchecked launches" in this module's documentation.
             unsafe {
                 flash_key::attention_key_flash::launch_unchecked::<R>(
                     &call.client(),
@@ -613,11 +613,10 @@ impl<R: CubeRuntime> Call<R> {
         // Unchecked at narrow heads only. In one H100 call (docs/benchmarks.md, twelfth
         // session) the build with every register-resident kernel unchecked took the paper
         // shape's selected forward at 64k to 43.6 ms, against 21.4-24.4 ms for the previous
-        // build; restoring this kernel's scaled-score softmax at wide heads changed nothing,
-        // which leaves the unchecked launch, the only other change to its code there. At narrow
-        // heads unchecked measured 1.88 -> 1.85 ms. SAFETY: the kernel bounds every global
-        // access itself (rows past the tensor are clamped or masked); compute-sanitizer's
-        // memcheck runs clean over it unchecked (bench/gpu/memcheck.sh).
+        // build; the scaled-score softmax at wide heads changed nothing, which leaves the
+        // unchecked launch, the only other change to this kernel's code there. At narrow heads
+        // unchecked measured 1.88 -> 1.85 ms. SAFETY: see "Unchecked launches" in this module's
+        // documentation.
         macro_rules! partials {
             ($launch:ident) => {
                 flash_select::selection_partials_flash::$launch::<R>(

@@ -92,7 +92,7 @@ pub fn window_forward_flash<F: Float, N: Size>(
         if needs_mask {
             mask_scores(&mut scores, &lanes, first, count, span, lane, key_tile);
         }
-        let correction = stats.update(&mut scores, scale, true, key_tile);
+        let correction = stats.update(&mut scores, scale, key_tile);
         scale_rows(&mut acc, &correction, comptime!(d_v / MMA_N));
         accumulate_with_rows::<F, N>(def, &scores, &staged, at + key_tile * ks, lane, &mut acc, d_v, vs, key_tile);
         // The tile after next overwrites this buffer.
@@ -231,25 +231,16 @@ impl RowStats {
         RowStats { max, sum }
     }
 
-    /// One key tile of the online softmax: turns the masked scores into probabilities
-    /// `exp(s scale - max)` in place and returns the factor that rescales each row's
-    /// accumulated output. The maximum is kept scaled (`scale > 0` keeps the order).
+    /// One key tile of the online softmax: turns the raw (unscaled) masked scores into
+    /// probabilities `exp(s scale - max)` in place and returns the factor that rescales each
+    /// row's accumulated output. The maximum is kept scaled (`scale > 0` keeps the order).
     ///
-    /// With `raw`, the scores come unscaled: the scale folds into the exponential's argument
-    /// (one fused multiply-add per score instead of a multiply and a subtraction), and a masked
-    /// score needs no test of its own. A row that has no attended key yet (its maximum still
-    /// masked) is shifted by 0 instead of its maximum, so its masked scores give
-    /// `exp(-huge) = 0` and never `exp(0) = 1`: one test per row rather than one per score.
-    /// Without `raw` the scores come scaled and each masked one is tested, as before: the
-    /// key-major selection's partials at wide heads (`d = 128`) measured 24 -> 44 ms with the
-    /// raw form at 64k on an H100 (a register budget on the edge, docs/benchmarks.md).
-    pub fn update(
-        &mut self,
-        scores: &mut Array<Pair<f32>>,
-        scale: f32,
-        #[comptime] raw: bool,
-        #[comptime] key_tile: usize,
-    ) -> Array<f32> {
+    /// Why raw scores: the scale folds into the exponential's argument (one fused multiply-add
+    /// per score instead of a multiply and a subtraction), and a masked score needs no test of
+    /// its own. A row that has no attended key yet (its maximum still masked) is shifted by 0
+    /// instead of its maximum, so its masked scores give `exp(-huge) = 0` and never
+    /// `exp(0) = 1`: one test per row rather than one per score.
+    pub fn update(&mut self, scores: &mut Array<Pair<f32>>, scale: f32, #[comptime] key_tile: usize) -> Array<f32> {
         let mut correction = Array::<f32>::new(2usize);
         #[unroll]
         for half in 0..2usize {
@@ -261,12 +252,8 @@ impl RowStats {
             }
             tile_max = max(tile_max, plane_shuffle_xor(tile_max, 1u32));
             tile_max = max(tile_max, plane_shuffle_xor(tile_max, 2u32));
-            let mut new_max = max(self.max[half], tile_max);
-            let mut shift = new_max;
-            if comptime!(raw) {
-                new_max = max(self.max[half], tile_max * scale);
-                shift = select(new_max > MASKED * scale, new_max, 0.0f32);
-            }
+            let new_max = max(self.max[half], tile_max * scale);
+            let shift = select(new_max > MASKED * scale, new_max, 0.0f32);
             correction[half] = (self.max[half] - shift).exp();
             let mut tile_sum = 0.0f32;
             #[unroll]
@@ -274,11 +261,7 @@ impl RowStats {
                 let mut s = scores[2 * j + half];
                 #[unroll]
                 for e in 0..2usize {
-                    if comptime!(raw) {
-                        s[e] = fma(s[e], scale, -shift).exp();
-                    } else {
-                        s[e] = select(s[e] > MASKED, (s[e] - shift).exp(), 0.0f32);
-                    }
+                    s[e] = fma(s[e], scale, -shift).exp();
                     tile_sum += s[e];
                 }
                 scores[2 * j + half] = s;

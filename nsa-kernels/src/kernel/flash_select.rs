@@ -120,10 +120,10 @@ pub fn selection_partials_flash<F: Float, N: Size, P: Size>(
             let q_frags = row_fragments::<F, N>(def, &staged, base + slot * chunk, tile, lane, d_k, ks);
             let rows = ListedRows::in_chunk(&positions, &cube, slot * q_rows, first, tile, count, lane);
             let mut scores = products_with_rows::<F, N>(def, &q_frags, &staged, 0usize, lane, d_k, ks, keys);
-            mask_block(&mut scores, &rows, cube.s0, cube.s_end, scale, !narrow, lane, keys);
+            mask_block(&mut scores, &rows, cube.s0, cube.s_end, lane, keys);
             let mut stats = RowStats::new();
             // A fresh accumulator: the correction factor has nothing to rescale.
-            let _correction = stats.update(&mut scores, scale, narrow, keys);
+            let _correction = stats.update(&mut scores, scale, keys);
             let mut acc = zero_pairs(comptime!(2 * d_v / MMA_N));
             accumulate_with_rows::<F, N>(def, &scores, &staged, v_at, lane, &mut acc, d_v, vs, keys);
             // Where the block stands in each row's query list: staged with the chunk at narrow
@@ -189,16 +189,14 @@ impl ListedRows {
 }
 
 /// Masks keys past the block's end (a ragged last block) or after the row's query (causal) to
-/// `NEG_LARGE`, and with `scaled` scales the rest (else [`RowStats::update`] or the caller's
-/// exponential does, see its `raw`). The lane holds keys `8j + 2 (l % 4) + e` of the block.
+/// `NEG_LARGE`, leaving the others raw ([`RowStats::update`] or the caller's exponential
+/// scales them). The lane holds keys `8j + 2 (l % 4) + e` of the block.
 #[cube]
 fn mask_block(
     scores: &mut Array<Pair<f32>>,
     rows: &ListedRows,
     s0: usize,
     s_end: usize,
-    scale: f32,
-    #[comptime] scaled: bool,
     lane: usize,
     #[comptime] keys: usize,
 ) {
@@ -212,11 +210,7 @@ fn mask_block(
             for e in 0..2usize {
                 let key = s0 + j * MMA_N + column + e;
                 let valid = key < s_end && key <= rows.t[half];
-                let mut x = s[e];
-                if comptime!(scaled) {
-                    x *= scale;
-                }
-                s[e] = select(valid, x, f32::new(NEG_LARGE));
+                s[e] = select(valid, s[e], f32::new(NEG_LARGE));
             }
             scores[2 * j + half] = s;
         }
@@ -437,7 +431,7 @@ pub fn selection_dq_flash<F: Float, N: Size, A: Size>(
 
             let q_frags = row_fragments::<F, N>(def, &staged, at, tile, lane, d_k, ks);
             let mut p = products_with_rows::<F, N>(def, &q_frags, &staged, 0usize, lane, d_k, ks, keys);
-            mask_block(&mut p, &rows, cube.s0, cube.s_end, scale, false, lane, keys);
+            mask_block(&mut p, &rows, cube.s0, cube.s_end, lane, keys);
             row_probabilities(&mut p, &row_lse, scale, keys);
             let do_frags = row_fragments::<F, N>(def, &staged, at + do_at, tile, lane, d_v, vs);
             let dp = products_with_rows::<F, N>(def, &do_frags, &staged, v_at, lane, d_v, vs, keys);
