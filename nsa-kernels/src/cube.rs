@@ -230,6 +230,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
                     tiling.keys,
                     tiling.dq_planes,
                     atomic_width,
+                    call.group(),
                     dtype.into(),
                 );
             }
@@ -362,6 +363,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
                     tiling.q_rows,
                     tiling.fold_dq,
                     atomic_width,
+                    call.group(),
                     dtype.into(),
                 );
             }
@@ -397,6 +399,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
                 tiling.planes,
                 tiling.q_rows,
                 tiling.fold_dq,
+                call.group(),
                 dtype.into(),
             );
         } else {
@@ -430,6 +433,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
                 tiling.parts,
                 tiling.keys,
                 tiling.chunk,
+                call.group(),
                 dtype.into(),
             );
         }
@@ -644,6 +648,7 @@ impl<R: CubeRuntime> Call<R> {
                     tiling.keys,
                     tiling.planes,
                     narrow,
+                    self.group(),
                     self.q.dtype.into(),
                 )
             };
@@ -768,6 +773,11 @@ impl<R: CubeRuntime> Call<R> {
         let [b, t, h_q, _] = self.q.meta.shape().dims::<4>();
         let h_kv = self.k.meta.shape()[2];
         self.plane_grid(b * h_kv * t.div_ceil(tiling.queries(h_q / h_kv)), tiling.planes())
+    }
+
+    /// Query heads per KV head (`g`), a compile-time argument of the key-side kernels.
+    fn group(&self) -> usize {
+        self.q.meta.shape()[2] / self.k.meta.shape()[2]
     }
 
     /// `cubes` cubes of `planes` planes of 32 units (the tensor-core kernels).

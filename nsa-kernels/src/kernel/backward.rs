@@ -131,16 +131,17 @@ pub fn attention_backward_key<F: Float>(
     #[comptime] parts: usize,
     #[comptime] keys: usize,
     #[comptime] chunk: usize,
+    #[comptime] g: usize,
     #[define(F)] _dtype: StorageType,
 ) {
     let span = span as usize;
     let cube = KeyCube::new::<F>(
-        q, k, offsets, counts, entries, segment_base, segment_block, segment_total, span, segment as usize, window, keys,
+        q, k, offsets, counts, entries, segment_base, segment_block, segment_total, span, segment as usize, window, keys, g,
     );
     if !cube.exists {
         terminate!();
     }
-    let (b, hk, g, s0, s_end, n_rows) = (cube.b, cube.hk, cube.g, cube.s0, cube.s_end, cube.n_rows);
+    let (b, hk, s0, s_end, n_rows) = (cube.b, cube.hk, cube.s0, cube.s_end, cube.n_rows);
     let unit = UNIT_POS as usize;
     let part = unit % parts;
     let s = s0 + unit / parts;

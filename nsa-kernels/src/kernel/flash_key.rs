@@ -65,6 +65,7 @@ pub fn attention_key_flash<F: Float, N: Size, A: Size>(
     #[comptime] q_rows: usize,
     #[comptime] fold_dq: bool,
     #[comptime] atomic_width: usize,
+    #[comptime] g: usize,
     #[define(F)] _dtype: StorageType,
 ) {
     let keys = comptime!(planes * MMA_M);
@@ -82,11 +83,12 @@ pub fn attention_key_flash<F: Float, N: Size, A: Size>(
         segment as usize,
         window,
         keys,
+        g,
     );
     if !cube.exists {
         terminate!();
     }
-    let (b, hk, s0, s_end, g) = (cube.b, cube.hk, cube.s0, cube.s_end, cube.g);
+    let (b, hk, s0, s_end) = (cube.b, cube.hk, cube.s0, cube.s_end);
     let t_len = q.shape(1);
     let def = mma::<F>();
     let lane = UNIT_POS_X as usize;

@@ -54,6 +54,7 @@ pub fn selection_partials_flash<F: Float, N: Size, P: Size>(
     #[comptime] keys: usize,
     #[comptime] planes: usize,
     #[comptime] narrow: bool,
+    #[comptime] g: usize,
     #[define(F)] _dtype: StorageType,
 ) {
     let cube = KeyCube::new::<Vector<F, N>>(
@@ -69,6 +70,7 @@ pub fn selection_partials_flash<F: Float, N: Size, P: Size>(
         segment as usize,
         false,
         keys,
+        g,
     );
     if !cube.exists {
         terminate!();
@@ -136,7 +138,7 @@ pub fn selection_partials_flash<F: Float, N: Size, P: Size>(
                     block_slot[half] = block_slots[slot * q_rows + local] as usize;
                 } else {
                     let row = first + select(local < count, local, 0usize);
-                    block_slot[half] = slots[cube.list_at + row / cube.g] as usize;
+                    block_slot[half] = slots[cube.list_at + row / comptime!(cube.g)] as usize;
                 }
             }
             store_partial::<F, P>(part_out, part_lse, &rows, &block_slot, &mut acc, &stats, b, lane, d_v, narrow);
@@ -181,7 +183,7 @@ impl ListedRows {
             let is_real = local < count;
             let row = first + select(is_real, local, 0usize);
             t[half] = positions[at + local] as usize;
-            h[half] = cube.hk * cube.g + row % cube.g;
+            h[half] = cube.hk * comptime!(cube.g) + row % comptime!(cube.g);
             real[half] = is_real;
         }
         ListedRows { t, h, real }
@@ -320,6 +322,7 @@ pub fn selection_dq_flash<F: Float, N: Size, A: Size>(
     #[comptime] keys: usize,
     #[comptime] planes: usize,
     #[comptime] atomic_width: usize,
+    #[comptime] g: usize,
     #[define(F)] _dtype: StorageType,
 ) {
     let cube = KeyCube::new::<Vector<F, N>>(
@@ -335,6 +338,7 @@ pub fn selection_dq_flash<F: Float, N: Size, A: Size>(
         segment as usize,
         false,
         keys,
+        g,
     );
     if !cube.exists {
         terminate!();

@@ -55,6 +55,7 @@ pub fn attention_backward_key_mma<F: Float, N: Size>(
     #[comptime] planes: usize,
     #[comptime] q_rows: usize,
     #[comptime] fold_dq: bool,
+    #[comptime] g: usize,
     #[define(F)] _dtype: StorageType,
 ) {
     let span = span as usize;
@@ -72,6 +73,7 @@ pub fn attention_backward_key_mma<F: Float, N: Size>(
         segment as usize,
         window,
         keys,
+        g,
     );
     if !cube.exists {
         terminate!();
@@ -338,7 +340,7 @@ fn stage_query_chunk<F: Float, N: Size>(
         if i < count {
             let at = row_first + i;
             t = cube.query_of(entries, at, window);
-            let h = cube.hk * cube.g + at % cube.g;
+            let h = cube.hk * comptime!(cube.g) + at % comptime!(cube.g);
             row_lse = lse[offset3::<f32>(lse, cube.b, t, h)];
             row_delta = delta[offset3::<f32>(delta, cube.b, t, h)];
         }
@@ -351,7 +353,7 @@ fn stage_query_chunk<F: Float, N: Size>(
     let ks = comptime!(storage_stride(d_k));
     let vs = comptime!(storage_stride(d_v));
     stage_listed_vector_rows::<F, N>(
-        q, staged, rows_at, positions, cube.b, cube.hk, cube.g, row_first, count, q_rows, d_k, ks, VECTOR,
+        q, staged, rows_at, positions, cube.b, cube.hk, comptime!(cube.g), row_first, count, q_rows, d_k, ks, VECTOR,
     );
     stage_listed_vector_rows::<F, N>(
         grad_out,
@@ -360,7 +362,7 @@ fn stage_query_chunk<F: Float, N: Size>(
         positions,
         cube.b,
         cube.hk,
-        cube.g,
+        comptime!(cube.g),
         row_first,
         count,
         q_rows,
@@ -425,7 +427,7 @@ fn fold_query_gradient<F: Float, N: Size>(
     let mut idx = UNIT_POS as usize;
     while idx < count * d_k {
         let (r, c) = (idx / d_k, idx % d_k);
-        let h = cube.hk * cube.g + (row_first + r) % cube.g;
+        let h = cube.hk * comptime!(cube.g) + (row_first + r) % comptime!(cube.g);
         let at = offset3::<Atomic<f32>>(grad_q, cube.b, positions[r] as usize, h) + c;
         grad_q[at].fetch_add(scores[r * qst + c] * scale);
         idx += CUBE_DIM as usize;

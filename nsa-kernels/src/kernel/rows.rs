@@ -396,13 +396,17 @@ pub fn copy_rows_async<F: Float, N: Size>(
     let per_row = comptime!(d / vector);
     let total = comptime!(rows * per_row);
     let t_last = src.shape(1) - 1;
+    // Shape and strides read once, in vectors: each copy is an asm statement that clobbers
+    // memory, so a read at the copy is a fresh metadata load per copy.
+    let row_stride = src.stride(1) / vector;
+    let head = offset3::<Vector<F, N>>(src, b, 0usize, hk) / vector;
     #[unroll]
     for i in 0..total.div_ceil(units) {
         let idx = UNIT_POS as usize + i * units;
         if idx < total {
             let (row, c) = (idx / per_row, idx % per_row);
             // Rows past `count` copy a real row (the last one), finite, which the kernels mask.
-            let from = offset3::<Vector<F, N>>(src, b, min(first + min(row, count - 1), t_last), hk) / vector + c;
+            let from = head + min(first + min(row, count - 1), t_last) * row_stride + c;
             let to = (at + row * stride) / vector + c;
             copy_async(&src.slice(from, from + 1), &mut tile.slice_mut(to, to + 1), vector as u32);
         }

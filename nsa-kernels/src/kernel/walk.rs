@@ -36,6 +36,12 @@ pub fn copy_walked_rows<F: Float, N: Size>(
     let units = comptime!(planes * 32);
     let per_row = comptime!(d / VECTOR);
     let total = comptime!(rows * per_row);
+    let g = comptime!(cube.g);
+    // The strides are read once, in vectors (a row is whole vectors): each copy is an asm
+    // statement that clobbers memory, so a stride read at the copy is a fresh metadata load
+    // per copy.
+    let (row_stride, head_stride) = (src.stride(1) / VECTOR, src.stride(2) / VECTOR);
+    let heads = (cube.b * src.stride(0)) / VECTOR + cube.hk * g * head_stride;
     #[unroll]
     for step in 0..total.div_ceil(units) {
         let idx = UNIT_POS as usize + step * units;
@@ -43,7 +49,7 @@ pub fn copy_walked_rows<F: Float, N: Size>(
             let (i, c) = (idx / per_row, idx % per_row);
             let row = first + min(i, count - 1);
             let t = cube.query_of(entries, row, window);
-            let from = offset3::<Vector<F, N>>(src, cube.b, t, cube.hk * cube.g + row % cube.g) / VECTOR + c;
+            let from = heads + t * row_stride + (row % g) * head_stride + c;
             let to = (at + i * stride) / VECTOR + c;
             copy_async(&src.slice(from, from + 1), &mut staged.slice_mut(to, to + 1), VECTOR as u32);
         }
@@ -100,7 +106,8 @@ pub fn copy_walked_stats(
         if i < rows {
             let row = first + min(i, count - 1);
             let t = positions[slot * rows + i] as usize;
-            let stat = offset3::<f32>(lse, cube.b, t, cube.hk * cube.g + row % cube.g);
+            let h = cube.hk * comptime!(cube.g) + row % comptime!(cube.g);
+            let stat = offset3::<f32>(lse, cube.b, t, h);
             let to = slot * comptime!(2 * rows) + i;
             copy_async(&lse.slice(stat, stat + 1), &mut stats.slice_mut(to, to + 1), 1u32);
             copy_async(&delta.slice(stat, stat + 1), &mut stats.slice_mut(to + rows, to + rows + 1), 1u32);
@@ -164,7 +171,7 @@ pub fn copy_walked_slots(
     for step in 0..comptime!(rows.div_ceil(units)) {
         let i = UNIT_POS as usize + step * units;
         if i < rows {
-            let entry = cube.list_at + (first + min(i, count - 1)) / cube.g;
+            let entry = cube.list_at + (first + min(i, count - 1)) / comptime!(cube.g);
             let to = slot * rows + i;
             copy_async(&slots.slice(entry, entry + 1), &mut block_slots.slice_mut(to, to + 1), 1u32);
         }
