@@ -124,6 +124,7 @@ fn tensor_core_kernels_expand() {
                 4,
                 64,
                 fold_dq,
+                2, // g: q has 2 heads, k and v 1
                 DType::F16.into(),
             );
         });
@@ -248,6 +249,7 @@ fn tensor_core_kernels_expand() {
                 tiling.q_rows,
                 fold_dq,
                 1,
+                2, // g: q has 2 heads, k and v 1
                 DType::F16.into(),
             );
         });
@@ -283,6 +285,7 @@ fn tensor_core_kernels_expand() {
                 64,
                 4,
                 narrow,
+                2, // g: q has 2 heads, k and v 1
                 DType::F16.into(),
             );
         });
@@ -316,6 +319,7 @@ fn tensor_core_kernels_expand() {
             64,
             4,
             1,
+            2, // g: q has 2 heads, k and v 1
             DType::F16.into(),
         );
     });
