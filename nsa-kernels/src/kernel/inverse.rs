@@ -80,6 +80,37 @@ fn tally_slots<I: Int>(
     }
 }
 
+/// Adds each of the cube's nonzero tallies to its block's global counter (`global[b, hk, j]`).
+/// With `reserve` (the fill) the counter's value before the add, the first of the places the
+/// cube reserved, goes to `reserved`, and the tally is zeroed for handing the places out.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn flush_tallies(
+    tallies: &mut SharedMemory<Atomic<u32>>,
+    global: &mut Tensor<Atomic<u32>>,
+    reserved: &mut SharedMemory<u32>,
+    h_kv: usize,
+    hot: usize,
+    n_blocks: usize,
+    #[comptime] reserve: bool,
+) {
+    let b = CUBE_POS_Y as usize;
+    let mut bin = UNIT_POS as usize;
+    while bin < hot * h_kv {
+        let tally = tallies[bin].load();
+        if tally > 0 {
+            let before = global[(b * h_kv + bin / hot) * n_blocks + bin % hot].fetch_add(tally);
+            if reserve {
+                reserved[bin] = before;
+            }
+        }
+        if reserve {
+            tallies[bin].store(0u32);
+        }
+        bin += CUBE_DIM as usize;
+    }
+}
+
 /// `counts[b, hk, j] += 1` for every listed block. Every query lists block 0 (forced) and its
 /// local blocks, and random selections favour early blocks: one global atomic per slot made
 /// 65536 same-address atomics per KV head at 64k. A cube of `rows` queries instead tallies each
@@ -94,20 +125,15 @@ pub fn count_selections<I: Int>(
     #[define(I)] _dtype: StorageType,
 ) {
     let (start, end, hot) = cube_slots::<I>(blocks, rows, hot_bins);
-    let (b, h_kv, n_blocks) = (CUBE_POS_Y as usize, blocks.shape(2), n_blocks as usize);
+    let (h_kv, n_blocks) = (blocks.shape(2), n_blocks as usize);
     let mut tallies = SharedMemory::<Atomic<u32>>::new(hot_bins);
+    // Unused: the count reserves nothing.
+    let mut reserved = SharedMemory::<u32>::new(1usize);
     clear_tallies(&mut tallies, hot_bins);
     sync_cube();
     tally_slots::<I>(blocks, &mut tallies, counts, start, end, hot, n_blocks, true);
     sync_cube();
-    let mut bin = UNIT_POS as usize;
-    while bin < hot * h_kv {
-        let tally = tallies[bin].load();
-        if tally > 0 {
-            counts[(b * h_kv + bin / hot) * n_blocks + bin % hot].fetch_add(tally);
-        }
-        bin += CUBE_DIM as usize;
-    }
+    flush_tallies(&mut tallies, counts, &mut reserved, h_kv, hot, n_blocks, false);
 }
 
 /// `offsets[b, hk, :]` = exclusive prefix sum of `counts[b, hk, :]`, and the segments of each
@@ -199,15 +225,7 @@ pub fn fill_selections<I: Int>(
     sync_cube();
     tally_slots::<I>(blocks, &mut tallies, cursor, start, end, hot, n_blocks, false);
     sync_cube();
-    let mut bin = UNIT_POS as usize;
-    while bin < hot * h_kv {
-        let tally = tallies[bin].load();
-        if tally > 0 {
-            reserved[bin] = cursor[(b * h_kv + bin / hot) * n_blocks + bin % hot].fetch_add(tally);
-        }
-        tallies[bin].store(0u32);
-        bin += CUBE_DIM as usize;
-    }
+    flush_tallies(&mut tallies, cursor, &mut reserved, h_kv, hot, n_blocks, true);
     sync_cube();
     let mut pos = start + UNIT_POS as usize;
     while pos < end {
