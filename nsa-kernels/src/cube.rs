@@ -88,7 +88,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
             return (out, lse);
         }
         if let Some(tiling) = call.flash_tiling(QueryPass::Forward) {
-            let cubes = b * h_kv * t.div_ceil(tiling.queries(h_q / h_kv));
+            let cubes = b * h_kv * t.div_ceil(tiling.queries(call.group()));
             let (count, dim) = call.plane_grid(cubes, tiling.planes());
             // SAFETY: see "Unchecked launches" in this module's documentation.
             unsafe {
@@ -236,7 +236,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
             }
         } else if let Some(tiling) = call.flash_tiling(QueryPass::Gradient) {
             call.row_delta(&out, &grad_out, &delta);
-            let cubes = b * h_kv * t.div_ceil(tiling.queries(h_q / h_kv));
+            let cubes = b * h_kv * t.div_ceil(tiling.queries(call.group()));
             let (count, dim) = call.plane_grid(cubes, tiling.planes());
             // SAFETY: see "Unchecked launches" in this module's documentation.
             unsafe {
@@ -532,8 +532,7 @@ impl<R: CubeRuntime> Call<R> {
     }
 
     fn query_tiling(&self, pass: QueryPass) -> QueryTiling {
-        let g = self.q.meta.shape()[2] / self.k.meta.shape()[2];
-        QueryTiling::plan(pass, self.window, g, self.d_k, self.d_v, self.shared_bytes())
+        QueryTiling::plan(pass, self.window, self.group(), self.d_k, self.d_v, self.shared_bytes())
     }
 
     /// The tensor-core window tiling (forward, dQ) when the device has 16x16x16 MMA for the
@@ -545,8 +544,7 @@ impl<R: CubeRuntime> Call<R> {
             return None;
         }
         let shared = self.mma_shared_bytes()?;
-        let g = self.q.meta.shape()[2] / self.k.meta.shape()[2];
-        MmaTiling::plan(pass, g, self.d_k, self.d_v, self.q.dtype.size(), shared)
+        MmaTiling::plan(pass, self.group(), self.d_k, self.d_v, self.q.dtype.size(), shared)
     }
 
     /// `delta = dO . O` per row (f32), for the backward kernels that do not compute it
@@ -591,8 +589,7 @@ impl<R: CubeRuntime> Call<R> {
         if !self.window || !self.has_manual_mma() {
             return None;
         }
-        let g = self.q.meta.shape()[2] / self.k.meta.shape()[2];
-        FlashTiling::plan(pass, g, self.d_k, self.d_v)
+        FlashTiling::plan(pass, self.group(), self.d_k, self.d_v)
     }
 
     /// The key-major selection forward's tiling, where [`Call::has_manual_mma`] and the block
@@ -723,9 +720,9 @@ impl<R: CubeRuntime> Call<R> {
 
     /// One plane per `(b, hk, 16-head tile, t)`, `planes` per cube.
     fn select_grid(&self, tiling: &SelectMmaTiling) -> (CubeCount, CubeDim) {
-        let [b, t, h_q, _] = self.q.meta.shape().dims::<4>();
+        let [b, t, _, _] = self.q.meta.shape().dims::<4>();
         let h_kv = self.k.meta.shape()[2];
-        let items = b * h_kv * SelectMmaTiling::head_tiles(h_q / h_kv) * t;
+        let items = b * h_kv * SelectMmaTiling::head_tiles(self.group()) * t;
         self.plane_grid(items.div_ceil(tiling.planes), tiling.planes)
     }
 
@@ -770,12 +767,13 @@ impl<R: CubeRuntime> Call<R> {
 
     /// One cube of `(32, planes)` units per `(b, hk, query tile)`.
     fn mma_grid(&self, tiling: &MmaTiling) -> (CubeCount, CubeDim) {
-        let [b, t, h_q, _] = self.q.meta.shape().dims::<4>();
+        let [b, t, _, _] = self.q.meta.shape().dims::<4>();
         let h_kv = self.k.meta.shape()[2];
-        self.plane_grid(b * h_kv * t.div_ceil(tiling.queries(h_q / h_kv)), tiling.planes())
+        self.plane_grid(b * h_kv * t.div_ceil(tiling.queries(self.group())), tiling.planes())
     }
 
-    /// Query heads per KV head (`g`), a compile-time argument of the key-side kernels.
+    /// Query heads per KV head (`g`): the tilings' and grids' input, and a compile-time
+    /// argument of the key-side kernels.
     fn group(&self) -> usize {
         self.q.meta.shape()[2] / self.k.meta.shape()[2]
     }
@@ -788,9 +786,9 @@ impl<R: CubeRuntime> Call<R> {
 
     /// One cube per `(b, hk, query tile)`.
     fn query_grid(&self, tiling: &QueryTiling) -> (CubeCount, CubeDim) {
-        let [b, t, h_q, _] = self.q.meta.shape().dims::<4>();
+        let [b, t, _, _] = self.q.meta.shape().dims::<4>();
         let h_kv = self.k.meta.shape()[2];
-        let queries = tiling.rows / (h_q / h_kv);
+        let queries = tiling.rows / self.group();
         self.grid(b * h_kv * t.div_ceil(queries), tiling.units())
     }
 

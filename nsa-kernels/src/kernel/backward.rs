@@ -174,7 +174,7 @@ pub fn attention_backward_key<F: Float>(
             if i < count {
                 let at = row_first + i;
                 t = cube.query_of(entries, at, window);
-                let h = hk * g + at % g;
+                let h = cube.head_of(at);
                 stat_lse = lse[offset3::<f32>(lse, b, t, h)];
                 stat_delta = delta[offset3::<f32>(delta, b, t, h)];
             }

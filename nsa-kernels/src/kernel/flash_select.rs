@@ -183,7 +183,7 @@ impl ListedRows {
             let is_real = local < count;
             let row = first + select(is_real, local, 0usize);
             t[half] = positions[at + local] as usize;
-            h[half] = cube.hk * comptime!(cube.g) + row % comptime!(cube.g);
+            h[half] = cube.head_of(row);
             real[half] = is_real;
         }
         ListedRows { t, h, real }

@@ -105,6 +105,12 @@ impl KeyCube {
         t
     }
 
+    /// Query head of walked row `at` (rows run over the KV head's `g` query heads fastest).
+    pub fn head_of(&self, at: usize) -> usize {
+        let g = comptime!(self.g);
+        self.hk * g + at % g
+    }
+
     /// Row of key `s` in a selection's `partial [B * H_kv, segments, span * (d_k + d_v)]`.
     pub fn partial_row(&self, segments: usize, h_kv: usize, s: usize, span: usize) -> usize {
         segment_row(self.b, self.hk, h_kv, segments, self.item, s - self.j * span, span)

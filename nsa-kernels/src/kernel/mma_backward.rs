@@ -340,7 +340,7 @@ fn stage_query_chunk<F: Float, N: Size>(
         if i < count {
             let at = row_first + i;
             t = cube.query_of(entries, at, window);
-            let h = cube.hk * comptime!(cube.g) + at % comptime!(cube.g);
+            let h = cube.head_of(at);
             row_lse = lse[offset3::<f32>(lse, cube.b, t, h)];
             row_delta = delta[offset3::<f32>(delta, cube.b, t, h)];
         }
@@ -427,7 +427,7 @@ fn fold_query_gradient<F: Float, N: Size>(
     let mut idx = UNIT_POS as usize;
     while idx < count * d_k {
         let (r, c) = (idx / d_k, idx % d_k);
-        let h = cube.hk * comptime!(cube.g) + (row_first + r) % comptime!(cube.g);
+        let h = cube.head_of(row_first + r);
         let at = offset3::<Atomic<f32>>(grad_q, cube.b, positions[r] as usize, h) + c;
         grad_q[at].fetch_add(scores[r * qst + c] * scale);
         idx += CUBE_DIM as usize;

@@ -106,8 +106,7 @@ pub fn copy_walked_stats(
         if i < rows {
             let row = first + min(i, count - 1);
             let t = positions[slot * rows + i] as usize;
-            let h = cube.hk * comptime!(cube.g) + row % comptime!(cube.g);
-            let stat = offset3::<f32>(lse, cube.b, t, h);
+            let stat = offset3::<f32>(lse, cube.b, t, cube.head_of(row));
             let to = slot * comptime!(2 * rows) + i;
             copy_async(&lse.slice(stat, stat + 1), &mut stats.slice_mut(to, to + 1), 1u32);
             copy_async(&delta.slice(stat, stat + 1), &mut stats.slice_mut(to + rows, to + rows + 1), 1u32);
