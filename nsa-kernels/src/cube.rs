@@ -19,7 +19,7 @@ use cubecl::prelude::*;
 use cubecl::{calculate_cube_count_elemwise, CubeDim};
 
 use crate::api::{BlockIndex, Keys, SparseAttentionBackend, SparseAttentionGrads};
-use crate::inverted::{zeros_contiguous, InvertedIndex, SEGMENT_QUERIES, UNITS_PER_CUBE};
+use crate::inverted::{InvertedIndex, SEGMENT_QUERIES, UNITS_PER_CUBE};
 use crate::kernel::{
     backward, flash_dq, flash_forward, flash_key, flash_select, forward, mma_backward, mma_dq, mma_forward,
     mma_select,
@@ -188,18 +188,19 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
         let select_dq =
             if call.window || flash_keys.is_none() || folds_flash_dq { None } else { call.flash_select_tiling() };
         let key_tiling = if flash_keys.is_some() { None } else { call.key_mma_tiling() };
-        // Key cubes that fold dQ, and the key-major dQ, add it to an f32 buffer by atomics;
-        // otherwise a query-side kernel writes dQ (and `delta`) first.
+        // Key cubes that fold dQ, and the key-major dQ, add it to an f32 buffer by atomics
+        // (zeroed by `row_delta`, which runs first in each of those branches); otherwise a
+        // query-side kernel writes dQ (and `delta`) first.
         let fold_dq = key_tiling.is_some_and(|tiling| tiling.fold_dq);
         let (grad_q, grad_q_sum) = if fold_dq || folds_flash_dq || select_dq.is_some() {
-            (None, call.zeros(call.q.meta.shape().clone(), DType::F32))
+            (None, call.empty(call.q.meta.shape().clone(), DType::F32))
         } else {
             (Some(call.empty(call.q.meta.shape().clone(), dtype)), call.empty(Shape::new([1, 1, 1, 1]), DType::F32))
         };
         if fold_dq || folds_flash_dq {
-            call.row_delta(&out, &grad_out, &delta);
+            call.row_delta(&out, &grad_out, &delta, &grad_q_sum, true);
         } else if let Some(tiling) = select_dq {
-            call.row_delta(&out, &grad_out, &delta);
+            call.row_delta(&out, &grad_out, &delta, &grad_q_sum, true);
             let (count, dim) = call.plane_grid(call.key_cubes(tiling.keys, &index), tiling.dq_planes);
             let atomic_width = call.f32_atomic_width();
             // SAFETY: see "Unchecked launches" in this module's documentation.
@@ -235,7 +236,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
                 );
             }
         } else if let Some(tiling) = call.flash_tiling(QueryPass::Gradient) {
-            call.row_delta(&out, &grad_out, &delta);
+            call.row_delta(&out, &grad_out, &delta, &grad_q_sum, false);
             let cubes = b * h_kv * t.div_ceil(tiling.queries(call.group()));
             let (count, dim) = call.plane_grid(cubes, tiling.planes());
             // SAFETY: see "Unchecked launches" in this module's documentation.
@@ -493,7 +494,10 @@ impl<R: CubeRuntime> Call<R> {
         let d_v = v.meta.shape()[3];
         let (blocks, index, window, span) = match keys {
             Keys::Window { w } => {
-                let placeholder = zeros_contiguous::<R>(&q.client, &q.device, Shape::new([1, 1, 1, 1]), int_dtype);
+                // Never read (the kernels' window branch is compile-time), so not filled: a fill
+                // is a launch of its own.
+                let placeholder =
+                    empty_device_contiguous_dtype::<R>(q.client.clone(), q.device.clone(), Shape::new([1, 1, 1, 1]), int_dtype);
                 (placeholder, None, true, *w)
             }
             Keys::Selected { blocks, block_size, index } => {
@@ -515,11 +519,6 @@ impl<R: CubeRuntime> Call<R> {
     /// wrong place (WGPU allocates contiguously, which is why only CUDA showed it).
     fn empty(&self, shape: Shape, dtype: DType) -> CubeTensor<R> {
         empty_device_contiguous_dtype::<R>(self.client(), self.q.device.clone(), shape, dtype)
-    }
-
-    /// Zeros, contiguous (see [`Call::empty`]).
-    fn zeros(&self, shape: Shape, dtype: DType) -> CubeTensor<R> {
-        zeros_contiguous::<R>(&self.client(), &self.q.device, shape, dtype)
     }
 
     fn cube_dim(&self) -> CubeDim {
@@ -549,7 +548,16 @@ impl<R: CubeRuntime> Call<R> {
 
     /// `delta = dO . O` per row (f32), for the backward kernels that do not compute it
     /// themselves.
-    fn row_delta(&self, out: &CubeTensor<R>, grad_out: &CubeTensor<R>, delta: &CubeTensor<R>) {
+    /// `delta` per query row, and with `zero_sum` the zeroed dQ sum `grad_q_sum` (contiguous
+    /// f32, the shape of `q`) on the way.
+    fn row_delta(
+        &self,
+        out: &CubeTensor<R>,
+        grad_out: &CubeTensor<R>,
+        delta: &CubeTensor<R>,
+        grad_q_sum: &CubeTensor<R>,
+        zero_sum: bool,
+    ) {
         let rows = delta_rows(self.d_v, mma_forward::VECTOR);
         let dim = CubeDim::new_2d((self.d_v / mma_forward::VECTOR) as u32, rows as u32);
         let cubes = delta.meta.shape().num_elements().div_ceil(rows);
@@ -561,8 +569,10 @@ impl<R: CubeRuntime> Call<R> {
             out.clone().into_tensor_arg(),
             grad_out.clone().into_tensor_arg(),
             delta.clone().into_tensor_arg(),
+            grad_q_sum.clone().into_tensor_arg(),
             self.d_v,
             rows,
+            if zero_sum { self.d_k } else { 0 },
             self.q.dtype.into(),
         );
     }

@@ -59,7 +59,9 @@ impl<R: CubeRuntime> InvertedIndex<R> {
 
     /// One 1-element buffer for all seven: a window's kernels never read them.
     pub fn placeholder(client: &ComputeClient<R>, device: &R::Device) -> Self {
-        let placeholder = zeros_contiguous::<R>(client, device, Shape::new([1, 1, 1]), DType::U32);
+        // Never read by a window's kernels, so not filled (a fill is a launch of its own).
+        let placeholder =
+            empty_device_contiguous_dtype::<R>(client.clone(), device.clone(), Shape::new([1, 1, 1]), DType::U32);
         Self::from_tensors(vec![placeholder; 7])
     }
 

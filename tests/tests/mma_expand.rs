@@ -327,7 +327,9 @@ fn tensor_core_kernels_expand() {
 }
 
 /// `row_delta` (the folded backward's `delta = dO . O`) has no CMMA, so WGPU runs it: checked
-/// against Burn's own product and sum on fresh random rows (the last cube partly past the end).
+/// against Burn's own product and sum on fresh random rows (the last cube partly past the end),
+/// with and without zeroing the dQ sum on the way (`d_k = 44`, not a multiple of the 8 units of
+/// a row, so the last columns' bound is exercised; a random buffer, so a missed element shows).
 #[test]
 fn row_delta_matches_a_product_and_sum() {
     use burn::tensor::Distribution;
@@ -335,31 +337,46 @@ fn row_delta_matches_a_product_and_sum() {
     let shape = [2, 77, 3, 64];
     let out = Tensor::<B, 4>::random(shape, Distribution::Normal(0.0, 1.0), &device);
     let grad_out = Tensor::<B, 4>::random(shape, Distribution::Normal(0.0, 1.0), &device);
-    let delta = Tensor::<B, 3>::zeros([2, 77, 3], &device);
-    let (o, g, d) = (
-        out.clone().into_primitive().tensor(),
-        grad_out.clone().into_primitive().tensor(),
-        delta.clone().into_primitive().tensor(),
-    );
-    let client = o.client.clone();
-    nsa_kernels::kernel::mma_backward::row_delta::launch::<WgpuRuntime>(
-        &client,
-        // 462 rows, 16 per cube.
-        CubeCount::Static(29, 1, 1),
-        CubeDim::new_2d(8, 16),
-        nsa_kernels::kernel::mma_forward::VECTOR,
-        o.into_tensor_arg(),
-        g.into_tensor_arg(),
-        d.clone().into_tensor_arg(),
-        64,
-        16,
-        DType::F32.into(),
-    );
-    let got = Tensor::<B, 3>::from_primitive(burn::tensor::TensorPrimitive::Float(d));
-    let want = (out * grad_out).sum_dim(3).squeeze_dim::<3>(3);
-    let err = (got - want.clone()).abs().max().into_scalar();
-    let scale = want.abs().max().into_scalar();
-    assert!(err <= 1e-5 * scale.max(1.0), "row_delta off by {err} (values up to {scale})");
+    let want = (out.clone() * grad_out.clone()).sum_dim(3).squeeze_dim::<3>(3);
+    let d_k = 44;
+    for zero_d_k in [0, d_k] {
+        let delta = Tensor::<B, 3>::zeros([2, 77, 3], &device);
+        let sum = Tensor::<B, 4>::random([2, 77, 3, d_k], Distribution::Uniform(1.0, 2.0), &device);
+        let (o, g, d, s) = (
+            out.clone().into_primitive().tensor(),
+            grad_out.clone().into_primitive().tensor(),
+            delta.into_primitive().tensor(),
+            sum.clone().into_primitive().tensor(),
+        );
+        let client = o.client.clone();
+        nsa_kernels::kernel::mma_backward::row_delta::launch::<WgpuRuntime>(
+            &client,
+            // 462 rows, 16 per cube.
+            CubeCount::Static(29, 1, 1),
+            CubeDim::new_2d(8, 16),
+            nsa_kernels::kernel::mma_forward::VECTOR,
+            o.into_tensor_arg(),
+            g.into_tensor_arg(),
+            d.clone().into_tensor_arg(),
+            s.clone().into_tensor_arg(),
+            64,
+            16,
+            zero_d_k,
+            DType::F32.into(),
+        );
+        let got = Tensor::<B, 3>::from_primitive(burn::tensor::TensorPrimitive::Float(d));
+        let err = (got - want.clone()).abs().max().into_scalar();
+        let scale = want.clone().abs().max().into_scalar();
+        assert!(err <= 1e-5 * scale.max(1.0), "row_delta off by {err} (values up to {scale})");
+        let after = Tensor::<B, 4>::from_primitive(burn::tensor::TensorPrimitive::Float(s));
+        if zero_d_k == 0 {
+            let moved = (after - sum).abs().max().into_scalar();
+            assert!(moved == 0.0, "row_delta without zeroing changed the dQ sum by {moved}");
+        } else {
+            let left = after.abs().max().into_scalar();
+            assert!(left == 0.0, "row_delta left {left} in the dQ sum it zeroes");
+        }
+    }
 }
 
 /// `merge_selection_partials` (the key-major selection forward's second pass) has no MMA, so

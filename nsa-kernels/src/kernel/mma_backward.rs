@@ -486,13 +486,19 @@ fn write_fragment<F: Float>(
 /// the query-side dQ kernel writes it on its way). A cube of `(d_v / VECTOR, rows)` units: unit
 /// `(x, y)` multiplies 16-byte vector `x` of row `y` (so a plane's loads are consecutive), the
 /// row's partial sums meet in shared memory and its first unit adds them.
+///
+/// With `zero_d_k > 0` it also zeroes the row's `zero_d_k` columns of `grad_q_sum` (contiguous
+/// `[B, T, H_q, zero_d_k]` f32), the buffer the folding kernels then add dQ to by atomics: one
+/// launch fewer than a fill of its own.
 #[cube(launch)]
 pub fn row_delta<F: Float, N: Size>(
     out: &Tensor<Vector<F, N>>,
     grad_out: &Tensor<Vector<F, N>>,
     delta: &mut Tensor<f32>,
+    grad_q_sum: &mut Tensor<f32>,
     #[comptime] d_v: usize,
     #[comptime] rows: usize,
+    #[comptime] zero_d_k: usize,
     #[define(F)] _dtype: StorageType,
 ) {
     let per_row = comptime!(d_v / VECTOR);
@@ -522,5 +528,14 @@ pub fn row_delta<F: Float, N: Size>(
             total += partials[y * per_row + i];
         }
         delta[offset3::<f32>(delta, b, t, h)] = total;
+    }
+    if comptime!(zero_d_k > 0) && exists {
+        #[unroll]
+        for i in 0..zero_d_k.div_ceil(per_row) {
+            let column = c + i * per_row;
+            if column < zero_d_k {
+                grad_q_sum[row * zero_d_k + column] = 0.0f32;
+            }
+        }
     }
 }
