@@ -3,6 +3,7 @@
 # all four shapes, its memcheck over production and mha at T = 1000 (both key sets, fwd and
 # bwd), then every build at 64k alternated over two rounds (SHAPES, default production), and
 # every kernel's own time for each build (ncu at real clocks, production 64k, one run each).
+# LENGTHS (default 65536, comma-separated) sets the A/B's lengths.
 # From the repository root:
 # `bash bench/gpu/candidate-check.sh .carry/base/nsa.xz .carry/x/nsa.xz [.carry/y/nsa.xz ...]`.
 set -u
@@ -24,7 +25,7 @@ echo "memcheck exit $?" | tee -a $OUT/memcheck.txt; grep "ERROR SUMMARY" $OUT/me
 for round in 1 2; do
   for b in ${builds[@]}; do
     echo "== $b (round $round)" | tee -a $OUT/ab.txt
-    timeout 120 $b bench-kernels --backend cuda --precision bf16 --check-len 0 --lengths 65536 --iters 10 \
+    timeout 120 $b bench-kernels --backend cuda --precision bf16 --check-len 0 --lengths ${LENGTHS:-65536} --iters 10 \
       --shapes ${SHAPES:-production} 2>&1 | grep '^| [a-z]' | tee -a $OUT/ab.txt
   done
 done

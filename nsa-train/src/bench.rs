@@ -7,11 +7,14 @@
 //! Inputs are drawn once per shape (untimed). Each case is timed two ways:
 //! - synced: every run is followed by a device sync and the median is kept. This is a latency:
 //!   the host's work before the first kernel (autodiff graph, fusion, launches) is not hidden.
-//! - pipelined: `iters` runs are queued back to back with one sync at the end, and the mean is
-//!   kept. The host prepares run `i + 1` while the device computes run `i`, as in a training step
-//!   (which never syncs), so this is the device's time unless the host is the slower side. It is
-//!   the counterpart of `triton.testing.do_bench`, which the anchors use: CUDA events around each
-//!   call, no sync between calls.
+//! - pipelined: runs are queued back to back with one sync at the end. The host prepares run
+//!   `i + 1` while the device computes run `i`, as in a training step (which never syncs), so
+//!   this is the device's time unless the host is the slower side. It is the counterpart of
+//!   `triton.testing.do_bench`, which the anchors use: CUDA events around each call, no sync
+//!   between calls. A queue also pays costs once, at its start and its closing sync, which a
+//!   mean over its runs would spread over them (with 5 runs, 0.09 ms a run at 16k, the
+//!   fourteenth session's H100 calls): the time per run is the difference between a queue of
+//!   `2 * iters` runs and one of `iters`, over `iters` ([`pipelined_ms`]).
 //!
 //! Timed backward passes are seeded with `dO = 1` ([`Seed::Ones`]); the parity check uses a
 //! random `dO`.
@@ -132,18 +135,37 @@ fn median_ms<B: Backend>(device: &B::Device, iters: usize, mut f: impl FnMut()) 
     times[times.len() / 2]
 }
 
-/// Mean time of `iters` runs of `f` queued without a sync between them (after one synced
-/// warm-up run). Every run's outputs are kept until the closing sync, so nothing queued can be
-/// skipped as unused.
-fn pipelined_ms<B: Backend, O>(device: &B::Device, iters: usize, mut f: impl FnMut() -> O) -> f64 {
+/// Time per run of `f` queued without a sync between runs (after one synced warm-up run): a
+/// queue of `2 * iters` runs less one of `iters`, over `iters`, so that what a queue pays once
+/// (its start, its closing sync) cancels. (A longer queue keeps more outputs: `3 * iters` of the
+/// paper shape's 2.2 GB at 64k ran the H100 out of memory.) Also the mean time per run of the queue of
+/// `iters` and the host's time to queue a run there (the time before the closing sync). Every
+/// run's outputs are kept until the closing sync, so nothing queued can be skipped as unused.
+fn pipelined_ms<B: Backend, O>(device: &B::Device, iters: usize, mut f: impl FnMut() -> O) -> Pipelined {
     drop(f());
     B::sync(device).expect("device sync");
-    let start = Instant::now();
-    let kept: Vec<O> = (0..iters).map(|_| f()).collect();
-    B::sync(device).expect("device sync");
-    let ms = start.elapsed().as_secs_f64() * 1e3 / iters as f64;
-    drop(kept);
-    ms
+    let mut queue = |runs: usize| {
+        let start = Instant::now();
+        let kept: Vec<O> = (0..runs).map(|_| f()).collect();
+        let queued = start.elapsed().as_secs_f64() * 1e3;
+        B::sync(device).expect("device sync");
+        let ms = start.elapsed().as_secs_f64() * 1e3;
+        drop(kept);
+        (ms, queued)
+    };
+    let (short, queued) = queue(iters);
+    let (long, _) = queue(2 * iters);
+    Pipelined { per_run: (long - short) / iters as f64, mean: short / iters as f64, host: queued / iters as f64 }
+}
+
+/// [`pipelined_ms`]'s times, in ms.
+struct Pipelined {
+    /// Per run, the queue's own costs cancelled.
+    per_run: f64,
+    /// The mean over a queue of `iters` runs, its own costs included.
+    mean: f64,
+    /// The host's time to queue a run.
+    host: f64,
 }
 
 /// How a backward is seeded.
@@ -268,9 +290,10 @@ pub fn bench_kernels<B: TrainBackend>(device: &B::Device, opts: &BenchOptions) -
     }
     println!(
         "| shape | T | branch | fwd ms | fwd+bwd ms | fwd TFLOP/s | fwd+bwd TFLOP/s \
-         | pipelined fwd ms | pipelined fwd+bwd ms | pipelined fwd+bwd TFLOP/s |"
+         | pipelined fwd ms | pipelined fwd+bwd ms | pipelined fwd+bwd TFLOP/s \
+         | queue mean fwd+bwd ms | host ms to queue a fwd+bwd |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     for shape in opts.shapes.iter().copied() {
         for &t in &opts.lengths {
             let x = inputs::<B::InnerBackend>(shape, t, opts.dtype, device);
@@ -299,11 +322,15 @@ pub fn bench_kernels<B: TrainBackend>(device: &B::Device, opts: &BenchOptions) -
                 // Keys are counted per KV head row; each of the g query heads attends them.
                 let flops = 2.0 * (attended * (shape.h_q / shape.h_kv)) as f64 * (shape.d_k + shape.d_v) as f64;
                 println!(
-                    "| {} | {t} | {name} | {fwd:.2} | {fb:.2} | {:.1} | {:.1} | {fwd_queued:.2} | {fb_queued:.2} | {:.1} |",
+                    "| {} | {t} | {name} | {fwd:.2} | {fb:.2} | {:.1} | {:.1} | {:.2} | {:.2} | {:.1} | {:.2} | {:.2} |",
                     shape.name,
                     flops / fwd / 1e9,
                     3.5 * flops / fb / 1e9,
-                    3.5 * flops / fb_queued / 1e9
+                    fwd_queued.per_run,
+                    fb_queued.per_run,
+                    3.5 * flops / fb_queued.per_run / 1e9,
+                    fb_queued.mean,
+                    fb_queued.host,
                 );
             }
         }
