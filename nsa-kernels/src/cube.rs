@@ -496,8 +496,12 @@ impl<R: CubeRuntime> Call<R> {
             Keys::Window { w } => {
                 // Never read (the kernels' window branch is compile-time), so not filled: a fill
                 // is a launch of its own.
-                let placeholder =
-                    empty_device_contiguous_dtype::<R>(q.client.clone(), q.device.clone(), Shape::new([1, 1, 1, 1]), int_dtype);
+                let placeholder = empty_device_contiguous_dtype::<R>(
+                    q.client.clone(),
+                    q.device.clone(),
+                    Shape::new([1, 1, 1, 1]),
+                    int_dtype,
+                );
                 (placeholder, None, true, *w)
             }
             Keys::Selected { blocks, block_size, index } => {
@@ -547,9 +551,8 @@ impl<R: CubeRuntime> Call<R> {
     }
 
     /// `delta = dO . O` per row (f32), for the backward kernels that do not compute it
-    /// themselves.
-    /// `delta` per query row, and with `zero_sum` the zeroed dQ sum `grad_q_sum` (contiguous
-    /// f32, the shape of `q`) on the way.
+    /// themselves; with `zero_sum`, the zeroed dQ sum `grad_q_sum` (contiguous f32, the shape of
+    /// `q`) on the way.
     fn row_delta(
         &self,
         out: &CubeTensor<R>,
