@@ -14,18 +14,7 @@ for r in 1 2; do
 done
 kill $smi
 awk -F', ' '{print $2}' $OUT/clocks.txt | sort | uniq -c | sort -rn | head -5
-timeout 100 ncu --clock-control none --kernel-name-base function --metrics gpu__time_duration.sum --csv \
-  $bin bench-kernels --backend cuda --precision bf16 --check-len 0 --lengths 16384 --iters 1 --shapes production \
-  2>/dev/null > $OUT/ncu16k.csv
-python3 - $OUT/ncu16k.csv <<'PY'
-import csv, sys
-rows = [r for r in csv.reader(l for l in open(sys.argv[1]) if l.startswith('"'))]
-head, rows = rows[0], rows[1:]
-name, unit, value = head.index("Kernel Name"), head.index("Metric Unit"), head.index("Metric Value")
-scale = {"nsecond": 1e-6, "ns": 1e-6, "usecond": 1e-3, "us": 1e-3, "msecond": 1.0, "ms": 1.0}
-for r in rows[:40]:
-    print(f"{float(r[value].replace(',', '')) * scale[r[unit]]:8.4f} {r[name][:60]}")
-PY
+NCU_S=100 LENGTH=16384 MIN_MS=0 CLOCKS=none bash bench/gpu/kernel-times.sh "$1" production
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .carry/whl/*.whl
 PYTHONPATH=/tmp/site timeout 100 python3 bench/gpu/anchor_attn.py 1,8192,12,2,64 1,16384,12,2,64 1,65536,12,2,64 \
   2>&1 | grep -E "swa|dense_fb|#" | tee $OUT/anchor.txt

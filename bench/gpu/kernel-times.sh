@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Every kernel's own GPU time (Nsight Compute's gpu__time_duration, one launch at a time, so
-# no overlap and no launch gaps) over one 64k `nsa bench-kernels` iteration per shape: the
+# no overlap and no launch gaps) over one `nsa bench-kernels` iteration per shape: the
 # per-kernel split the profiling log cannot give. `bash bench/gpu/kernel-times.sh .carry/x/nsa.xz [shapes]`.
-# LENGTH (default 65536) and MIN_MS (default 0.05, the smallest launch listed) change the run.
+# LENGTH (default 65536) and MIN_MS (default 0.05, the smallest launch listed) change the run;
+# CLOCKS (ncu's --clock-control, default base: locked clocks) `none` times at the real clocks.
 set -u
 bin=/tmp/nsa; [ -x $bin ] || { xz -dc "$1" > $bin && chmod +x $bin; }
 for shape in ${2:-production paper}; do
-  timeout ${NCU_S:-200} ncu --kernel-name-base function --metrics gpu__time_duration.sum --csv \
+  timeout ${NCU_S:-200} ncu --clock-control ${CLOCKS:-base} --kernel-name-base function --metrics gpu__time_duration.sum --csv \
     $bin bench-kernels --backend cuda --precision bf16 --check-len 0 --lengths ${LENGTH:-65536} --iters 1 \
     --shapes $shape > $OUT/times-$shape.csv 2>/dev/null
   echo "== $shape: ms per launch, in launch order at T = ${LENGTH:-65536} (kernels over ${MIN_MS:-0.05} ms)"

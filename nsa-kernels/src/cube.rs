@@ -192,15 +192,16 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
         // (zeroed by `row_delta`, which runs first in each of those branches); otherwise a
         // query-side kernel writes dQ (and `delta`) first.
         let fold_dq = key_tiling.is_some_and(|tiling| tiling.fold_dq);
-        let (grad_q, grad_q_sum) = if fold_dq || folds_flash_dq || select_dq.is_some() {
+        let sums_dq = fold_dq || folds_flash_dq || select_dq.is_some();
+        let (grad_q, grad_q_sum) = if sums_dq {
             (None, call.empty(call.q.meta.shape().clone(), DType::F32))
         } else {
             (Some(call.empty(call.q.meta.shape().clone(), dtype)), call.empty(Shape::new([1, 1, 1, 1]), DType::F32))
         };
         if fold_dq || folds_flash_dq {
-            call.row_delta(&out, &grad_out, &delta, &grad_q_sum, true);
+            call.row_delta(&out, &grad_out, &delta, &grad_q_sum, sums_dq);
         } else if let Some(tiling) = select_dq {
-            call.row_delta(&out, &grad_out, &delta, &grad_q_sum, true);
+            call.row_delta(&out, &grad_out, &delta, &grad_q_sum, sums_dq);
             let (count, dim) = call.plane_grid(call.key_cubes(tiling.keys, &index), tiling.dq_planes);
             let atomic_width = call.f32_atomic_width();
             // SAFETY: see "Unchecked launches" in this module's documentation.
@@ -236,7 +237,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
                 );
             }
         } else if let Some(tiling) = call.flash_tiling(QueryPass::Gradient) {
-            call.row_delta(&out, &grad_out, &delta, &grad_q_sum, false);
+            call.row_delta(&out, &grad_out, &delta, &grad_q_sum, sums_dq);
             let cubes = b * h_kv * t.div_ceil(tiling.queries(call.group()));
             let (count, dim) = call.plane_grid(cubes, tiling.planes());
             // SAFETY: see "Unchecked launches" in this module's documentation.
