@@ -49,7 +49,22 @@ fn one_line(e: impl std::fmt::Display) -> String {
 pub fn read_table(path: &Path) -> Result<Table, ConfigError> {
     let name = path.display().to_string();
     let text = std::fs::read_to_string(path).map_err(|e| ConfigError::new(&name, format!("cannot read: {e}")))?;
-    text.parse::<Table>().map_err(|e| ConfigError::new(&name, format!("not valid TOML: {}", one_line(e.message()))))
+    text.parse::<Table>().map_err(|e| {
+        let place = e.span().map(|span| line_and_column(&text, span.start)).unwrap_or_default();
+        ConfigError::new(&name, format!("{place}not valid TOML: {}", one_line(e.message())))
+    })
+}
+
+/// `line L, column C: ` of a byte offset in `text`, both counted from 1 (columns in characters).
+fn line_and_column(text: &str, offset: usize) -> String {
+    let mut end = offset.min(text.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    let before = &text[..end];
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().unwrap_or_default().chars().count() + 1;
+    format!("line {line}, column {column}: ")
 }
 
 impl NsaLmConfig {

@@ -2,7 +2,9 @@
 //!
 //! A checkpoint is the directory `checkpoints/step-NNNNNNNN` of the run directory. It is written
 //! under a temporary name, synced, and renamed into place, so a crash mid-write leaves the
-//! previous checkpoints untouched and never a half-written one under a real name.
+//! previous checkpoints untouched and never a half-written one under a real name. Its files'
+//! sizes and CRC-32s go in `checksums.json`, written last: a checkpoint damaged after the fact
+//! (a truncated copy, a full disk, bit rot) fails [`verify`] instead of loading garbage.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -16,6 +18,92 @@ use serde::{Deserialize, Serialize};
 use crate::data::corpus::DataCursor;
 
 pub type CheckpointRecorder = NamedMpkFileRecorder<FullPrecisionSettings>;
+
+/// The files of a checkpoint, each listed with its size and CRC-32 in [`MANIFEST`].
+pub const FILES: [&str; 3] = ["model.mpk", "optimizer.mpk", "state.json"];
+/// Sizes and checksums of [`FILES`], written after them.
+pub const MANIFEST: &str = "checksums.json";
+
+/// One file's entry in [`MANIFEST`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct FileSum {
+    bytes: u64,
+    crc32: u32,
+}
+
+fn file_sum(path: &Path) -> Result<FileSum, String> {
+    use std::io::Read;
+    let mut file = fs::File::open(path).map_err(|e| io_err(path, e))?;
+    let mut hasher = crc32fast::Hasher::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut bytes = 0u64;
+    loop {
+        let n = file.read(&mut buf).map_err(|e| io_err(path, e))?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+        bytes += n as u64;
+    }
+    Ok(FileSum { bytes, crc32: hasher.finalize() })
+}
+
+/// Checks a checkpoint's files against its manifest: `Err` says which file is missing, cut short
+/// or changed. A checkpoint written before manifests existed passes if its files are present
+/// (loading it is then the check).
+pub fn verify(dir: &Path) -> Result<(), String> {
+    for name in FILES {
+        if !dir.join(name).is_file() {
+            return Err(format!("{name} is missing"));
+        }
+    }
+    let manifest = dir.join(MANIFEST);
+    if !manifest.exists() {
+        return Ok(());
+    }
+    let text = fs::read_to_string(&manifest).map_err(|e| format!("{MANIFEST}: {e}"))?;
+    let sums: std::collections::BTreeMap<String, FileSum> =
+        serde_json::from_str(&text).map_err(|e| format!("{MANIFEST} is damaged: {e}"))?;
+    for name in FILES {
+        let want = sums.get(name).ok_or_else(|| format!("{MANIFEST} does not list {name}"))?;
+        let got = file_sum(&dir.join(name))?;
+        if got.bytes != want.bytes {
+            return Err(format!("{name} has {} bytes, {} were written", got.bytes, want.bytes));
+        }
+        if got.crc32 != want.crc32 {
+            return Err(format!("{name} does not match the checksum written with it"));
+        }
+    }
+    Ok(())
+}
+
+/// Moves a damaged checkpoint out of the list (to `damaged-step-NNNNNNNN`, kept for inspection)
+/// so that the next save's pruning and the next resume do not take it for the newest. Returns
+/// where it went.
+pub fn set_aside(dir: &Path) -> Result<PathBuf, String> {
+    let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let parent = dir.parent().unwrap_or(Path::new("."));
+    let mut target = parent.join(format!("damaged-{name}"));
+    let mut n = 1;
+    while target.exists() {
+        n += 1;
+        target = parent.join(format!("damaged-{name}.{n}"));
+    }
+    fs::rename(dir, &target).map_err(|e| io_err(dir, e))?;
+    Ok(target)
+}
+
+/// The newest checkpoint that passes [`verify`], and each newer one that did not, with why.
+pub fn newest_intact(run_dir: &Path) -> (Option<(usize, PathBuf)>, Vec<(PathBuf, String)>) {
+    let mut damaged = Vec::new();
+    for (step, dir) in list(run_dir).into_iter().rev() {
+        match verify(&dir) {
+            Ok(()) => return (Some((step, dir)), damaged),
+            Err(why) => damaged.push((dir, why)),
+        }
+    }
+    (None, damaged)
+}
 
 /// Everything besides tensors needed to continue a run exactly. Training draws no random numbers
 /// besides the data order, which is a function of `seed` and `cursor`: that is the RNG state.
@@ -73,10 +161,16 @@ where
     recorder.record(optim.to_record(), tmp.join("optimizer")).map_err(|e| io_err(&tmp, e))?;
     let state_json = serde_json::to_string_pretty(state).expect("state serialises");
     fs::write(tmp.join("state.json"), state_json).map_err(|e| io_err(&tmp, e))?;
-    for entry in fs::read_dir(&tmp).map_err(|e| io_err(&tmp, e))? {
-        let path = entry.map_err(|e| io_err(&tmp, e))?.path();
+    let mut sums = std::collections::BTreeMap::new();
+    for name in FILES {
+        let path = tmp.join(name);
         fs::File::open(&path).and_then(|f| f.sync_all()).map_err(|e| io_err(&path, e))?;
+        sums.insert(name, file_sum(&path)?);
     }
+    let manifest = tmp.join(MANIFEST);
+    fs::write(&manifest, serde_json::to_string_pretty(&sums).expect("sums serialise"))
+        .map_err(|e| io_err(&manifest, e))?;
+    fs::File::open(&manifest).and_then(|f| f.sync_all()).map_err(|e| io_err(&manifest, e))?;
     if final_path.exists() {
         fs::remove_dir_all(&final_path).map_err(|e| io_err(&final_path, e))?;
     }

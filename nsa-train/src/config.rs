@@ -135,7 +135,66 @@ pub struct RunConfig {
     pub data: DataConfig,
 }
 
+/// Settings a resumed run may change: none alters the model, the optimiser's state, the batch or
+/// the data order. (`train.steps` stretches the learning-rate schedule from the resumed step on.)
+pub const RESUME_MAY_CHANGE: [&str; 11] = [
+    "train.steps",
+    "train.backend",
+    "train.precision",
+    "train.kernel_cache",
+    "train.dashboard",
+    "train.out",
+    "train.log_every",
+    "train.valid_every",
+    "train.valid_batches",
+    "train.checkpoint_every",
+    "train.keep_checkpoints",
+];
+
+/// The dotted names of the leaves where two TOML values differ, in key order.
+fn differences(a: &Value, b: &Value, at: &str, out: &mut Vec<String>) {
+    match (a, b) {
+        (Value::Table(a), Value::Table(b)) => {
+            let keys: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+            for key in keys {
+                let name = if at.is_empty() { key.clone() } else { format!("{at}.{key}") };
+                match (a.get(key), b.get(key)) {
+                    (Some(x), Some(y)) => differences(x, y, &name, out),
+                    _ => out.push(name),
+                }
+            }
+        }
+        (a, b) if a != b => out.push(at.to_string()),
+        _ => {}
+    }
+}
+
 impl RunConfig {
+    /// `Ok` when `requested` (a resume's flags and config laid over this, the run's saved config)
+    /// changes only [`RESUME_MAY_CHANGE`] and `model.attention.fused_kernels` (another path to
+    /// the same function); else an error naming the first other setting that differs.
+    pub fn check_resume_with(&self, requested: &RunConfig) -> Result<(), String> {
+        let value = |c: &RunConfig| Value::try_from(c).expect("a config serialises");
+        let mut changed = Vec::new();
+        differences(&value(self), &value(requested), "", &mut changed);
+        let allowed = |name: &str| RESUME_MAY_CHANGE.contains(&name) || name == "model.attention.fused_kernels";
+        match changed.into_iter().find(|name| !allowed(name)) {
+            None => Ok(()),
+            Some(name) => {
+                let show = |c: &RunConfig| {
+                    let v = value(c);
+                    let leaf = name.split('.').try_fold(&v, |v, part| v.get(part));
+                    leaf.map_or_else(|| "unset".to_string(), Value::to_string)
+                };
+                Err(format!(
+                    "--resume cannot change `{name}` ({} in the run, {} requested): a resumed run keeps its model, batch and data; start a new run (--out) to change it",
+                    show(self),
+                    show(requested)
+                ))
+            }
+        }
+    }
+
     /// Reads a TOML file; missing keys take their defaults, unknown keys are errors.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let table = read_table(path)?;

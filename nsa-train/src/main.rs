@@ -28,8 +28,9 @@ struct Cli {
 /// What selects and overrides a run's configuration: shared by `train` and `profile`.
 #[derive(clap::Args)]
 struct RunArgs {
-    #[arg(long, default_value = "configs/tiny.toml")]
-    config: PathBuf,
+    /// The run's TOML config [default: configs/tiny.toml; with --resume, the run's saved one].
+    #[arg(long)]
+    config: Option<PathBuf>,
     #[arg(long, value_enum)]
     backend: Option<BackendArg>,
     /// Training data (files or directories); repeatable. Overrides `data.paths`.
@@ -51,6 +52,10 @@ struct RunArgs {
 }
 
 impl RunArgs {
+    fn config_path(&self) -> PathBuf {
+        self.config.clone().unwrap_or_else(|| PathBuf::from("configs/tiny.toml"))
+    }
+
     /// Applies the flags to `cfg` (loaded from `--config`, or from a run being resumed).
     fn apply(&self, cfg: &mut RunConfig) {
         if let Some(b) = self.backend {
@@ -339,26 +344,40 @@ macro_rules! with_backend {
 }
 
 fn train(args: TrainArgs) -> Result<(), String> {
-    let mut cfg = RunConfig::load(&args.run.config).map_err(|e| e.to_string())?;
-    if let Some(out) = args.out {
-        cfg.train.out = out;
+    // `--resume --out DIR` alone needs no config file: the run's saved one is used.
+    let saved_decides = args.resume && args.run.config.is_none() && args.out.is_some();
+    let mut cfg = match saved_decides {
+        true => RunConfig::new(),
+        false => RunConfig::load(&args.run.config_path()).map_err(|e| e.to_string())?,
+    };
+    if let Some(out) = &args.out {
+        cfg.train.out = out.clone();
     }
-    if args.resume {
-        // A resumed run continues with the config it started with; flags still override it.
-        let saved = PathBuf::from(&cfg.train.out).join("config.toml");
-        let out = cfg.train.out.clone();
-        if !saved.exists() {
-            return Err(format!("nothing to resume: {out} holds no run (no config.toml)"));
+    // A resumed run continues with the config it started with: the flags (and a --config given
+    // explicitly) are laid over that one and may change only what leaves the run's state alone.
+    let saved = match args.resume {
+        true => {
+            let path = PathBuf::from(&cfg.train.out).join("config.toml");
+            if !path.exists() {
+                return Err(format!("nothing to resume: {} holds no run (no config.toml)", cfg.train.out));
+            }
+            let saved = RunConfig::load(&path).map_err(|e| e.to_string())?;
+            if args.run.config.is_none() {
+                cfg = RunConfig { train: saved.train.clone().with_out(cfg.train.out), ..saved.clone() };
+            }
+            Some(saved)
         }
-        cfg = RunConfig::load(&saved).map_err(|e| e.to_string())?;
-        cfg.train.out = out;
-    }
+        false => None,
+    };
     args.run.apply(&mut cfg);
     if let Some(steps) = args.steps {
         cfg.train.steps = steps;
     }
     if args.no_dashboard {
         cfg.train.dashboard = false;
+    }
+    if let Some(saved) = saved {
+        saved.check_resume_with(&cfg)?;
     }
     cfg.validate().map_err(|e| e.to_string())?;
     let cache = use_kernel_cache(&cfg.train.kernel_cache)?;
@@ -408,6 +427,9 @@ fn run<B: nsa_train::TrainBackend>(
     let dashboard = cfg.train.dashboard;
     let mut trainer = Trainer::<B>::new(cfg, train, valid, device, resume)?;
     trainer.memory = memory;
+    for line in &trainer.set_aside {
+        eprintln!("warning: checkpoint {line}");
+    }
     if let Some(dir) = &trainer.resumed_from {
         eprintln!("resumed from {} (step {})", dir.display(), trainer.step);
     }
@@ -475,7 +497,7 @@ fn bench_kernels(
 }
 
 fn profile(args: ProfileArgs) -> Result<(), String> {
-    let mut cfg = RunConfig::load(&args.run.config).map_err(|e| e.to_string())?;
+    let mut cfg = RunConfig::load(&args.run.config_path()).map_err(|e| e.to_string())?;
     args.run.apply(&mut cfg);
     cfg.validate().map_err(|e| e.to_string())?;
     let cache = use_kernel_cache(&cfg.train.kernel_cache)?;
@@ -488,7 +510,7 @@ fn profile(args: ProfileArgs) -> Result<(), String> {
     let scratch = std::env::temp_dir().join(format!("nsa-profile-{}", std::process::id()));
     eprintln!(
         "profiling {} on {} ({warmup} warm-up + {iters} timed runs per phase)",
-        args.run.config.display(),
+        args.run.config_path().display(),
         name(kind)
     );
     let phases = with_backend!(kind, cfg.train.activation_checkpointing, |B, device, _memory| {
@@ -506,12 +528,21 @@ fn profile(args: ProfileArgs) -> Result<(), String> {
 }
 
 fn generate(path: PathBuf, prompt: String, opts: SampleOptions, backend: Option<BackendArg>) -> Result<(), String> {
-    // Accept a run directory (newest checkpoint) or a checkpoint directory.
-    let (run_dir, ckpt) = match checkpoint::latest(&path) {
+    if prompt.is_empty() {
+        return Err("--prompt is empty: give the text to continue (at least one character)".into());
+    }
+    // Accept a run directory (its newest intact checkpoint) or a checkpoint directory.
+    let (newest, damaged) = checkpoint::newest_intact(&path);
+    for (dir, why) in &damaged {
+        eprintln!("warning: checkpoint {} is damaged ({why}); skipping it", dir.display());
+    }
+    let (run_dir, ckpt) = match newest {
         Some((_, dir)) => (path.clone(), dir),
         None if path.join("model.mpk").exists() => {
+            checkpoint::verify(&path).map_err(|why| format!("checkpoint {} is damaged: {why}", path.display()))?;
             (path.parent().and_then(|p| p.parent()).map(PathBuf::from).unwrap_or_default(), path.clone())
         }
+        None if !damaged.is_empty() => return Err(format!("{}: no intact checkpoint", path.display())),
         None => {
             return Err(format!(
                 "{}: no checkpoint found (expected a run directory or a checkpoint directory)",
@@ -530,6 +561,9 @@ fn generate(path: PathBuf, prompt: String, opts: SampleOptions, backend: Option<
         let model: NsaLm<<B as AutodiffBackend>::InnerBackend> = cfg.model.init(&device);
         let model = checkpoint::load_model(&ckpt, model, &device)?;
         let prompt_ids = tokenizer.encode(&prompt).map_err(|e| e.to_string())?;
+        if prompt_ids.is_empty() {
+            return Err(format!("--prompt {prompt:?} encodes to no tokens: give text the tokenizer keeps"));
+        }
         let out = sample(&model, &prompt_ids, &opts, &device);
         println!("{prompt}{}", tokenizer.decode(&out));
         Ok(())

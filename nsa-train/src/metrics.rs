@@ -3,7 +3,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use nsa_core::{AttentionKind, NsaLmConfig};
 use serde::Serialize;
@@ -103,20 +103,49 @@ impl StepMetrics {
 
 /// `metrics.jsonl`: one JSON object per logged step or validation.
 pub struct MetricsLog {
+    path: PathBuf,
     file: File,
 }
 
 impl MetricsLog {
     pub fn open(run_dir: &Path, append: bool) -> Result<Self, String> {
         let path = run_dir.join("metrics.jsonl");
-        let file = OpenOptions::new()
+        let file = Self::open_file(&path, append)?;
+        Ok(Self { path, file })
+    }
+
+    fn open_file(path: &Path, append: bool) -> Result<File, String> {
+        OpenOptions::new()
             .create(true)
             .write(true)
             .append(append)
             .truncate(!append)
-            .open(&path)
-            .map_err(|e| format!("{}: {e}", path.display()))?;
-        Ok(Self { file })
+            .open(path)
+            .map_err(|e| format!("{}: {e}", path.display()))
+    }
+
+    /// Drops the entries of steps after `step` (a resumed run redoes them), so the log holds
+    /// each step once, and any line a kill cut short. The shortened log replaces the old one atomically.
+    pub fn cut_after(&mut self, step: usize) -> Result<(), String> {
+        let err = |path: &Path, e: std::io::Error| format!("{}: {e}", path.display());
+        let text = std::fs::read_to_string(&self.path).map_err(|e| err(&self.path, e))?;
+        let kept: String = text
+            .lines()
+            // A line cut short by a kill does not parse: it goes too.
+            .filter(|line| match serde_json::from_str::<serde_json::Value>(line) {
+                Ok(entry) => entry.get("step").and_then(serde_json::Value::as_u64).is_none_or(|s| s as usize <= step),
+                Err(_) => false,
+            })
+            .map(|line| format!("{line}\n"))
+            .collect();
+        if kept.len() == text.len() {
+            return Ok(());
+        }
+        let tmp = self.path.with_extension("jsonl.tmp");
+        std::fs::write(&tmp, kept).map_err(|e| err(&tmp, e))?;
+        std::fs::rename(&tmp, &self.path).map_err(|e| err(&self.path, e))?;
+        self.file = Self::open_file(&self.path, true)?;
+        Ok(())
     }
 
     pub fn write(&mut self, m: &StepMetrics) -> Result<(), String> {

@@ -19,13 +19,13 @@ use burn::tensor::{activation, DType, ElementConversion, FloatDType, Int, Tensor
 use nsa_core::{cast_params, NsaAux, NsaLm};
 
 use crate::checkpoint::{self, TrainState};
-use crate::TrainBackend;
 use crate::config::{Precision, RunConfig};
 use crate::dashboard::Reporter;
 use crate::data::corpus::{BatchOrder, DataCursor, PackedSplit};
 use crate::grads::{clip_global_norm, weight_decay_ids, DecayWeights};
 use crate::metrics::{MemoryProbe, MetricsLog, StepMetrics};
 use crate::schedule::learning_rate;
+use crate::TrainBackend;
 
 /// Mean next-token cross-entropy, computed in f32 whatever the storage dtype.
 pub fn lm_loss<B: Backend>(logits: Tensor<B, 3>, targets: Tensor<B, 2, Int>) -> Tensor<B, 1> {
@@ -131,6 +131,8 @@ pub struct Trainer<B: TrainBackend> {
     metrics: MetricsLog,
     /// The checkpoint this run continued from.
     pub resumed_from: Option<PathBuf>,
+    /// Newer checkpoints that a resume found damaged and moved aside, one line each.
+    pub set_aside: Vec<String>,
     /// Test hook: make the loss of this step NaN.
     pub fault_at_step: Option<usize>,
     /// The dtype forward passes run in (`train.precision`); `None` runs in the parameters' dtype.
@@ -174,7 +176,7 @@ impl<B: TrainBackend> Trainer<B> {
         // Seeded init: the same seed gives the same initial weights (Burn's RNG is per process,
         // so concurrent inits in one process can still interleave).
         B::seed(&device, t.seed);
-        let mut model = cfg.model.init::<B>(&device);
+        let model = cfg.model.init::<B>(&device);
         let decay_ids = weight_decay_ids::<B, _>(&model);
         let mut this = Self {
             order: BatchOrder::new(t.seed, train.num_windows()),
@@ -190,6 +192,7 @@ impl<B: TrainBackend> Trainer<B> {
             valid,
             run_dir,
             resumed_from: None,
+            set_aside: Vec::new(),
             fault_at_step: None,
             compute_dtype: None,
             memory: None,
@@ -198,22 +201,49 @@ impl<B: TrainBackend> Trainer<B> {
             Precision::F32 => None,
             Precision::Bf16 => Some(FloatDType::BF16),
         };
-        match existing.filter(|_| resume) {
-            Some((_, dir)) => {
-                let state = checkpoint::load_state(&dir)?;
-                model = checkpoint::load_model(&dir, model, &this.device)?;
-                this.optim = checkpoint::load_optimizer(&dir, this.optim, &this.device)?;
-                this.decay_ids = weight_decay_ids::<B, _>(&model);
-                this.model = model;
-                this.step = state.step;
-                this.cursor = state.cursor;
-                this.resumed_from = Some(dir);
-            }
-            None if resume => return Err(format!("nothing to resume: {} holds no checkpoint", this.run_dir.display())),
-            None => {}
+        if resume {
+            this.resume_newest_intact(model)?;
+            this.metrics.cut_after(this.step)?;
         }
         this.save_config()?;
         Ok(this)
+    }
+
+    /// Loads the newest checkpoint that verifies and loads; each newer one that does not is set
+    /// aside (and listed in `set_aside`), so nothing is deleted and the run goes on from the
+    /// newest good state.
+    fn resume_newest_intact(&mut self, model: NsaLm<B>) -> Result<(), String> {
+        let mut why_not = Vec::new();
+        for (_, dir) in checkpoint::list(&self.run_dir).into_iter().rev() {
+            match self.load_checkpoint(&dir, model.clone()) {
+                Ok(()) => {
+                    self.resumed_from = Some(dir);
+                    return Ok(());
+                }
+                Err(why) => {
+                    let moved = checkpoint::set_aside(&dir)?;
+                    why_not.push(format!("{}: {why}", dir.display()));
+                    self.set_aside.push(format!("{} is damaged ({why}); moved to {}", dir.display(), moved.display()));
+                }
+            }
+        }
+        match why_not.is_empty() {
+            true => Err(format!("nothing to resume: {} holds no checkpoint", self.run_dir.display())),
+            false => Err(format!("nothing to resume: no intact checkpoint ({})", why_not.join("; "))),
+        }
+    }
+
+    fn load_checkpoint(&mut self, dir: &Path, model: NsaLm<B>) -> Result<(), String> {
+        checkpoint::verify(dir)?;
+        let state = checkpoint::load_state(dir)?;
+        let model = checkpoint::load_model(dir, model, &self.device)?;
+        let optim = checkpoint::load_optimizer(dir, self.optim.clone(), &self.device)?;
+        self.optim = optim;
+        self.decay_ids = weight_decay_ids::<B, _>(&model);
+        self.model = model;
+        self.step = state.step;
+        self.cursor = state.cursor;
+        Ok(())
     }
 
     fn save_config(&self) -> Result<(), String> {

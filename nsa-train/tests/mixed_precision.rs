@@ -3,6 +3,7 @@
 //! touches the CPU device first in a process fixes the default for both. The f64-master run must
 //! not share a process with the f32 tests.
 
+#[path = "suite/common/mod.rs"]
 mod common;
 
 use burn::backend::{Autodiff, NdArray};

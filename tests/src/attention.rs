@@ -85,7 +85,8 @@ pub fn attention(
                 let ks = keys(b, t, hk);
                 let qa = dims.q_at(b, t, h);
                 let qrow = &q[qa..qa + d_k];
-                let scores: Vec<f64> = ks.iter().map(|&s| dot(qrow, &k[dims.k_at(b, s, hk)..][..d_k]) * scale).collect();
+                let scores: Vec<f64> =
+                    ks.iter().map(|&s| dot(qrow, &k[dims.k_at(b, s, hk)..][..d_k]) * scale).collect();
                 let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                 let sum: f64 = scores.iter().map(|x| (x - max).exp()).sum();
                 let lse = max + sum.ln();

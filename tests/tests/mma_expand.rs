@@ -214,7 +214,9 @@ fn tensor_core_kernels_expand() {
     // Narrow heads fold dQ in (atomics), a window's as a selection's.
     for (window, fold_dq) in [(true, false), (false, false), (false, true), (true, true)] {
         // The tiling the backend plans (a folding window cube splits d_k over 8 planes).
-        let tiling = nsa_kernels::tiling::FlashKeyTiling::plan(window, 64, 64, fold_dq, nsa_kernels::tiling::MMA_SHARED).unwrap();
+        let tiling =
+            nsa_kernels::tiling::FlashKeyTiling::plan(window, 64, 64, fold_dq, nsa_kernels::tiling::MMA_SHARED)
+                .unwrap();
         assert_eq!(tiling.fold_dq, fold_dq);
         let panics = panics_of(&device, || {
             nsa_kernels::kernel::flash_key::attention_key_flash::launch::<WgpuRuntime>(
@@ -542,7 +544,10 @@ fn inverted_index_lists_every_selecting_query_once() {
         blocks.extend(row);
     }
     // Zeros relabelled u32 (Burn's int here is i32, of the same width).
-    let u32s = |shape: [usize; 3]| CubeTensor { dtype: DType::U32, ..Tensor::<B, 3, Int>::zeros(shape, &device).into_primitive() };
+    let u32s = |shape: [usize; 3]| CubeTensor {
+        dtype: DType::U32,
+        ..Tensor::<B, 3, Int>::zeros(shape, &device).into_primitive()
+    };
     let blocks_t = Tensor::<B, 4, Int>::from_data(TensorData::new(blocks.clone(), [b, t, h_kv, n]), &device);
     let [counts, offsets, cursor, base] = [0; 4].map(|_| u32s([b, h_kv, n_blocks]));
     let [entries, slots] = [0; 2].map(|_| u32s([b, h_kv, t * n]));

@@ -67,7 +67,10 @@ fn check(name: &str, attention: AttentionKind) {
     let narrow_value = to_vec(narrow.clone())[0];
     let narrow_grads = gradients(&master, narrow);
 
-    assert!((narrow_value - wide_value).abs() <= 1e-5 * wide_value.abs(), "{name}: loss {narrow_value} vs {wide_value}");
+    assert!(
+        (narrow_value - wide_value).abs() <= 1e-5 * wide_value.abs(),
+        "{name}: loss {narrow_value} vs {wide_value}"
+    );
     assert_eq!(narrow_grads.len(), wide_grads.len());
     for (i, ((dtype, g), (_, reference))) in narrow_grads.iter().zip(&wide_grads).enumerate() {
         assert_eq!(*dtype, DType::F64, "{name}: gradient {i} must arrive in the master dtype");

@@ -103,7 +103,16 @@ fn main() -> ExitCode {
                 eprintln!("error: {e}");
                 return ExitCode::FAILURE;
             }
-            run(Command::new(cargo()).args(["test", "--workspace"]).args(args))
+            // The same features as `cargo xtask train` on this machine, so the dependencies that
+            // command built are reused and only the tests are compiled here.
+            let features: Vec<String> = features(Backend::Auto).iter().map(|f| format!("nsa-train/{f}")).collect();
+            let mut cmd = Command::new(cargo());
+            cmd.args(["test", "--workspace", "--features", &features.join(",")]).args(args);
+            vulkan::private_runtime_dir(&mut cmd);
+            announce_build(
+                "the tests: after `cargo xtask train` only the test crates, a few minutes; from nothing, Burn and its GPU stacks too, about 15 minutes more on 2 cores",
+            );
+            run(&mut cmd)
         }
         Task::Train(a) => nsa("train", a),
         Task::Generate(a) => nsa("generate", a),
@@ -112,16 +121,35 @@ fn main() -> ExitCode {
     }
 }
 
-/// `cargo run -p nsa-train --bin nsa` with the backend's feature (and the CPU as fallback).
+/// The `nsa-train` features every task builds with for `backend`: the CPU and WGPU always (so
+/// `train` and `test` share one build of Burn), CUDA where the backend is or detects it.
+fn features(backend: Backend) -> Vec<&'static str> {
+    let mut features = vec!["cpu", "wgpu"];
+    if backend.detect() == Backend::Cuda {
+        features.push("cuda");
+    }
+    features
+}
+
+/// Says what the build about to start compiles: a first build prints cargo's progress for
+/// many minutes, and a user should know that is expected.
+fn announce_build(what: &str) {
+    eprintln!("building {what} (cargo's progress follows)");
+}
+
+/// `cargo run -p nsa-train --bin nsa` with the backend's features (and the CPU as fallback).
 fn nsa(command: &str, NsaArgs { backend, release, args }: NsaArgs) -> ExitCode {
     let backend = backend.detect();
-    let features = if backend == Backend::Cpu { "cpu".to_string() } else { format!("{},cpu", backend.name()) };
+    let features = features(backend).join(",");
     let mut cmd = Command::new(cargo());
-    cmd.args(["run", "--quiet", "-p", "nsa-train", "--bin", "nsa", "--no-default-features", "--features", &features]);
+    cmd.args(["run", "-p", "nsa-train", "--bin", "nsa", "--no-default-features", "--features", &features]);
     if release {
         cmd.arg("--release");
     }
     cmd.args(["--", command, "--backend", backend.name()]).args(args);
+    announce_build(
+        "`nsa`: the first build compiles Burn and its GPU stacks, about 15 minutes on 2 cores; later ones take seconds",
+    );
     run(&mut cmd)
 }
 

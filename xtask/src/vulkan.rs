@@ -42,7 +42,8 @@ pub fn ensure_driver() -> Result<(), String> {
 
 /// Library directories checked for the loader besides the `ldconfig` cache (which a non-root
 /// user may not have on `PATH`).
-const LIB_DIRS: [&str; 5] = ["/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib", "/lib"];
+const LIB_DIRS: [&str; 5] =
+    ["/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib", "/lib"];
 
 fn driver_present() -> bool {
     let listed = ["ldconfig", "/sbin/ldconfig"].iter().any(|ldconfig| {
@@ -58,4 +59,23 @@ fn driver_present() -> bool {
             .unwrap_or(false)
     });
     loader && icd
+}
+
+/// Gives the tests a private `XDG_RUNTIME_DIR` when the environment has none usable: Mesa's
+/// Vulkan drivers print "error: XDG_RUNTIME_DIR is invalid" otherwise, which reads like a test
+/// failure and is not one.
+pub fn private_runtime_dir(cmd: &mut Command) {
+    let usable = std::env::var_os("XDG_RUNTIME_DIR").is_some_and(|dir| Path::new(&dir).is_dir());
+    if usable || !cfg!(unix) {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("nsa-xdg-runtime-{}", std::process::id()));
+    if std::fs::create_dir_all(&dir).is_ok() {
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700));
+        }
+        cmd.env("XDG_RUNTIME_DIR", dir);
+    }
 }

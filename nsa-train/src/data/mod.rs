@@ -32,10 +32,16 @@ pub fn load_splits(cfg: &RunConfig, paths: &[PathBuf]) -> Result<(PackedSplit, P
         let (train, valid) = synthetic::splits(task, seq_len, windows, cfg.train.seed);
         return Ok((train, valid, tokenizer));
     }
-    let docs = read_documents(paths)?;
-    if docs.is_empty() {
-        return Err(DataError(format!("no documents found in {}", display(paths))));
+    let found = read_documents(paths)?;
+    let skipped = found.skipped_note();
+    if found.docs.is_empty() {
+        let why = skipped.map(|note| format!(" ({note})")).unwrap_or_default();
+        return Err(DataError(format!("no documents found in {}{why}", display(paths))));
     }
+    if let Some(note) = skipped {
+        eprintln!("warning: {note}");
+    }
+    let docs = found.docs;
     let permille = cfg.data.valid_permille;
     let train = PackedSplit::pack(
         docs.iter().filter(|d| !is_validation(d, permille)).map(String::as_str),

@@ -25,17 +25,43 @@ fn fail(path: &Path, what: impl std::fmt::Display) -> DataError {
     DataError(format!("{}: {what}", path.display()))
 }
 
-/// All documents of the given files and directories (directories are read recursively, in
-/// sorted order, keeping `.txt`, `.jsonl` and `.parquet` files).
-pub fn read_documents(paths: &[PathBuf]) -> Result<Vec<String>, DataError> {
-    let mut docs = Vec::new();
-    for file in expand(paths)? {
-        docs.extend(read_file(&file)?);
-    }
-    Ok(docs)
+/// The documents read from a set of paths, and the files their directories held that are not
+/// data (named in messages, never skipped silently).
+#[derive(Debug, Default)]
+pub struct Documents {
+    pub docs: Vec<String>,
+    pub skipped: Vec<PathBuf>,
 }
 
-fn expand(paths: &[PathBuf]) -> Result<Vec<PathBuf>, DataError> {
+impl Documents {
+    /// "skipped N files that are not ...: a, b, c" (the first few named), or `None`.
+    pub fn skipped_note(&self) -> Option<String> {
+        const SHOWN: usize = 5;
+        if self.skipped.is_empty() {
+            return None;
+        }
+        let names: Vec<String> = self.skipped.iter().take(SHOWN).map(|p| p.display().to_string()).collect();
+        let more = self.skipped.len().saturating_sub(SHOWN);
+        let more = if more > 0 { format!(" and {more} more") } else { String::new() };
+        Some(format!(
+            "skipped {} file(s) that are not .txt, .md, .jsonl or .parquet: {}{more}",
+            self.skipped.len(),
+            names.join(", ")
+        ))
+    }
+}
+
+/// All documents of the given files and directories (directories are read recursively, in
+/// sorted order, keeping `.txt`, `.md`, `.jsonl` and `.parquet` files and noting the others).
+pub fn read_documents(paths: &[PathBuf]) -> Result<Documents, DataError> {
+    let mut found = Documents::default();
+    for file in expand(paths, &mut found.skipped)? {
+        found.docs.extend(read_file(&file)?);
+    }
+    Ok(found)
+}
+
+fn expand(paths: &[PathBuf], skipped: &mut Vec<PathBuf>) -> Result<Vec<PathBuf>, DataError> {
     let mut files = Vec::new();
     for path in paths {
         let meta = std::fs::metadata(path).map_err(|e| fail(path, format!("cannot open: {e}")))?;
@@ -43,10 +69,12 @@ fn expand(paths: &[PathBuf]) -> Result<Vec<PathBuf>, DataError> {
             let mut entries: Vec<PathBuf> = std::fs::read_dir(path)
                 .map_err(|e| fail(path, format!("cannot list: {e}")))?
                 .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| p.is_dir() || kind(p).is_some())
                 .collect();
             entries.sort();
-            files.extend(expand(&entries)?);
+            let (data, other): (Vec<PathBuf>, Vec<PathBuf>) =
+                entries.into_iter().partition(|p| p.is_dir() || kind(p).is_some());
+            skipped.extend(other);
+            files.extend(expand(&data, skipped)?);
         } else {
             files.push(path.clone());
         }

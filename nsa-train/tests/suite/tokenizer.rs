@@ -1,7 +1,7 @@
 //! A Hugging Face tokenizer trained here on the shipped corpus (nothing downloaded), used for
 //! packing and training.
 
-mod common;
+use crate::common;
 
 use nsa_train::config::DataConfig;
 use nsa_train::data::load_splits;

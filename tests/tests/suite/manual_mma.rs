@@ -2,13 +2,12 @@
 //! the per-lane register layout `position_of_nth` reports, checked by a product against the
 //! host on fresh random inputs. Kernels that keep scores, probabilities and the output in
 //! registers (flash attention 2's layout, docs/kernels.md) rest on it. Needs a GPU:
-//! `cargo test -p nsa-tests --features cuda --test manual_mma` (CI, without the feature,
-//! compiles nothing here).
-#![cfg(feature = "cuda")]
+//! `cargo test -p nsa-tests --features cuda manual_mma` (CI, without the feature, compiles
+//! nothing here).
 
+use burn::tensor::bf16;
 use cubecl::cmma::{MatrixIdent, MmaDefinition};
 use cubecl::cuda::{CudaDevice, CudaRuntime};
-use burn::tensor::bf16;
 use cubecl::prelude::*;
 use rand::{Rng, SeedableRng};
 
@@ -22,8 +21,11 @@ const K: usize = 16;
 fn manual_product<NA: Size, NC: Size>(a: &Array<f32>, b: &Array<f32>, c: &mut Array<f32>) {
     let def = MmaDefinition::<bf16, bf16, f32>::new(M, N, K);
     let lane = UNIT_POS_X;
-    let (va, vb, vc) =
-        (def.vectors_per_lane(MatrixIdent::A), def.vectors_per_lane(MatrixIdent::B), def.vectors_per_lane(MatrixIdent::Accumulator));
+    let (va, vb, vc) = (
+        def.vectors_per_lane(MatrixIdent::A),
+        def.vectors_per_lane(MatrixIdent::B),
+        def.vectors_per_lane(MatrixIdent::Accumulator),
+    );
     let ra = gather::<NA>(def, a, MatrixIdent::A, va, K);
     // (row, col) of B is (k, n).
     let rb = gather::<NA>(def, b, MatrixIdent::B, vb, N);

@@ -1,6 +1,6 @@
 //! End-to-end training on the CPU: learning, exact resume, stop on NaN, activation checkpointing.
 
-mod common;
+use crate::common;
 
 use burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing;
 use burn::backend::{Autodiff, NdArray};
@@ -10,8 +10,8 @@ use burn::tensor::{Int, Tensor, TensorData};
 use nsa_core::NsaLm;
 use nsa_train::checkpoint::{self, CheckpointRecorder};
 use nsa_train::config::RunConfig;
-use nsa_train::data::load_splits;
 use nsa_train::dashboard::{Collect, Reporter};
+use nsa_train::data::load_splits;
 use nsa_train::metrics::StepMetrics;
 use nsa_train::trainer::{lm_loss, Finish, Stop, Trainer};
 

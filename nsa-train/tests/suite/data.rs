@@ -1,6 +1,6 @@
 //! Data loading: the three file formats, bad inputs as one-line errors, packing and the split.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 
@@ -32,11 +32,14 @@ fn txt_jsonl_and_parquet_documents_are_read() {
     assert_eq!(read_file(&dir.join("c.parquet")).unwrap(), vec!["pq one", "pq two", "pq three"]);
     // A directory: its supported files in name order.
     let all = read_documents(&[dir.clone()]).unwrap();
-    assert_eq!(all.len(), 7);
-    assert_eq!(all[2], "json one");
+    assert_eq!(all.docs.len(), 7);
+    assert_eq!(all.docs[2], "json one");
+    // The file that is not data is named, not dropped silently.
+    assert_eq!(all.skipped, vec![dir.join("ignored.bin")]);
+    assert!(all.skipped_note().unwrap().contains("ignored.bin"));
 }
 
-fn one_line_error(result: Result<Vec<String>, nsa_train::data::sources::DataError>, needle: &str) {
+fn one_line_error<T: std::fmt::Debug>(result: Result<T, nsa_train::data::sources::DataError>, needle: &str) {
     let err = result.expect_err("should fail").to_string();
     assert!(!err.contains('\n'), "not one line: {err}");
     assert!(err.contains(needle), "`{err}` should mention `{needle}`");

@@ -46,7 +46,11 @@ impl<B: Backend> ModuleMapper<B> for Nudge {
     }
 }
 
-fn loss<B: nsa_core::SparseAttentionBackend>(layer: &NsaAttention<B>, x: Tensor<B, 3>, weights: Tensor<B, 3>) -> Tensor<B, 1> {
+fn loss<B: nsa_core::SparseAttentionBackend>(
+    layer: &NsaAttention<B>,
+    x: Tensor<B, 3>,
+    weights: Tensor<B, 3>,
+) -> Tensor<B, 1> {
     (layer.forward(x) * weights).sum()
 }
 

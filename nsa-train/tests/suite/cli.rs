@@ -1,0 +1,165 @@
+//! The `nsa` binary: configuration and input errors are one line, name the problem, exit non-zero.
+
+use crate::common;
+
+use std::process::Command;
+
+fn nsa(args: &[&str]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_nsa")).args(args).output().unwrap();
+    (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+fn assert_fails_with(args: &[&str], needle: &str) {
+    let (ok, stderr) = nsa(args);
+    assert!(!ok, "should fail: {args:?}");
+    let last = stderr.trim_end().lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("error: ") && last.contains(needle),
+        "expected one error line with `{needle}`, got:\n{stderr}"
+    );
+}
+
+#[test]
+fn config_and_data_errors_are_one_line() {
+    let dir = common::scratch("cli");
+    let cfg = |name: &str, text: &str| {
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        p.display().to_string()
+    };
+    assert_fails_with(&["train", "--config", "no/such/config.toml"], "config.toml`: cannot read");
+    assert_fails_with(&["train", "--config", &cfg("a.toml", "[train]\nstepz = 3\n")], "`train.stepz`: unknown key");
+    assert_fails_with(
+        &["train", "--config", &cfg("b.toml", "[train]\nsteps = \"many\"\n")],
+        "`train.steps`: expected integer, found string",
+    );
+    assert_fails_with(&["train", "--config", &cfg("c.toml", "[model.attention]\nl = 24\n")], "`model.attention.l`");
+    assert_fails_with(&["train", "--config", &cfg("d.toml", "[data]\nsynthetic = \"sort\"\n")], "unknown task `sort`");
+    let ok_cfg = cfg("e.toml", "[model]\nseq_len = 32\nn_layers = 1\n[model.attention]\ndim = 32\nn_heads = 2\nn_kv_heads = 1\nd_k = 8\nd_v = 8\nl = 8\nd = 4\nl_sel = 8\nn = 3\nw = 8\n");
+    let out = dir.join("run").display().to_string();
+    assert_fails_with(
+        &["train", "--config", &ok_cfg, "--data", "no/such/dir", "--out", &out],
+        "no/such/dir: cannot open",
+    );
+    std::fs::write(dir.join("tiny.txt"), "too short").unwrap();
+    let data = dir.join("tiny.txt").display().to_string();
+    assert_fails_with(&["train", "--config", &ok_cfg, "--data", &data, "--out", &out], "fewer than one window");
+    assert_fails_with(&["train", "--config", &ok_cfg, "--data", &data, "--out", &out, "--resume"], "nothing to resume");
+    assert_fails_with(&["generate", "--checkpoint", &out, "--prompt", "x"], "no checkpoint found");
+}
+
+#[test]
+fn train_then_generate_from_the_checkpoint() {
+    let dir = common::scratch("cli-run");
+    let text: String = (0..400).map(|i| format!("line {i}: the quick brown fox jumps over the lazy dog.\n")).collect();
+    std::fs::write(dir.join("corpus.txt"), text).unwrap();
+    let cfg = dir.join("run.toml");
+    std::fs::write(&cfg, "[model]\nseq_len = 32\nn_layers = 1\n[model.attention]\ndim = 32\nn_heads = 2\nn_kv_heads = 1\nd_k = 8\nd_v = 8\nl = 8\nd = 4\nl_sel = 8\nn = 3\nw = 8\n[train]\nsteps = 4\nbatch_size = 2\nlog_every = 2\n").unwrap();
+    let out = dir.join("run").display().to_string();
+    let (ok, stderr) = nsa(&[
+        "train",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--data",
+        dir.join("corpus.txt").to_str().unwrap(),
+        "--out",
+        &out,
+        "--backend",
+        "cpu",
+    ]);
+    assert!(ok, "{stderr}");
+    assert!(std::path::Path::new(&out).join("checkpoints/step-00000004/model.mpk").exists());
+    let metrics = std::fs::read_to_string(std::path::Path::new(&out).join("metrics.jsonl")).unwrap();
+    assert_eq!(metrics.lines().filter(|l| l.contains("\"loss\"")).count(), 2);
+    let output = Command::new(env!("CARGO_BIN_EXE_nsa"))
+        .args(["generate", "--checkpoint", &out, "--prompt", "line 1", "--tokens", "12", "--backend", "cpu"])
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(text.starts_with("line 1") && text.trim_end().len() >= 6, "{text}");
+}
+
+#[test]
+fn shipped_configs_load_as_run_configs() {
+    for name in
+        ["tiny.toml", "nsa-125m.toml", "nsa-125m-dense.toml", "bench/nsa-125m-b1.toml", "bench/dense-125m-b1.toml"]
+    {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs").join(name);
+        nsa_train::config::RunConfig::load(&path).unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
+}
+
+/// A tiny run on the CPU: config, corpus and run directory under `dir`.
+fn tiny_cli_run(dir: &std::path::Path) -> (String, String, String) {
+    let text: String = (0..400).map(|i| format!("line {i}: the quick brown fox jumps over the lazy dog.\n")).collect();
+    std::fs::write(dir.join("corpus.txt"), text).unwrap();
+    let cfg = dir.join("run.toml");
+    std::fs::write(&cfg, "[model]\nseq_len = 32\nn_layers = 1\n[model.attention]\ndim = 32\nn_heads = 2\nn_kv_heads = 1\nd_k = 8\nd_v = 8\nl = 8\nd = 4\nl_sel = 8\nn = 3\nw = 8\n[train]\nsteps = 4\nbatch_size = 2\nlog_every = 1\ncheckpoint_every = 2\nbackend = \"cpu\"\n").unwrap();
+    let data = dir.join("corpus.txt").display().to_string();
+    (cfg.display().to_string(), data, dir.join("run").display().to_string())
+}
+
+fn logged_steps(run: &str) -> Vec<u64> {
+    let metrics = std::fs::read_to_string(std::path::Path::new(run).join("metrics.jsonl")).unwrap();
+    metrics
+        .lines()
+        .filter(|l| l.contains("\"loss\""))
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["step"].as_u64().unwrap())
+        .collect()
+}
+
+#[test]
+fn bad_inputs_around_a_run_are_one_line_errors_and_lose_nothing() {
+    let dir = common::scratch("cli-bad");
+    let (cfg, data, run) = tiny_cli_run(&dir);
+    let (ok, stderr) = nsa(&["train", "--config", &cfg, "--data", &data, "--out", &run]);
+    assert!(ok, "{stderr}");
+
+    // Sampling needs a prompt.
+    assert_fails_with(&["generate", "--checkpoint", &run, "--prompt", ""], "--prompt is empty");
+    // A TOML syntax error says where.
+    let broken = dir.join("broken.toml");
+    std::fs::write(&broken, "[train]\nsteps = = 3\n").unwrap();
+    assert_fails_with(&["train", "--config", broken.to_str().unwrap()], "line 2, column 9: not valid TOML");
+    // A resume keeps the run's batch and data.
+    assert_fails_with(&["train", "--out", &run, "--resume", "--batch-size", "4"], "cannot change `train.batch_size`");
+    assert_fails_with(&["train", "--out", &run, "--resume", "--data", &cfg], "cannot change `data.paths`");
+    let other = dir.join("other.toml");
+    std::fs::write(&other, std::fs::read_to_string(&cfg).unwrap().replace("n_layers = 1", "n_layers = 2")).unwrap();
+    assert_fails_with(
+        &["train", "--config", other.to_str().unwrap(), "--out", &run, "--resume"],
+        "cannot change `model.n_layers`",
+    );
+    // A directory of files that are not data names what it skipped.
+    let junk = dir.join("junk");
+    std::fs::create_dir_all(&junk).unwrap();
+    std::fs::write(junk.join("weights.bin"), [0u8, 1, 2]).unwrap();
+    let out2 = dir.join("run2").display().to_string();
+    assert_fails_with(
+        &["train", "--config", &cfg, "--data", junk.to_str().unwrap(), "--out", &out2],
+        "skipped 1 file(s) that are not .txt, .md, .jsonl or .parquet",
+    );
+
+    // A truncated newest checkpoint: the resume says so, sets it aside, and continues from the
+    // newest intact one; the metrics log holds each step once.
+    let newest = std::path::Path::new(&run).join("checkpoints/step-00000004");
+    let model = newest.join("model.mpk");
+    let len = std::fs::metadata(&model).unwrap().len();
+    std::fs::OpenOptions::new().write(true).open(&model).unwrap().set_len(len / 2).unwrap();
+    let (ok, stderr) = nsa(&["train", "--out", &run, "--resume", "--steps", "6", "--no-dashboard"]);
+    assert!(ok, "{stderr}");
+    assert!(stderr.contains("step-00000004 is damaged (model.mpk has"), "{stderr}");
+    assert!(stderr.contains("resumed from") && stderr.contains("(step 2)"), "{stderr}");
+    assert!(std::path::Path::new(&run).join("checkpoints/damaged-step-00000004/model.mpk").exists());
+    assert_eq!(logged_steps(&run), vec![1, 2, 3, 4, 5, 6]);
+
+    // Damaged optimiser state in every checkpoint: one line, nothing deleted.
+    for (_, ckpt) in nsa_train::checkpoint::list(std::path::Path::new(&run)) {
+        std::fs::write(ckpt.join("optimizer.mpk"), b"cut").unwrap();
+    }
+    assert_fails_with(&["generate", "--checkpoint", &run, "--prompt", "x"], "no intact checkpoint");
+    assert_fails_with(&["train", "--out", &run, "--resume", "--steps", "8"], "nothing to resume: no intact checkpoint");
+    let kept = std::fs::read_dir(std::path::Path::new(&run).join("checkpoints")).unwrap().count();
+    assert!(kept >= 3, "damaged checkpoints are kept, set aside");
+}
