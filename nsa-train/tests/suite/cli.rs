@@ -128,7 +128,7 @@ fn bad_inputs_around_a_run_are_one_line_errors_and_lose_nothing() {
     let other = dir.join("other.toml");
     std::fs::write(&other, std::fs::read_to_string(&cfg).unwrap().replace("n_layers = 1", "n_layers = 2")).unwrap();
     assert_fails_with(
-        &["train", "--config", other.to_str().unwrap(), "--out", &run, "--resume"],
+        &["train", "--config", other.to_str().unwrap(), "--data", &data, "--out", &run, "--resume"],
         "cannot change `model.n_layers`",
     );
     // A directory of files that are not data names what it skipped.

@@ -239,9 +239,11 @@ fn the_backward_walks_the_index_its_key_set_carries() {
 fn wgpu_fusion_kernels_match_float64_loops() {
     let mut rng = fresh_rng("wgpu_fusion_kernels_match_float64_loops");
     assert!(<WgpuFusion as SparseAttentionBackend>::has_fused_sparse_attention());
+    // Small head dims: this checks the fusion path (custom operations, the recorded index), not
+    // the tilings, and new d = 64 kernels would cost lavapipe minutes to compile.
     for case in [
-        Case::new(&mut rng, dims(1, 150, 12, 2, 64, 64), Spec::Window { w: 40 }),
-        Case::new(&mut rng, dims(2, 300, 12, 2, 64, 64), Spec::Selected { l_sel: 64, n: 16 }),
+        Case::new(&mut rng, dims(1, 50, 12, 2, 16, 8), Spec::Window { w: 12 }),
+        Case::new(&mut rng, dims(2, 90, 12, 2, 16, 8), Spec::Selected { l_sel: 8, n: 6 }),
     ] {
         case.check::<WgpuFusion>(&WgpuDevice::default(), 1e-5);
     }
