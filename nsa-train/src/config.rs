@@ -136,8 +136,9 @@ pub struct RunConfig {
 }
 
 /// Settings a resumed run may change: none alters the model, the optimiser's state, the batch or
-/// the data order. (`train.steps` stretches the learning-rate schedule from the resumed step on.)
-pub const RESUME_MAY_CHANGE: [&str; 11] = [
+/// the data order (`fused_kernels` picks another path to the same function). `train.steps`
+/// stretches the learning-rate schedule from the resumed step on.
+pub const RESUME_MAY_CHANGE: [&str; 12] = [
     "train.steps",
     "train.backend",
     "train.precision",
@@ -149,6 +150,7 @@ pub const RESUME_MAY_CHANGE: [&str; 11] = [
     "train.valid_batches",
     "train.checkpoint_every",
     "train.keep_checkpoints",
+    "model.attention.fused_kernels",
 ];
 
 /// The dotted names of the leaves where two TOML values differ, in key order.
@@ -171,14 +173,13 @@ fn differences(a: &Value, b: &Value, at: &str, out: &mut Vec<String>) {
 
 impl RunConfig {
     /// `Ok` when `requested` (a resume's flags and config laid over this, the run's saved config)
-    /// changes only [`RESUME_MAY_CHANGE`] and `model.attention.fused_kernels` (another path to
-    /// the same function); else an error naming the first other setting that differs.
+    /// changes only [`RESUME_MAY_CHANGE`]; else an error naming the first other setting that
+    /// differs.
     pub fn check_resume_with(&self, requested: &RunConfig) -> Result<(), String> {
         let value = |c: &RunConfig| Value::try_from(c).expect("a config serialises");
         let mut changed = Vec::new();
         differences(&value(self), &value(requested), "", &mut changed);
-        let allowed = |name: &str| RESUME_MAY_CHANGE.contains(&name) || name == "model.attention.fused_kernels";
-        match changed.into_iter().find(|name| !allowed(name)) {
+        match changed.into_iter().find(|name| !RESUME_MAY_CHANGE.contains(&name.as_str())) {
             None => Ok(()),
             Some(name) => {
                 let show = |c: &RunConfig| {

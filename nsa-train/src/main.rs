@@ -363,7 +363,9 @@ fn train(args: TrainArgs) -> Result<(), String> {
             }
             let saved = RunConfig::load(&path).map_err(|e| e.to_string())?;
             if args.run.config.is_none() {
-                cfg = RunConfig { train: saved.train.clone().with_out(cfg.train.out), ..saved.clone() };
+                let out = std::mem::take(&mut cfg.train.out);
+                cfg = saved.clone();
+                cfg.train.out = out;
             }
             Some(saved)
         }
