@@ -11,10 +11,10 @@ use burn::config::Config;
 use burn::module::Module;
 use burn::nn::{Embedding, EmbeddingConfig, Initializer, Linear, RmsNorm, RmsNormConfig};
 use burn::tensor::{activation, backend::Backend, Int, Tensor};
-use nsa_kernels::SparseAttentionBackend;
+use nsa_kernels::{GemmBackend, SparseAttentionBackend};
 use serde::{Deserialize, Serialize};
 
-use crate::attention::projection::linear;
+use crate::attention::projection::{apply, linear};
 use crate::attention::{DenseAttention, NsaAttention, NsaAux};
 use crate::config::{AttentionKind, ConfigError, NsaConfig};
 
@@ -136,12 +136,15 @@ impl<B: Backend> Mlp<B> {
         }
     }
 
-    pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+    pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3>
+    where
+        B: GemmBackend,
+    {
         let hidden = match &self.gate {
-            None => activation::silu(self.up.forward(x)),
-            Some(gate) => activation::silu(gate.forward(x.clone())) * self.up.forward(x),
+            None => activation::silu(apply(&self.up, x)),
+            Some(gate) => activation::silu(apply(gate, x.clone())) * apply(&self.up, x),
         };
-        self.down.forward(hidden)
+        apply(&self.down, hidden)
     }
 }
 
@@ -195,7 +198,7 @@ impl<B: SparseAttentionBackend> NsaLm<B> {
             x = next;
             aux.extend(layer_aux);
         }
-        (self.lm_head.forward(self.norm.forward(x)), aux)
+        (apply(&self.lm_head, self.norm.forward(x)), aux)
     }
 }
 

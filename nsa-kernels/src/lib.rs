@@ -12,6 +12,7 @@
 mod api;
 mod autodiff;
 mod fingerprint;
+pub mod gemm;
 pub mod reference;
 
 #[cfg(feature = "cube")]
@@ -26,3 +27,4 @@ pub mod tiling;
 
 pub use api::{sparse_attention, with_block_index, BlockIndex, Keys, SparseAttentionBackend, SparseAttentionGrads};
 pub use fingerprint::KERNEL_FINGERPRINT;
+pub use gemm::{linear_matmul, GemmBackend};

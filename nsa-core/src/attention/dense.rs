@@ -5,10 +5,11 @@ use burn::nn::Linear;
 use burn::tensor::{backend::Backend, Tensor};
 
 use super::masks::sliding_window;
-use super::projection::{linear, merge_heads, split_heads, KvProjection};
+use super::projection::{apply, linear, merge_heads, split_heads, KvProjection};
 use super::softmax::masked_attention;
 use crate::config::NsaConfig;
 use crate::rope::Rope;
+use nsa_kernels::GemmBackend;
 
 #[derive(Module, Debug)]
 pub struct DenseAttention<B: Backend> {
@@ -39,16 +40,16 @@ impl NsaConfig {
     }
 }
 
-impl<B: Backend> DenseAttention<B> {
+impl<B: GemmBackend> DenseAttention<B> {
     /// `x: [B, T, dim]` -> `[B, T, dim]`.
     pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
         let c = &self.config;
         let [b, t, _] = x.dims();
-        let q = self.rope.apply(split_heads(self.query.forward(x.clone()), c.n_heads));
+        let q = self.rope.apply(split_heads(apply(&self.query, x.clone()), c.n_heads));
         let q = q.reshape([b, c.n_kv_heads, c.group_size(), t, c.d_k]);
         let (k, v) = self.kv.forward(x, &self.rope);
         let causal = sliding_window::<B>(t, t, &q.device()).reshape([1, 1, 1, t, t]);
         let (out, _) = masked_attention(q, k, v, causal);
-        self.output.forward(merge_heads(out.reshape([b, c.n_heads, t, c.d_v])))
+        apply(&self.output, merge_heads(out.reshape([b, c.n_heads, t, c.d_v])))
     }
 }

@@ -8,12 +8,13 @@
 
 use burn::module::{Module, Param};
 use burn::nn::{Initializer, Linear, LinearConfig};
-use burn::tensor::{backend::Backend, Bool, Tensor};
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{Bool, Tensor};
 use nsa_kernels::{reference, sparse_attention, Keys, SparseAttentionBackend};
 
 use super::compress::Compressor;
 use super::masks::compressed_visible;
-use super::projection::{linear, merge_heads, split_heads, KvProjection};
+use super::projection::{apply, linear, merge_heads, split_heads, KvProjection};
 use super::selection::{group_scores, num_selection_blocks, select_top_n, selected_list};
 use super::softmax::masked_attention;
 use crate::config::NsaConfig;
@@ -34,6 +35,13 @@ pub struct NsaAux<B: Backend> {
     pub gates: Tensor<B, 4>,
     /// Selected blocks `[B, H_kv, T, ceil(T / l_sel)]`, shared by the heads of each group.
     pub selected: Tensor<B, 4, Bool>,
+}
+
+impl<B: AutodiffBackend> NsaAux<B> {
+    /// The same tensors outside the autodiff graph.
+    pub fn inner(self) -> NsaAux<B::InnerBackend> {
+        NsaAux { gates: self.gates.inner(), selected: self.selected.inner() }
+    }
 }
 
 #[derive(Module, Debug)]
@@ -96,7 +104,7 @@ impl<B: SparseAttentionBackend> NsaAttention<B> {
         let c = &self.config;
         let [b, t, _] = x.dims();
         let (h_kv, g) = (c.n_kv_heads, c.group_size());
-        let q = self.rope.apply(split_heads(self.query.forward(x.clone()), c.n_heads));
+        let q = self.rope.apply(split_heads(apply(&self.query, x.clone()), c.n_heads));
         let q = q.reshape([b, h_kv, g, t, c.d_k]);
 
         let (o_cmp, p_cmp) = self.compressed_branch(q.clone(), x.clone());
@@ -109,7 +117,7 @@ impl<B: SparseAttentionBackend> NsaAttention<B> {
         let o_slc = self.selected_branch(q.clone(), x.clone(), selected.clone());
         let o_win = self.window_branch(q, x.clone());
 
-        let gates = sigmoid(self.gate.forward(x)).reshape([b, t, 3, c.n_heads]);
+        let gates = sigmoid(apply(&self.gate, x)).reshape([b, t, 3, c.n_heads]);
         let gate_of = |branch: Branch| {
             gates
                 .clone()
@@ -120,7 +128,7 @@ impl<B: SparseAttentionBackend> NsaAttention<B> {
         };
         let mixed =
             o_cmp * gate_of(Branch::Compressed) + o_slc * gate_of(Branch::Selected) + o_win * gate_of(Branch::Window);
-        let out = self.output.forward(merge_heads(mixed.reshape([b, c.n_heads, t, c.d_v])));
+        let out = apply(&self.output, merge_heads(mixed.reshape([b, c.n_heads, t, c.d_v])));
         (out, NsaAux { gates, selected })
     }
 

@@ -3,6 +3,7 @@
 use burn::module::Module;
 use burn::nn::{Initializer, Linear, LinearConfig};
 use burn::tensor::{backend::Backend, Tensor};
+use nsa_kernels::{linear_matmul, GemmBackend};
 
 use crate::rope::Rope;
 
@@ -12,6 +13,16 @@ pub fn linear<B: Backend>(d_in: usize, d_out: usize, std: f64, device: &B::Devic
         .with_bias(false)
         .with_initializer(Initializer::Normal { mean: 0.0, std })
         .init(device)
+}
+
+/// `x W (+ b)`: a linear layer through the backend's product (cuBLASLt on CUDA), which Burn's
+/// `Linear::forward` would send to Burn's matmul.
+pub fn apply<B: GemmBackend, const D: usize>(layer: &Linear<B>, x: Tensor<B, D>) -> Tensor<B, D> {
+    let out = linear_matmul(x, layer.weight.val());
+    match &layer.bias {
+        Some(bias) => out + bias.val().unsqueeze(),
+        None => out,
+    }
 }
 
 /// `[B, T, H*d]` -> `[B, H, T, d]`.
@@ -42,11 +53,13 @@ impl<B: Backend> KvProjection<B> {
             kv_heads,
         }
     }
+}
 
+impl<B: GemmBackend> KvProjection<B> {
     /// Keys rotated at their positions `[B, H_kv, T, d_k]` and values `[B, H_kv, T, d_v]`.
     pub fn forward(&self, x: Tensor<B, 3>, rope: &Rope<B>) -> (Tensor<B, 4>, Tensor<B, 4>) {
-        let k = rope.apply(split_heads(self.key.forward(x.clone()), self.kv_heads));
-        let v = split_heads(self.value.forward(x), self.kv_heads);
+        let k = rope.apply(split_heads(apply(&self.key, x.clone()), self.kv_heads));
+        let v = split_heads(apply(&self.value, x), self.kv_heads);
         (k, v)
     }
 }

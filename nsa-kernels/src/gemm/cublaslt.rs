@@ -1,0 +1,232 @@
+//! `op(A) op(B)` in cuBLASLt, in CubeCL's work order without a host sync.
+//!
+//! CubeCL does not hand out the CUDA stream it launches on, so the product is ordered against
+//! it through the context: asking CubeCL for the operands' device pointers makes its server
+//! enqueue everything before them; an event recorded on the whole (primary) context then
+//! captures that work, our stream waits for it, runs the product, and the context waits for our
+//! stream before any later work (`cuCtxRecordEvent` / `cuCtxWaitEvent`, CUDA 12.5+ drivers).
+//! The device never idles for the host, and the host never waits for the device.
+//!
+//! Row-major matrices are column-major ones transposed, so `C = op(A) op(B)` (row-major) is
+//! computed as `C^T = op(B)^T op(A)^T` (column-major) with the operands swapped.
+//!
+//! Where the library or the driver entry points are missing, [`available`] says so once and
+//! the caller keeps Burn's matmul.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::{Mutex, OnceLock};
+
+use burn::tensor::{DType, Shape};
+use burn_cubecl::kernel::into_contiguous;
+use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
+use burn_cubecl::tensor::CubeTensor;
+use cubecl::cuda::CudaRuntime;
+use cudarc::cublaslt::{result as lt, sys as ltsys};
+use cudarc::driver::{result as drv, sys as dsys};
+
+/// Workspace cuBLASLt may use per product (what cudarc's own wrapper gives Hopper).
+const WORKSPACE_BYTES: usize = 32 << 20;
+
+/// A product's shape and types: what its descriptors and chosen algorithm depend on.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+struct Problem {
+    m: usize,
+    n: usize,
+    k: usize,
+    transpose_a: bool,
+    transpose_b: bool,
+    dtype: DType,
+    /// The largest power of two up to 256 that divides every operand's address: cuBLASLt picks
+    /// among the algorithms that need no more.
+    alignment: u64,
+}
+
+/// Descriptors and the heuristic's algorithm for one [`Problem`], made once.
+struct Plan {
+    desc: ltsys::cublasLtMatmulDesc_t,
+    a: ltsys::cublasLtMatrixLayout_t,
+    b: ltsys::cublasLtMatrixLayout_t,
+    c: ltsys::cublasLtMatrixLayout_t,
+    algo: ltsys::cublasLtMatmulAlgo_t,
+}
+
+/// The library's state for one device: its handle, our stream, the two ordering events.
+struct Library {
+    handle: ltsys::cublasLtHandle_t,
+    ctx: dsys::CUcontext,
+    stream: dsys::CUstream,
+    before: dsys::CUevent,
+    after: dsys::CUevent,
+    plans: HashMap<Problem, Plan>,
+    /// The products' workspace, allocated once from CubeCL's pool and held (only our stream
+    /// uses it, one product after another), with its address.
+    workspace: Option<(cubecl::server::Handle, u64)>,
+}
+
+// SAFETY: the raw handles are only used under the `Mutex` around `Library`, one thread at a
+// time, and none is tied to the thread that made it (the context is made current per call).
+unsafe impl Send for Library {}
+
+static LIBRARY: OnceLock<Option<Mutex<Library>>> = OnceLock::new();
+
+/// Whether products run in cuBLASLt on `device`'s context (the first call sets it up, and says
+/// once why not when it cannot).
+pub fn available(device_index: usize) -> bool {
+    library(device_index).is_some()
+}
+
+fn library(device_index: usize) -> Option<&'static Mutex<Library>> {
+    LIBRARY
+        .get_or_init(|| match unsafe { Library::new(device_index) } {
+            Ok(lib) => Some(Mutex::new(lib)),
+            Err(why) => {
+                eprintln!("note: linear layers use Burn's matmul, not cuBLASLt ({why})");
+                None
+            }
+        })
+        .as_ref()
+}
+
+impl Library {
+    unsafe fn new(device_index: usize) -> Result<Self, String> {
+        if !ltsys::is_culib_present() {
+            return Err("libcublasLt was not found".into());
+        }
+        drv::init().map_err(|e| format!("CUDA driver: {e:?}"))?;
+        let device = drv::device::get(device_index as i32).map_err(|e| format!("CUDA device: {e:?}"))?;
+        let ctx = drv::primary_ctx::retain(device).map_err(|e| format!("CUDA context: {e:?}"))?;
+        drv::ctx::set_current(ctx).map_err(|e| format!("CUDA context: {e:?}"))?;
+        let stream = drv::stream::create(drv::stream::StreamKind::NonBlocking).map_err(|e| format!("stream: {e:?}"))?;
+        let event = || drv::event::create(dsys::CUevent_flags::CU_EVENT_DISABLE_TIMING);
+        let before = event().map_err(|e| format!("event: {e:?}"))?;
+        let after = event().map_err(|e| format!("event: {e:?}"))?;
+        // The context-wide ordering needs CUDA 12.5+ entry points: try them once here.
+        dsys::cuCtxRecordEvent(ctx, before).result().map_err(|e| format!("cuCtxRecordEvent: {e:?}"))?;
+        dsys::cuCtxWaitEvent(ctx, before).result().map_err(|e| format!("cuCtxWaitEvent: {e:?}"))?;
+        let handle = lt::create_handle().map_err(|e| format!("cublasLtCreate: {e:?}"))?;
+        Ok(Self { handle, ctx, stream, before, after, plans: HashMap::new(), workspace: None })
+    }
+
+    /// The plan of `p`, made and kept on first use.
+    unsafe fn plan(&mut self, p: Problem) -> Result<&Plan, lt::CublasError> {
+        if !self.plans.contains_key(&p) {
+            let plan = make_plan(self.handle, p)?;
+            self.plans.insert(p, plan);
+        }
+        Ok(&self.plans[&p])
+    }
+}
+
+fn data_type(dtype: DType) -> Option<ltsys::cudaDataType> {
+    match dtype {
+        DType::BF16 => Some(ltsys::cudaDataType::CUDA_R_16BF),
+        DType::F16 => Some(ltsys::cudaDataType::CUDA_R_16F),
+        DType::F32 => Some(ltsys::cudaDataType::CUDA_R_32F),
+        _ => None,
+    }
+}
+
+/// Column-major descriptors of `C^T [n x m] = op(B)^T [n x k] op(A)^T [k x m]`: cuBLASLt's
+/// first operand is our `B` buffer, its second our `A` buffer.
+unsafe fn make_plan(handle: ltsys::cublasLtHandle_t, p: Problem) -> Result<Plan, lt::CublasError> {
+    let ty = data_type(p.dtype).expect("checked by the caller");
+    let desc = lt::create_matmul_desc(ltsys::cublasComputeType_t::CUBLAS_COMPUTE_32F, ltsys::cudaDataType::CUDA_R_32F)?;
+    let set_transpose = |attr, transpose: bool| {
+        // cublasOperation_t: 0 = N, 1 = T.
+        let op = transpose as i32;
+        lt::set_matmul_desc_attribute(desc, attr, &op as *const _ as *const c_void, std::mem::size_of_val(&op))
+    };
+    // Our B, row-major [k, n] (or [n, k] transposed), is column-major [n, k] (or [k, n]).
+    set_transpose(ltsys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA, p.transpose_b)?;
+    set_transpose(ltsys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSB, p.transpose_a)?;
+    let (b_rows, b_cols) = if p.transpose_b { (p.n, p.k) } else { (p.k, p.n) };
+    let (a_rows, a_cols) = if p.transpose_a { (p.k, p.m) } else { (p.m, p.k) };
+    let first = lt::create_matrix_layout(ty, b_cols as u64, b_rows as u64, b_cols as i64)?;
+    let second = lt::create_matrix_layout(ty, a_cols as u64, a_rows as u64, a_cols as i64)?;
+    let out = lt::create_matrix_layout(ty, p.n as u64, p.m as u64, p.n as i64)?;
+    let pref = lt::create_matmul_pref()?;
+    let workspace = WORKSPACE_BYTES as u64;
+    lt::set_matmul_pref_attribute(
+        pref,
+        ltsys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+        &workspace as *const u64 as *const c_void,
+        std::mem::size_of::<u64>(),
+    )?;
+    let alignment = p.alignment as u32;
+    for attr in [
+        ltsys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+        ltsys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        ltsys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+        ltsys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+    ] {
+        lt::set_matmul_pref_attribute(pref, attr, &alignment as *const u32 as *const c_void, 4)?;
+    }
+    let heuristic = lt::get_matmul_algo_heuristic(handle, desc, first, second, out, out, pref);
+    lt::destroy_matmul_pref(pref)?;
+    Ok(Plan { desc, a: first, b: second, c: out, algo: heuristic?.algo })
+}
+
+/// `op(a) op(b)` in cuBLASLt, or `None` (nothing queued) when it cannot run it: the library is
+/// missing, the dtype is not bf16/f16/f32, or the dtypes differ.
+pub fn gemm(
+    a: &CubeTensor<CudaRuntime>,
+    b: &CubeTensor<CudaRuntime>,
+    transpose_a: bool,
+    transpose_b: bool,
+) -> Option<CubeTensor<CudaRuntime>> {
+    if a.dtype != b.dtype || data_type(a.dtype).is_none() {
+        return None;
+    }
+    let library = library(a.device.index)?;
+    let (a, b) = (into_contiguous(a.clone()), into_contiguous(b.clone()));
+    let [a0, a1] = a.meta.shape().dims::<2>();
+    let [b0, b1] = b.meta.shape().dims::<2>();
+    let (m, k) = if transpose_a { (a1, a0) } else { (a0, a1) };
+    let n = if transpose_b { b0 } else { b1 };
+    let out = empty_device_contiguous_dtype(a.client.clone(), a.device.clone(), Shape::new([m, n]), a.dtype);
+    // Each `get_resource` waits until CubeCL's server has enqueued all work before it (no
+    // device sync); the resources keep the buffers alive until the product is queued.
+    let resource = |handle: &cubecl::server::Handle| a.client.get_resource(handle.clone()).ok();
+    let (ra, rb, rc) = (resource(&a.handle)?, resource(&b.handle)?, resource(&out.handle)?);
+    let mut lib = library.lock().unwrap_or_else(|e| e.into_inner());
+    if lib.workspace.is_none() {
+        let handle = a.client.empty(WORKSPACE_BYTES);
+        let ptr = resource(&handle)?.resource().ptr;
+        lib.workspace = Some((handle, ptr));
+    }
+    let workspace = lib.workspace.as_ref().map_or(0, |(_, ptr)| *ptr);
+    let ptrs = [ra.resource().ptr, rb.resource().ptr, rc.resource().ptr, workspace];
+    let alignment = ptrs.iter().fold(256u64, |align, p| align.min(1 << p.trailing_zeros().min(8)));
+    let problem = Problem { m, n, k, transpose_a, transpose_b, dtype: a.dtype, alignment };
+    let (alpha, beta) = (1.0f32, 0.0f32);
+    unsafe {
+        drv::ctx::set_current(lib.ctx).ok()?;
+        let (handle, ctx, stream, before, after) = (lib.handle, lib.ctx, lib.stream, lib.before, lib.after);
+        let plan = lib.plan(problem).ok()?;
+        dsys::cuCtxRecordEvent(ctx, before).result().ok()?;
+        drv::stream::wait_event(stream, before, dsys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT).ok()?;
+        let queued = lt::matmul(
+            handle,
+            plan.desc,
+            &alpha as *const f32 as *const c_void,
+            &beta as *const f32 as *const c_void,
+            ptrs[1] as *const c_void,
+            plan.a,
+            ptrs[0] as *const c_void,
+            plan.b,
+            ptrs[2] as *const c_void,
+            plan.c,
+            ptrs[2] as *mut c_void,
+            plan.c,
+            &plan.algo,
+            ptrs[3] as *mut c_void,
+            WORKSPACE_BYTES,
+            stream as ltsys::cudaStream_t,
+        );
+        drv::event::record(after, stream).ok()?;
+        dsys::cuCtxWaitEvent(ctx, after).result().ok()?;
+        queued.ok()?;
+    }
+    Some(out)
+}
