@@ -77,8 +77,66 @@ impl<B: Backend> Compressor<B> {
     }
 
     /// `k: [B, H, T, d_k]`, `v: [B, H, T, d_v]` -> compressed `[B, H, N, d_k]`, `[B, H, N, d_v]`,
-    /// or `None` when `T < l` (no block exists yet).
+    /// or `None` when `T < l` (no block exists yet). With `l % d == 0` (every paper and shipped
+    /// configuration) a block is `l / d` consecutive stride-`d` chunks, and the blocks are
+    /// sums of chunk terms ([`Self::forward_chunked`]); otherwise each block's tokens are
+    /// gathered ([`Self::forward_gathered`]).
     pub fn forward(&self, k: Tensor<B, 4>, v: Tensor<B, 4>) -> Option<(Tensor<B, 4>, Tensor<B, 4>)> {
+        match self.l % self.d {
+            0 => self.forward_chunked(k, v),
+            _ => self.forward_gathered(k, v),
+        }
+    }
+
+    /// [`Self::forward`] through chunks: block `i` covers chunks `i .. i + l/d` of `d` tokens, so
+    /// `phi = avg` is a chunk sum followed by a sum of `l/d` shifted views, and `phi = mlp`
+    /// (`flatten(block) W`) is the same sum over chunk products `flatten(chunk) W_j`, `W_j` the
+    /// rows of `W` that chunk `j` of a block meets. No token is copied `l/d` times, and the
+    /// backward is reshapes and adds instead of a scatter-add.
+    pub fn forward_chunked(&self, k: Tensor<B, 4>, v: Tensor<B, 4>) -> Option<(Tensor<B, 4>, Tensor<B, 4>)> {
+        let n = self.num_blocks(k.dims()[2]);
+        if n == 0 {
+            return None;
+        }
+        let (key, value) = (self.chunked(&self.key_phi, k, n), self.chunked(&self.value_phi, v, n));
+        Some((key, value))
+    }
+
+    fn chunked(&self, phi: &Option<MlpPhi<B>>, x: Tensor<B, 4>, n: usize) -> Tensor<B, 4> {
+        let [b, h, _, dh] = x.dims();
+        let (d, per_block) = (self.d, self.l / self.d);
+        let chunks = n + per_block - 1;
+        let x = x.narrow(2, 0, chunks * d).reshape([b, h, chunks, d, dh]);
+        // Chunk `j` of block `i` is chunk `i + j`: the block is the sum of `per_block` views.
+        let shifted_sum = |terms: Tensor<B, 4>| {
+            (1..per_block).fold(terms.clone().narrow(2, 0, n), |acc, j| acc + terms.clone().narrow(2, j, n))
+        };
+        match phi {
+            None => shifted_sum(x.sum_dim(3).reshape([b, h, chunks, dh])).div_scalar(self.l as f64),
+            Some(mlp) => {
+                let rows = x.reshape([b * h * chunks, d * dh]);
+                let weight = mlp.weight.val(); // [l * dh, dh]: chunk j of a block meets rows j*d*dh..
+                let products: Vec<Tensor<B, 4>> = (0..per_block)
+                    .map(|j| {
+                        let w_j = weight.clone().narrow(0, j * d * dh, d * dh);
+                        rows.clone().matmul(w_j).reshape([b, h, chunks, dh]).narrow(2, j, n)
+                    })
+                    .collect();
+                let sum = products.into_iter().reduce(|acc, p| acc + p).expect("l / d >= 1");
+                match &mlp.position {
+                    // `(chunk + P_j) W_j = chunk W_j + P_j W_j`: the position adds one vector.
+                    Some(position) => {
+                        let flat = position.val().reshape([1, self.l * dh]);
+                        sum + flat.matmul(weight).reshape([1, 1, 1, dh])
+                    }
+                    None => sum,
+                }
+            }
+        }
+    }
+
+    /// [`Self::forward`] by gathering each block's `l` tokens: any `l` and `d`.
+    pub fn forward_gathered(&self, k: Tensor<B, 4>, v: Tensor<B, 4>) -> Option<(Tensor<B, 4>, Tensor<B, 4>)> {
         let n = self.num_blocks(k.dims()[2]);
         if n == 0 {
             return None;

@@ -41,3 +41,49 @@ fn mlp_phi_at_initialisation_equals_avg() {
     let err = max_rel_err(&to_vec(trained.forward(x)), &to_vec(out_avg));
     assert!(err > 1e-6, "a random mlp phi should change the output");
 }
+
+/// The chunked compression (`l % d == 0`) computes what gathering each block's tokens does, for
+/// both `phi`s, forward and gradients (of the keys, the values and `phi`'s weights), at a length
+/// whose chunks end before the sequence does and at one where they end with it.
+#[test]
+fn chunked_compression_equals_the_block_gather() {
+    use nsa_tests::A64;
+    let device = Default::default();
+    let mut rng = fresh_rng("phi_chunked");
+    let (l, d, d_k, d_v) = (8, 4, 6, 5);
+    for (phi, t) in [(Phi::Avg, 57), (Phi::Avg, 32), (Phi::Mlp, 57), (Phi::Mlp, 40)] {
+        let compressor: Compressor<A64> = randomized(Compressor::new(phi, l, d, d_k, d_v, &device), &mut rng, 0.3);
+        let k = random_input::<A64>(&mut rng, 2 * 3, t, d_k, &device).0.reshape([2, 3, t, d_k]);
+        let v = random_input::<A64>(&mut rng, 2 * 3, t, d_v, &device).0.reshape([2, 3, t, d_v]);
+        let n = compressor.num_blocks(t);
+        let seed_k = random_input::<A64>(&mut rng, 2 * 3, n, d_k, &device).0.reshape([2, 3, n, d_k]);
+        let seed_v = random_input::<A64>(&mut rng, 2 * 3, n, d_v, &device).0.reshape([2, 3, n, d_v]);
+        let run = |chunked: bool| {
+            let (k, v) = (k.clone().require_grad(), v.clone().require_grad());
+            let (ck, cv) = match chunked {
+                true => compressor.forward_chunked(k.clone(), v.clone()),
+                false => compressor.forward_gathered(k.clone(), v.clone()),
+            }
+            .expect("t >= l");
+            let loss = (ck.clone() * seed_k.clone()).sum() + (cv.clone() * seed_v.clone()).sum();
+            let grads = loss.backward();
+            let mut out = vec![to_vec(ck.inner()), to_vec(cv.inner())];
+            out.push(to_vec(k.grad(&grads).expect("k has a gradient")));
+            out.push(to_vec(v.grad(&grads).expect("v has a gradient")));
+            let (pk, pv) = compressor.mlp_phi();
+            for p in pk.into_iter().chain(pv) {
+                out.push(to_vec(p.weight.val().grad(&grads).expect("phi's weight has a gradient")));
+                if let Some(position) = &p.position {
+                    out.push(to_vec::<_, 2>(position.val().grad(&grads).expect("the position has a gradient")));
+                }
+            }
+            out
+        };
+        let (chunked, gathered) = (run(true), run(false));
+        assert_eq!(chunked.len(), gathered.len());
+        for (i, (a, r)) in chunked.iter().zip(&gathered).enumerate() {
+            let err = max_rel_err(a, r);
+            assert!(err <= 1e-12, "{phi:?} t={t}: output/gradient {i} differs by {err:e}");
+        }
+    }
+}
