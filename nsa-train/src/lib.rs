@@ -1,6 +1,8 @@
 //! Training and sampling for NSA language models.
 
 pub mod bench;
+pub mod bench_gemm;
+pub mod bench_train;
 pub mod checkpoint;
 pub mod config;
 pub mod dashboard;
@@ -9,6 +11,7 @@ pub mod generate;
 pub mod grads;
 pub mod kernel_cache;
 pub mod metrics;
+pub mod oom;
 pub mod profile;
 pub mod schedule;
 pub mod trainer;

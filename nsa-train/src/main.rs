@@ -111,6 +111,27 @@ struct ProfileArgs {
     json: Option<PathBuf>,
 }
 
+#[derive(clap::Args)]
+struct BenchTrainArgs {
+    #[command(flatten)]
+    run: RunArgs,
+    /// Timed steps.
+    #[arg(long, default_value_t = 50)]
+    steps: usize,
+    /// Untimed steps first (kernel compilation, autotuning).
+    #[arg(long, default_value_t = 10)]
+    warmup: usize,
+    /// Timed runs per phase of the step breakdown; 0 skips the breakdown.
+    #[arg(long, default_value_t = 5)]
+    breakdown_iters: usize,
+    /// Compute the gate and selection statistics every step (as `log_every = 1` does).
+    #[arg(long)]
+    with_stats: bool,
+    /// Also write the result as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Train a model. Flags override the config file.
@@ -118,6 +139,23 @@ enum Command {
     /// Time each phase of a training step (data, forward/backward, attention, MLP, matmuls,
     /// optimiser) on the config's shapes.
     Profile(ProfileArgs),
+    /// The training run as a benchmark: steady tokens/s over the timed steps (stalls included),
+    /// the median and worst step, peak device memory, and a breakdown of one step.
+    BenchTrain(BenchTrainArgs),
+    /// The linear layers' matrix products (the 125M model's shapes): parity with Burn's matmul,
+    /// forward and gradients, then TFLOP/s of ours and Burn's.
+    BenchGemm {
+        #[arg(long, value_enum)]
+        backend: Option<BackendArg>,
+        /// Rows of the activations (batch x sequence length).
+        #[arg(long, default_value_t = 32768)]
+        rows: usize,
+        #[arg(long, value_enum, default_value_t = Precision::Bf16)]
+        precision: Precision,
+        /// Timed runs per product.
+        #[arg(long, default_value_t = 20)]
+        iters: usize,
+    },
     /// Time the fused sparse-attention op (window and selected, forward and forward+backward)
     /// at the benchmark shapes, after a parity check against the reference on the same device.
     BenchKernels {
@@ -182,9 +220,12 @@ impl From<BackendArg> for BackendKind {
 }
 
 fn main() -> ExitCode {
+    nsa_train::oom::install();
     let result = match Cli::parse().command {
         Command::Train(args) => train(args),
         Command::Profile(args) => profile(args),
+        Command::BenchTrain(args) => bench_train(args),
+        Command::BenchGemm { backend, rows, precision, iters } => bench_gemm(backend, rows, precision, iters),
         Command::BenchKernels { backend, lengths, iters, precision, check_len, shapes } => {
             bench_kernels(backend, lengths, iters, precision, check_len, shapes)
         }
@@ -524,6 +565,65 @@ fn profile(args: ProfileArgs) -> Result<(), String> {
     print!("{}", nsa_train::profile::table(&phases, dtype));
     if let Some(path) = args.json {
         let text = serde_json::to_string_pretty(&phases).expect("phases serialise");
+        std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    Ok(())
+}
+
+fn bench_gemm(backend: Option<BackendArg>, rows: usize, precision: Precision, iters: usize) -> Result<(), String> {
+    let kind = resolve(backend.map(Into::into).unwrap_or(BackendKind::Auto))?;
+    if precision == Precision::Bf16 && kind != BackendKind::Cuda {
+        return Err(format!("--precision bf16 needs the cuda backend (this run resolved to {})", name(kind)));
+    }
+    let (dtype, tolerance) = match precision {
+        Precision::F32 => (burn::tensor::DType::F32, 5e-3),
+        Precision::Bf16 => (burn::tensor::DType::BF16, 2e-2),
+    };
+    // The 125M model's layers: q and o, one K or V, the MLP's two, the gates, the head.
+    let layers = [(768, 768), (768, 128), (768, 3072), (3072, 768), (768, 36), (768, 256)];
+    let cases: Vec<_> =
+        layers.iter().flat_map(|&(d_in, d_out)| nsa_train::bench_gemm::linear_cases(rows, d_in, d_out)).collect();
+    let ok = with_backend!(kind, false, |B, device, _memory| {
+        let grad_error = nsa_train::bench_gemm::linear_grad_error::<B>(&device, 1000, 200, 300, dtype);
+        println!("gradients of a linear layer against Burn's autodiff matmul: error {grad_error:.2e}");
+        let (_, ok) = nsa_train::bench_gemm::bench_gemm::<B>(&device, &cases, dtype, iters.max(1), tolerance);
+        Ok::<bool, String>(ok && grad_error <= tolerance)
+    })?;
+    match ok {
+        true => Ok(()),
+        false => Err("a product differs from Burn's matmul beyond the tolerance (see above)".into()),
+    }
+}
+
+fn bench_train(args: BenchTrainArgs) -> Result<(), String> {
+    let mut cfg = RunConfig::load(&args.run.config_path()).map_err(|e| e.to_string())?;
+    args.run.apply(&mut cfg);
+    cfg.validate().map_err(|e| e.to_string())?;
+    if args.steps == 0 {
+        return Err("--steps must be at least 1".into());
+    }
+    let cache = use_kernel_cache(&cfg.train.kernel_cache)?;
+    let kind = resolve(cfg.train.backend)?;
+    announce_kernel_cache(kind, cache);
+    check_precision(&cfg, kind)?;
+    let paths: Vec<PathBuf> = cfg.data.paths.iter().map(PathBuf::from).collect();
+    let (train_split, valid_split, _) = load_splits(&cfg, &paths).map_err(|e| e.to_string())?;
+    let scratch = std::env::temp_dir().join(format!("nsa-bench-train-{}", std::process::id()));
+    let opts = nsa_train::bench_train::TrainBenchOptions {
+        warmup: args.warmup,
+        steps: args.steps,
+        breakdown_iters: args.breakdown_iters,
+        with_stats: args.with_stats,
+    };
+    eprintln!("bench-train: {} on {}", args.run.config_path().display(), name(kind));
+    let result = with_backend!(kind, cfg.train.activation_checkpointing, |B, device, memory| {
+        nsa_train::bench_train::bench_train::<B>(&cfg, train_split, valid_split, &device, memory, &scratch, &opts)
+    });
+    let _ = std::fs::remove_dir_all(&scratch);
+    let result = result?;
+    print!("{}", nsa_train::bench_train::report(&result));
+    if let Some(path) = args.json {
+        let text = serde_json::to_string_pretty(&result).expect("the result serialises");
         std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
     }
     Ok(())

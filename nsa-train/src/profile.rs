@@ -128,11 +128,6 @@ pub fn profile<B: crate::TrainBackend>(
 
     let model = trainer.model.clone();
     let (inputs, targets) = batch::<B>(&data, &windows, device);
-    let fb = time::<B>(device, warmup, iters, || {
-        let loss = lm_loss(cast(model.clone()).forward(inputs.clone()), targets.clone());
-        let _ = loss.backward();
-    }) * micro;
-    phases.push(("forward + backward".into(), fb, None));
 
     // Optimiser: clip + AdamW on fresh gradients each time (the gradients are made untimed).
     let mut optim = AdamWConfig::new().with_weight_decay(0.0).init::<B, NsaLm<B>>();
@@ -153,7 +148,11 @@ pub fn profile<B: crate::TrainBackend>(
     samples.sort_by(f64::total_cmp);
     let opt_ms = samples[samples.len() / 2];
     phases.push(("optimiser (clip + AdamW)".into(), opt_ms, None));
-    phases.push(("rest of the step (host, launches, accumulation)".into(), step - data_ms - fb - opt_ms, None));
+    // Forward + backward as the rest of the step: a loop of forward + backward alone, with no
+    // optimiser step between, made Burn's fusion re-plan its op stream on every run (10x the
+    // whole step on an H200), so it would not measure what a training step spends.
+    let fb = step - data_ms - opt_ms;
+    phases.insert(1, ("forward + backward (the step less data and optimiser)".into(), fb, None));
 
     // Inside forward + backward, per component, on random activations of the real shape.
     let block = {
@@ -180,7 +179,7 @@ pub fn profile<B: crate::TrainBackend>(
     phases.push((format!("  MLP ({layers} layers)"), mlp, None));
     let head_model = cast(model.clone());
     let head = time_with::<B, _>(device, warmup, iters, x, |x| {
-        let logits = head_model.lm_head.forward(head_model.norm.forward(x));
+        let logits = nsa_core::attention::projection::apply(&head_model.lm_head, head_model.norm.forward(x));
         let _ = lm_loss(logits, targets.clone()).backward();
     }) * micro;
     phases.push(("  output head + loss".into(), head, None));
@@ -217,7 +216,7 @@ pub fn profile<B: crate::TrainBackend>(
             .require_grad()
         };
         let ms = time_with::<B, _>(device, warmup, iters, activations, |a| {
-            let _ = a.matmul(w.clone()).sum().backward();
+            let _ = nsa_kernels::linear_matmul(a, w.clone()).sum().backward();
         });
         matmul_ms += ms * count as f64 * micro;
         matmul_flops += 6.0 * (rows * d_in * d_out) as f64 * count as f64 * micro;

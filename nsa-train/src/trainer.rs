@@ -35,6 +35,11 @@ pub fn lm_loss<B: Backend>(logits: Tensor<B, 3>, targets: Tensor<B, 2, Int>) -> 
     activation::log_softmax(logits, 1).gather(1, targets.reshape([b * t, 1])).mean().neg()
 }
 
+/// A panic's message, for an error line.
+fn panic_text(panic: &Box<dyn std::any::Any + Send>) -> String {
+    panic.downcast_ref::<String>().cloned().or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default()
+}
+
 /// Inputs and next-token targets `[B, T]` for the given windows of a split.
 pub fn batch<B: Backend>(
     split: &PackedSplit,
@@ -59,6 +64,7 @@ pub fn batch<B: Backend>(
 /// Gate and selection statistics of one forward pass, averaged over layers, on the device:
 /// `[gate_cmp, gate_slc, gate_win, gate_entropy, selected_blocks_per_query]`.
 fn aux_stats<B: Backend>(aux: &[NsaAux<B>]) -> Option<Tensor<B, 1>> {
+    // Plain (non-autodiff) tensors: see `Trainer::queue_step`.
     let per_layer: Vec<Tensor<B, 1>> = aux
         .iter()
         .map(|a| {
@@ -72,6 +78,15 @@ fn aux_stats<B: Backend>(aux: &[NsaAux<B>]) -> Option<Tensor<B, 1>> {
         .collect();
     let n = per_layer.len();
     (n > 0).then(|| Tensor::stack::<2>(per_layer, 0).mean_dim(0).reshape([5]))
+}
+
+/// [`Trainer::timed_steps`]' measurements, in ms per step.
+#[derive(Debug, Clone)]
+pub struct StepTimes {
+    /// Between consecutive step completions (the first from the call).
+    pub wall_ms: Vec<f64>,
+    /// The host's time to queue the step (building the autodiff graph and recording the ops).
+    pub queue_ms: Vec<f64>,
 }
 
 /// What one step queued on the device.
@@ -97,6 +112,9 @@ pub enum Finish {
 pub enum Stop {
     /// A non-finite loss or gradient norm at `step`; `last_good` is the newest checkpoint kept.
     NonFinite { step: usize, loss: f64, grad_norm: f64, last_good: Option<PathBuf> },
+    /// The device could not allocate what `step` needed (`requested` bytes in one buffer, when
+    /// known); `last_good` is the newest checkpoint kept.
+    OutOfMemory { step: usize, batch: usize, seq_len: usize, requested: Option<u64>, last_good: Option<PathBuf> },
     /// Any other failure (I/O, a checkpoint that does not load), as one line.
     Error(String),
 }
@@ -107,6 +125,16 @@ impl std::fmt::Display for Stop {
             Stop::NonFinite { step, loss, grad_norm, last_good } => {
                 let good = last_good.as_ref().map_or("none".to_string(), |p| p.display().to_string());
                 write!(f, "non-finite value at step {step} (loss {loss}, grad norm {grad_norm}); stopped, last good checkpoint: {good}")
+            }
+            Stop::OutOfMemory { step, batch, seq_len, requested, last_good } => {
+                let good = last_good.as_ref().map_or("none".to_string(), |p| p.display().to_string());
+                let asked = requested.map_or("more".to_string(), |r| format!("{:.2} GiB more", r as f64 / (1u64 << 30) as f64));
+                write!(
+                    f,
+                    "out of device memory at step {step}: a batch of {batch} x {seq_len} tokens asked for {asked} \
+                     than the device could give; lower --batch-size (and raise train.grad_accumulation to keep the \
+                     global batch) or the sequence length; last good checkpoint: {good}"
+                )
             }
             Stop::Error(e) => f.write_str(e),
         }
@@ -276,8 +304,14 @@ impl<B: TrainBackend> Trainer<B> {
             let windows = self.order.take(&mut self.cursor, t.batch_size);
             let (inputs, targets) = batch::<B>(&self.train, &windows, &self.device);
             let (logits, aux) = self.compute_model(self.model.clone()).forward_with_aux(inputs);
+            // The statistics are read off the inner tensors, and the autodiff ones dropped before
+            // the backward: autodiff tensors left over from a step are freed in a random order
+            // later, which changes the op stream Burn's fusion sees, and it re-plans the whole
+            // step (a 2-3 s stall each time, docs/benchmarks.md).
             if with_stats && micro == 0 {
-                stats = aux_stats(&aux).map(|s| s.inner());
+                stats = aux_stats(&aux.into_iter().map(NsaAux::inner).collect::<Vec<_>>());
+            } else {
+                drop(aux);
             }
             let mut loss = lm_loss(logits, targets).div_scalar(t.grad_accumulation as f64);
             if self.fault_at_step == Some(self.step + 1) {
@@ -310,9 +344,40 @@ impl<B: TrainBackend> Trainer<B> {
         let _ = self.queue_step(false);
     }
 
+    /// Runs `n` optimiser steps queued as [`Self::train_until`] queues them (step `k`'s loss is
+    /// read once step `k + 1` is queued, so the device is never idle for the host), with the
+    /// logged steps' statistics when `with_stats`. `each(i, wall_ms)` is told of step `i` as it
+    /// completes.
+    pub fn timed_steps(
+        &mut self,
+        n: usize,
+        with_stats: bool,
+        mut each: impl FnMut(usize, f64),
+    ) -> Result<StepTimes, Stop> {
+        let mut times = StepTimes { wall_ms: Vec::with_capacity(n), queue_ms: Vec::with_capacity(n) };
+        let mut last = Instant::now();
+        let mut previous: Option<PendingStep<B>> = None;
+        for i in 0..=n {
+            let queued = Instant::now();
+            let pending = if i < n { Some(self.try_queue_step(with_stats)?) } else { None };
+            if i < n {
+                times.queue_ms.push(queued.elapsed().as_secs_f64() * 1e3);
+            }
+            if let Some(prev) = std::mem::replace(&mut previous, pending) {
+                self.check(&prev)?;
+                let ms = last.elapsed().as_secs_f64() * 1e3;
+                last = Instant::now();
+                times.wall_ms.push(ms);
+                each(times.wall_ms.len() - 1, ms);
+            }
+        }
+        Ok(times)
+    }
+
     /// Reads a queued step's loss and gradient norm; an error if either is not finite.
     fn check(&self, pending: &PendingStep<B>) -> Result<(f64, f64), Stop> {
-        let v: Vec<f64> = pending.health.clone().into_data().convert::<f64>().to_vec().unwrap();
+        let data = pending.health.clone().try_into_data().map_err(|e| self.device_failure(pending.step, e))?;
+        let v: Vec<f64> = data.convert::<f64>().to_vec().unwrap();
         let (loss, grad_norm) = (v[0], v[1]);
         if loss.is_finite() && grad_norm.is_finite() {
             Ok((loss, grad_norm))
@@ -320,6 +385,29 @@ impl<B: TrainBackend> Trainer<B> {
             let last_good = checkpoint::latest(&self.run_dir).map(|(_, p)| p);
             Err(Stop::NonFinite { step: pending.step, loss, grad_norm, last_good })
         }
+    }
+
+    /// Why the device failed at `step`: out of memory when an allocation failed ([`crate::oom`]),
+    /// else the device's error as one line.
+    fn device_failure(&self, step: usize, error: impl std::fmt::Debug) -> Stop {
+        match crate::oom::failed_allocation() {
+            Some(requested) => Stop::OutOfMemory {
+                step,
+                batch: self.cfg.train.batch_size,
+                seq_len: self.train.seq_len(),
+                requested: (requested > 0).then_some(requested),
+                last_good: checkpoint::latest(&self.run_dir).map(|(_, p)| p),
+            },
+            None => Stop::Error(format!("device error at step {step}: {error:?}")),
+        }
+    }
+
+    /// Queues a step; a panic inside it (a device failure surfacing on this thread) becomes a
+    /// [`Stop`].
+    fn try_queue_step(&mut self, with_stats: bool) -> Result<PendingStep<B>, Stop> {
+        let step = self.step + 1;
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.queue_step(with_stats)))
+            .map_err(|panic| self.device_failure(step, panic_text(&panic)))
     }
 
     /// Mean loss over the first `valid_batches` batches of the validation split.
@@ -364,7 +452,7 @@ impl<B: TrainBackend> Trainer<B> {
             let is_log = step % t.log_every == 0 || step == until;
             let is_checkpoint = step % t.checkpoint_every == 0 || step == until || interrupted;
             let is_valid = t.valid_every > 0 && step % t.valid_every == 0;
-            let pending = self.queue_step(is_log);
+            let pending = self.try_queue_step(is_log)?;
             steps_since_log += 1;
             if let Some(prev) = previous.take() {
                 self.check(&prev)?;
@@ -376,8 +464,11 @@ impl<B: TrainBackend> Trainer<B> {
             let (loss, grad_norm) = self.check(&pending)?;
             if is_log {
                 let elapsed = clock.elapsed().as_secs_f64();
-                let stats =
-                    pending.stats.as_ref().map(|s| s.clone().into_data().convert::<f64>().to_vec::<f64>().unwrap());
+                let stats = match &pending.stats {
+                    Some(s) => Some(s.clone().try_into_data().map_err(|e| self.device_failure(step, e))?),
+                    None => None,
+                }
+                .map(|d| d.convert::<f64>().to_vec::<f64>().unwrap());
                 let memory = self.memory.as_ref().and_then(|probe| probe());
                 let metrics = StepMetrics::new(
                     step,

@@ -6,6 +6,7 @@ use std::process::{Command, ExitCode};
 
 use clap::{Parser, Subcommand, ValueEnum};
 
+mod bench_train;
 mod vulkan;
 
 #[derive(Parser)]
@@ -30,11 +31,21 @@ enum Task {
     /// Build and run `nsa profile`: time each phase of a training step on a config's shapes.
     /// Arguments after `--` go to `nsa profile`: --config, --iters, --warmup, --json, --precision.
     Profile(NsaArgs),
-    /// Benchmarks, built in release mode. `kernels`: the fused sparse-attention op
-    /// (`nsa bench-kernels`; arguments after `--`: --lengths, --iters, --precision, --check-len).
+    /// Benchmarks, built in release mode. `train`: the training run (`nsa bench-train`; after
+    /// `--`: --config, --batch-size, --precision, --steps, --warmup, --kernel-cache), with
+    /// `--anchor` beside PyTorch's dense model of the same shape (`bench/train_anchor.py`).
+    /// `gemm`: the linear layers' products (`nsa bench-gemm`). `kernels`: the fused
+    /// sparse-attention op (`nsa bench-kernels`; --lengths, --iters, --precision, --check-len).
     Bench {
         #[arg(value_enum)]
         what: BenchKind,
+        /// `train`: also train the PyTorch anchor (needs python3 with torch and a CUDA GPU) and
+        /// print ours over it.
+        #[arg(long)]
+        anchor: bool,
+        /// Where results go (`bench-train.json`, `anchor.jsonl`).
+        #[arg(long, default_value = "runs/bench")]
+        out: std::path::PathBuf,
         #[command(flatten)]
         nsa: NsaArgs,
     },
@@ -45,23 +56,25 @@ enum Task {
 
 /// How to build `nsa`, and the arguments passed on to it.
 #[derive(clap::Args)]
-struct NsaArgs {
+pub(crate) struct NsaArgs {
     #[arg(long, value_enum, default_value_t = Backend::Auto)]
-    backend: Backend,
+    pub(crate) backend: Backend,
     /// Build with optimisations for our own crates too (dependencies are always optimised).
     #[arg(long)]
-    release: bool,
+    pub(crate) release: bool,
     #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-    args: Vec<String>,
+    pub(crate) args: Vec<String>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum BenchKind {
+    Train,
+    Gemm,
     Kernels,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum Backend {
+pub(crate) enum Backend {
     Auto,
     Cuda,
     Wgpu,
@@ -117,7 +130,9 @@ fn main() -> ExitCode {
         Task::Train(a) => nsa("train", a),
         Task::Generate(a) => nsa("generate", a),
         Task::Profile(a) => nsa("profile", a),
-        Task::Bench { what: BenchKind::Kernels, nsa: a } => nsa("bench-kernels", NsaArgs { release: true, ..a }),
+        Task::Bench { what: BenchKind::Kernels, nsa: a, .. } => nsa("bench-kernels", NsaArgs { release: true, ..a }),
+        Task::Bench { what: BenchKind::Gemm, nsa: a, .. } => nsa("bench-gemm", NsaArgs { release: true, ..a }),
+        Task::Bench { what: BenchKind::Train, nsa: a, anchor, out } => bench_train::run(a, anchor, &out),
     }
 }
 
@@ -138,7 +153,7 @@ fn announce_build(what: &str) {
 }
 
 /// `cargo run -p nsa-train --bin nsa` with the backend's features (and the CPU as fallback).
-fn nsa(command: &str, NsaArgs { backend, release, args }: NsaArgs) -> ExitCode {
+pub(crate) fn nsa(command: &str, NsaArgs { backend, release, args }: NsaArgs) -> ExitCode {
     let backend = backend.detect();
     let features = features(backend).join(",");
     let mut cmd = Command::new(cargo());

@@ -163,3 +163,43 @@ fn bad_inputs_around_a_run_are_one_line_errors_and_lose_nothing() {
     let kept = std::fs::read_dir(std::path::Path::new(&run).join("checkpoints")).unwrap().count();
     assert!(kept >= 3, "damaged checkpoints are kept, set aside");
 }
+
+/// A batch the device cannot hold stops the run with one error line naming the batch, exit
+/// non-zero, and no panic messages: on WGPU, a sequence of 8192 tokens whose top-n asks for one
+/// buffer of tens of GiB (`B * H_kv * T * n_sel^2` comparisons), more than any device allows.
+#[test]
+fn a_batch_the_device_cannot_hold_is_one_error_line() {
+    let dir = common::scratch("cli-oom");
+    let text: String = (0..400).map(|i| format!("line {i}: the quick brown fox jumps over the lazy dog.\n")).collect();
+    std::fs::write(dir.join("corpus.txt"), text).unwrap();
+    let cfg = dir.join("run.toml");
+    std::fs::write(&cfg, "[model]\nseq_len = 8192\nn_layers = 1\n[model.attention]\ndim = 16\nn_heads = 2\nn_kv_heads = 1\nd_k = 8\nd_v = 8\nl = 8\nd = 4\nl_sel = 8\nn = 3\nw = 8\n[train]\nsteps = 2\nbatch_size = 2\nvalid_every = 0\nbackend = \"wgpu\"\n").unwrap();
+    let out = dir.join("run").display().to_string();
+    let data = dir.join("corpus.txt").display().to_string();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_nsa"))
+        .args(["train", "--config", &cfg.display().to_string(), "--data", &data, "--out", &out, "--no-dashboard"])
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let start = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if start.elapsed().as_secs() > 600 {
+            let _ = child.kill();
+            panic!("the run did not stop within 600 s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(!status.success(), "the run should fail:\n{stderr}");
+    let last = stderr.trim_end().lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("error: out of device memory at step ") && last.contains("a batch of 2 x 8192 tokens asked for"),
+        "expected one out-of-memory line, got:\n{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "panic messages reached the user:\n{stderr}");
+}

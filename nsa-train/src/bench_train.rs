@@ -1,0 +1,149 @@
+//! `nsa bench-train`: the user's job as a benchmark. Trains a config for some steps exactly as
+//! `nsa train` queues them (no sync inside a step; step `k`'s loss is read once step `k + 1` is
+//! queued) and reports the wall time between consecutive step completions: the steady tokens/s
+//! over every step after the warm-up (stalls included), the median and the worst step, and the
+//! allocator's peak reservation. A breakdown of one step (data, forward + backward, optimiser,
+//! and inside them attention, MLP, head, matmuls) follows from [`crate::profile`].
+
+use std::path::Path;
+
+use serde::Serialize;
+
+use crate::config::RunConfig;
+use crate::data::corpus::PackedSplit;
+use crate::metrics::MemoryProbe;
+use crate::profile::{self, Phase};
+use crate::trainer::Trainer;
+
+pub struct TrainBenchOptions {
+    /// Untimed steps first (kernel compilation, autotuning, the allocator's first pages).
+    pub warmup: usize,
+    /// Timed steps.
+    pub steps: usize,
+    /// Timed runs per phase of the breakdown; 0 skips it.
+    pub breakdown_iters: usize,
+    /// Compute the gate and selection statistics every step, as a run that logs every step does.
+    pub with_stats: bool,
+}
+
+/// What `nsa bench-train` measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct TrainBench {
+    pub batch: usize,
+    pub seq_len: usize,
+    pub grad_accumulation: usize,
+    pub params: usize,
+    pub precision: String,
+    pub warmup_steps: usize,
+    pub timed_steps: usize,
+    /// Tokens of all timed steps over their summed wall time.
+    pub tokens_per_s: f64,
+    pub median_step_ms: f64,
+    pub worst_step_ms: f64,
+    /// Each timed step's wall time, in order.
+    pub step_ms: Vec<f64>,
+    /// The host's median time to queue a step: when it nears the step's time, the host, not the
+    /// device, sets the pace.
+    pub median_queue_ms: f64,
+    /// Largest allocator reservation seen after any step (GPU backends).
+    pub peak_reserved_gib: Option<f64>,
+    pub breakdown: Vec<Phase>,
+}
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// Runs the benchmark in `scratch` (an empty directory for the trainer's run files).
+pub fn bench_train<B: crate::TrainBackend>(
+    cfg: &RunConfig,
+    train: PackedSplit,
+    valid: PackedSplit,
+    device: &B::Device,
+    memory: Option<MemoryProbe>,
+    scratch: &Path,
+    opts: &TrainBenchOptions,
+) -> Result<TrainBench, String> {
+    let mut cfg = cfg.clone();
+    cfg.train.out = scratch.join("run").display().to_string();
+    cfg.train.steps = usize::MAX / 2;
+    let t = cfg.train.clone();
+    let mut trainer = Trainer::<B>::new(cfg.clone(), train.clone(), valid.clone(), device.clone(), false)?;
+    let params = burn::module::Module::num_params(&trainer.model);
+
+    eprintln!("{} warm-up steps (the first compile and autotune kernels), then {} timed", opts.warmup, opts.steps);
+    let mut peak: Option<u64> = None;
+    let mut sample_memory = || {
+        if let Some(m) = memory.as_ref().and_then(|probe| probe()) {
+            peak = Some(peak.map_or(m.reserved, |p| p.max(m.reserved)));
+        }
+    };
+    // One run of steps, so the timed ones are steady: the first interval holds two steps'
+    // queueing and the last none, and both are left out with the warm-up.
+    let timed = (opts.warmup + 1)..(opts.warmup + 1 + opts.steps);
+    let times = trainer.timed_steps(opts.warmup + opts.steps + 2, opts.with_stats, |i, ms| {
+        if timed.contains(&i) {
+            sample_memory();
+        }
+        if i < opts.warmup || (i + 1) % 10 == 0 {
+            eprintln!("  step {}: {ms:.0} ms", i + 1);
+        }
+    });
+    let times = times.map_err(|e| e.to_string())?;
+    let step_ms = times.wall_ms[timed.clone()].to_vec();
+    let mut queue = times.queue_ms[timed].to_vec();
+    queue.sort_by(f64::total_cmp);
+    let wall = step_ms.iter().sum::<f64>() / 1e3;
+    drop(trainer);
+
+    let tokens = (t.batch_size * t.grad_accumulation * cfg.model.seq_len * step_ms.len()) as f64;
+    let mut sorted = step_ms.clone();
+    sorted.sort_by(f64::total_cmp);
+    let breakdown = match opts.breakdown_iters {
+        0 => Vec::new(),
+        iters => {
+            eprintln!("breakdown: each phase of a step timed apart ({iters} runs each)");
+            profile::profile::<B>(&cfg, train, valid, device, &scratch.join("profile"), 2, iters)?
+        }
+    };
+    Ok(TrainBench {
+        batch: t.batch_size,
+        seq_len: cfg.model.seq_len,
+        grad_accumulation: t.grad_accumulation,
+        params,
+        precision: format!("{:?}", t.precision).to_lowercase(),
+        warmup_steps: opts.warmup,
+        timed_steps: step_ms.len(),
+        tokens_per_s: tokens / wall,
+        median_step_ms: sorted.get(sorted.len() / 2).copied().unwrap_or(0.0),
+        worst_step_ms: sorted.last().copied().unwrap_or(0.0),
+        step_ms,
+        median_queue_ms: queue.get(queue.len() / 2).copied().unwrap_or(0.0),
+        peak_reserved_gib: peak.map(|p| p as f64 / GIB),
+        breakdown,
+    })
+}
+
+/// The result as text: the headline, then the breakdown.
+pub fn report(r: &TrainBench) -> String {
+    let mut s = format!(
+        "bench-train: {} params, batch {} x {} (accumulation {}), {}\n",
+        r.params, r.batch, r.seq_len, r.grad_accumulation, r.precision
+    );
+    s += &format!(
+        "{} steps after {} warm-up: {:.0} tokens/s | median step {:.1} ms | worst {:.1} ms ({:.2}x the median)\n",
+        r.timed_steps,
+        r.warmup_steps,
+        r.tokens_per_s,
+        r.median_step_ms,
+        r.worst_step_ms,
+        r.worst_step_ms / r.median_step_ms.max(1e-9)
+    );
+    s += &format!("host time to queue a step (median): {:.1} ms\n", r.median_queue_ms);
+    if let Some(peak) = r.peak_reserved_gib {
+        s += &format!("peak device memory reserved: {peak:.2} GiB\n");
+    }
+    if !r.breakdown.is_empty() {
+        let dtype = (r.precision == "bf16").then_some(burn::tensor::FloatDType::BF16);
+        s += &profile::table(&r.breakdown, dtype);
+    }
+    s
+}
