@@ -221,7 +221,28 @@ impl From<BackendArg> for BackendKind {
 
 fn main() -> ExitCode {
     nsa_train::oom::install();
-    let result = match Cli::parse().command {
+    let cli = Cli::parse();
+    // A device failure that panics outside the trainer's own catch still ends in one line.
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_command(cli))).unwrap_or_else(|_| {
+        Err(match nsa_train::oom::failed_allocation() {
+            Some(size) => format!(
+                "out of device memory: an allocation of {:.2} GiB failed; lower --batch-size or the sequence length",
+                size as f64 / (1u64 << 30) as f64
+            ),
+            None => "the run panicked (see above)".to_string(),
+        })
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run_command(cli: Cli) -> Result<(), String> {
+    match cli.command {
         Command::Train(args) => train(args),
         Command::Profile(args) => profile(args),
         Command::BenchTrain(args) => bench_train(args),
@@ -232,13 +253,6 @@ fn main() -> ExitCode {
         Command::Generate { checkpoint, prompt, tokens, temperature, top_k, seed, backend } => {
             let opts = SampleOptions { tokens, temperature, top_k, seed };
             generate(checkpoint, prompt, opts, backend)
-        }
-    };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::FAILURE
         }
     }
 }

@@ -60,7 +60,8 @@ mod tests {
 
     #[test]
     fn cubecl_allocation_failures_are_recognised_with_their_size() {
-        let debug = "called `Result::unwrap()` on an `Err` value: BufferTooBig { size: 4294967296, backtrace: <disabled> }";
+        let debug =
+            "called `Result::unwrap()` on an `Err` value: BufferTooBig { size: 4294967296, backtrace: <disabled> }";
         assert_eq!(allocation_failure(debug), Some(4294967296));
         assert_eq!(allocation_failure("can't allocate buffer of size: 1024\n"), Some(1024));
         assert_eq!(allocation_failure("BufferTooBig"), Some(0));

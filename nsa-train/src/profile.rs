@@ -183,10 +183,15 @@ pub fn profile<B: crate::TrainBackend>(
         let _ = lm_loss(logits, targets.clone()).backward();
     }) * micro;
     phases.push(("  output head + loss".into(), head, None));
-    phases.push(("  rest of forward + backward (embedding, norms, residuals, casts)".into(), fb - attn - mlp - head, None));
+    phases.push((
+        "  rest of forward + backward (embedding, norms, residuals, casts)".into(),
+        fb - attn - mlp - head,
+        None,
+    ));
 
     // The linear layers' matmuls alone (forward, and backward's two), all layers and the head.
-    let mut shapes: Vec<[usize; 2]> = linear_shapes::<B, _>(&model.blocks[0]).into_iter().flat_map(|s| vec![s; layers]).collect();
+    let mut shapes: Vec<[usize; 2]> =
+        linear_shapes::<B, _>(&model.blocks[0]).into_iter().flat_map(|s| vec![s; layers]).collect();
     shapes.extend(linear_shapes::<B, _>(&model.lm_head));
     let rows = b * seq;
     let mut matmul_ms = 0.0;

@@ -37,7 +37,11 @@ pub fn lm_loss<B: Backend>(logits: Tensor<B, 3>, targets: Tensor<B, 2, Int>) -> 
 
 /// A panic's message, for an error line.
 fn panic_text(panic: &Box<dyn std::any::Any + Send>) -> String {
-    panic.downcast_ref::<String>().cloned().or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default()
+    panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_default()
 }
 
 /// Inputs and next-token targets `[B, T]` for the given windows of a split.
@@ -128,7 +132,8 @@ impl std::fmt::Display for Stop {
             }
             Stop::OutOfMemory { step, batch, seq_len, requested, last_good } => {
                 let good = last_good.as_ref().map_or("none".to_string(), |p| p.display().to_string());
-                let asked = requested.map_or("more".to_string(), |r| format!("{:.2} GiB more", r as f64 / (1u64 << 30) as f64));
+                let asked =
+                    requested.map_or("more".to_string(), |r| format!("{:.2} GiB more", r as f64 / (1u64 << 30) as f64));
                 write!(
                     f,
                     "out of device memory at step {step}: a batch of {batch} x {seq_len} tokens asked for {asked} \
@@ -376,7 +381,7 @@ impl<B: TrainBackend> Trainer<B> {
 
     /// Reads a queued step's loss and gradient norm; an error if either is not finite.
     fn check(&self, pending: &PendingStep<B>) -> Result<(f64, f64), Stop> {
-        let data = pending.health.clone().try_into_data().map_err(|e| self.device_failure(pending.step, e))?;
+        let data = self.read(pending.step, &pending.health)?;
         let v: Vec<f64> = data.convert::<f64>().to_vec().unwrap();
         let (loss, grad_norm) = (v[0], v[1]);
         if loss.is_finite() && grad_norm.is_finite() {
@@ -399,6 +404,16 @@ impl<B: TrainBackend> Trainer<B> {
                 last_good: checkpoint::latest(&self.run_dir).map(|(_, p)| p),
             },
             None => Stop::Error(format!("device error at step {step}: {error:?}")),
+        }
+    }
+
+    /// Reads `tensor` of `step`; a device error, or a panic (a device failure surfacing on this
+    /// thread while the op stream drains), becomes a [`Stop`].
+    fn read(&self, step: usize, tensor: &Tensor<B::InnerBackend, 1>) -> Result<TensorData, Stop> {
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| tensor.clone().try_into_data())) {
+            Ok(Ok(data)) => Ok(data),
+            Ok(Err(e)) => Err(self.device_failure(step, e)),
+            Err(panic) => Err(self.device_failure(step, panic_text(&panic))),
         }
     }
 
@@ -465,7 +480,7 @@ impl<B: TrainBackend> Trainer<B> {
             if is_log {
                 let elapsed = clock.elapsed().as_secs_f64();
                 let stats = match &pending.stats {
-                    Some(s) => Some(s.clone().try_into_data().map_err(|e| self.device_failure(step, e))?),
+                    Some(s) => Some(self.read(step, s)?),
                     None => None,
                 }
                 .map(|d| d.convert::<f64>().to_vec::<f64>().unwrap());

@@ -35,7 +35,10 @@ pub fn run(mut args: NsaArgs, anchor: bool, out: &Path) -> ExitCode {
     let output = match cmd.output() {
         Ok(o) if o.status.success() => o,
         Ok(o) => {
-            eprintln!("error: the anchor failed (python3 with torch and a CUDA GPU?):\n{}", String::from_utf8_lossy(&o.stderr));
+            eprintln!(
+                "error: the anchor failed (python3 with torch and a CUDA GPU?):\n{}",
+                String::from_utf8_lossy(&o.stderr)
+            );
             return ExitCode::FAILURE;
         }
         Err(e) => {

@@ -27,7 +27,12 @@ pub trait GemmBackend: Backend {
 
 /// `op(a) op(b)` with Burn's matmul: the reference the fast paths are held to, and their
 /// fallback.
-pub fn burn_gemm<B: Backend>(a: FloatTensor<B>, b: FloatTensor<B>, transpose_a: bool, transpose_b: bool) -> FloatTensor<B> {
+pub fn burn_gemm<B: Backend>(
+    a: FloatTensor<B>,
+    b: FloatTensor<B>,
+    transpose_a: bool,
+    transpose_b: bool,
+) -> FloatTensor<B> {
     let a = if transpose_a { B::float_swap_dims(a, 0, 1) } else { a };
     let b = if transpose_b { B::float_swap_dims(b, 0, 1) } else { b };
     B::float_matmul(a, b)

@@ -198,7 +198,8 @@ fn a_batch_the_device_cannot_hold_is_one_error_line() {
     assert!(!status.success(), "the run should fail:\n{stderr}");
     let last = stderr.trim_end().lines().last().unwrap_or_default();
     assert!(
-        last.starts_with("error: out of device memory at step ") && last.contains("a batch of 2 x 8192 tokens asked for"),
+        last.starts_with("error: out of device memory at step ")
+            && last.contains("a batch of 2 x 8192 tokens asked for"),
         "expected one out-of-memory line, got:\n{stderr}"
     );
     assert!(!stderr.contains("panicked"), "panic messages reached the user:\n{stderr}");
