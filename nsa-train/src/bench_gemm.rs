@@ -6,7 +6,7 @@
 use std::time::Instant;
 
 use burn::tensor::backend::Backend;
-use burn::tensor::{DType, Distribution, Tensor, TensorPrimitive};
+use burn::tensor::{DType, Distribution, ElementConversion, Tensor, TensorPrimitive};
 use nsa_kernels::gemm::burn_gemm;
 use nsa_kernels::GemmBackend;
 
@@ -95,8 +95,8 @@ pub fn bench_gemm<B: GemmBackend>(
         let b = operand::<B>(br, bc, dtype, device);
         let ours = product::<B>(B::gemm, &a, &b, c).cast(DType::F32);
         let reference = product::<B>(burn_gemm::<B>, &a, &b, c).cast(DType::F32);
-        let scale: f64 = reference.clone().abs().max().into_scalar().to_f64();
-        let diff: f64 = (ours - reference).abs().max().into_scalar().to_f64();
+        let scale: f64 = reference.clone().abs().max().into_scalar().elem::<f64>();
+        let diff: f64 = (ours - reference).abs().max().into_scalar().elem::<f64>();
         let relative_error = diff / scale.max(1e-30);
         let pass = relative_error <= tolerance;
         ok &= pass;
@@ -119,16 +119,6 @@ pub fn bench_gemm<B: GemmBackend>(
         results.push(result);
     }
     (results, ok)
-}
-
-trait ToF64 {
-    fn to_f64(self) -> f64;
-}
-
-impl<E: burn::tensor::ElementConversion> ToF64 for E {
-    fn to_f64(self) -> f64 {
-        self.elem::<f64>()
-    }
 }
 
 /// The gradients of a linear layer's product through [`nsa_kernels::linear_matmul`] against
@@ -154,8 +144,8 @@ pub fn linear_grad_error<B: burn::tensor::backend::AutodiffBackend + GemmBackend
     };
     let (ours, reference) = (grads(true), grads(false));
     let error = |a: Tensor<B::InnerBackend, 2>, r: Tensor<B::InnerBackend, 2>| {
-        let scale: f64 = r.clone().abs().max().into_scalar().to_f64();
-        let diff: f64 = (a - r).abs().max().into_scalar().to_f64();
+        let scale: f64 = r.clone().abs().max().into_scalar().elem::<f64>();
+        let diff: f64 = (a - r).abs().max().into_scalar().elem::<f64>();
         diff / scale.max(1e-30)
     };
     error(ours.0, reference.0).max(error(ours.1, reference.1))

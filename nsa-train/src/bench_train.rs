@@ -6,6 +6,7 @@
 //! and inside them attention, MLP, head, matmuls) follows from [`crate::profile`].
 
 use std::path::Path;
+use std::time::Instant;
 
 use serde::Serialize;
 
@@ -13,7 +14,7 @@ use crate::config::RunConfig;
 use crate::data::corpus::PackedSplit;
 use crate::metrics::MemoryProbe;
 use crate::profile::{self, Phase};
-use crate::trainer::Trainer;
+use crate::trainer::{PendingStep, Stop, Trainer};
 
 pub struct TrainBenchOptions {
     /// Untimed steps first (kernel compilation, autotuning, the allocator's first pages).
@@ -45,6 +46,8 @@ pub struct TrainBench {
     /// The host's median time to queue a step: when it nears the step's time, the host, not the
     /// device, sets the pace.
     pub median_queue_ms: f64,
+    /// Its parts (medians): forward and loss, backward, optimiser.
+    pub median_queue_parts_ms: [f64; 3],
     /// Largest allocator reservation seen after any step (GPU backends).
     pub peak_reserved_gib: Option<f64>,
     pub breakdown: Vec<Phase>,
@@ -89,6 +92,7 @@ pub fn bench_train<B: crate::TrainBackend>(
     });
     let times = times.map_err(|e| e.to_string())?;
     let step_ms = times.wall_ms[timed.clone()].to_vec();
+    let parts = times.queue_parts_ms[timed.clone()].to_vec();
     let mut queue = times.queue_ms[timed].to_vec();
     queue.sort_by(f64::total_cmp);
     let wall = step_ms.iter().sum::<f64>() / 1e3;
@@ -117,9 +121,15 @@ pub fn bench_train<B: crate::TrainBackend>(
         worst_step_ms: sorted.last().copied().unwrap_or(0.0),
         step_ms,
         median_queue_ms: queue.get(queue.len() / 2).copied().unwrap_or(0.0),
+        median_queue_parts_ms: [0, 1, 2].map(|i| median(parts.iter().map(|p| p[i]).collect())),
         peak_reserved_gib: peak.map(|p| p as f64 / GIB),
         breakdown,
     })
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
 /// The result as text: the headline, then the breakdown.
@@ -137,7 +147,12 @@ pub fn report(r: &TrainBench) -> String {
         r.worst_step_ms,
         r.worst_step_ms / r.median_step_ms.max(1e-9)
     );
-    s += &format!("host time to queue a step (median): {:.1} ms\n", r.median_queue_ms);
+    let [forward, backward, optimiser] = r.median_queue_parts_ms;
+    s += &format!(
+        "host time to queue a step (median): {:.1} ms (forward and loss {forward:.1}, backward {backward:.1}, \
+         optimiser {optimiser:.1})\n",
+        r.median_queue_ms
+    );
     if let Some(peak) = r.peak_reserved_gib {
         s += &format!("peak device memory reserved: {peak:.2} GiB\n");
     }
@@ -146,4 +161,54 @@ pub fn report(r: &TrainBench) -> String {
         s += &profile::table(&r.breakdown, dtype);
     }
     s
+}
+
+/// [`Trainer::timed_steps`]' measurements, in ms per step.
+#[derive(Debug, Clone)]
+pub struct StepTimes {
+    /// Between consecutive step completions (the first from the call).
+    pub wall_ms: Vec<f64>,
+    /// The host's time to queue the step (building the autodiff graph and recording the ops).
+    pub queue_ms: Vec<f64>,
+    /// Its parts: forward and loss, backward, optimiser.
+    pub queue_parts_ms: Vec<[f64; 3]>,
+}
+
+impl<B: crate::TrainBackend> Trainer<B> {
+    /// Runs `n` optimiser steps queued as [`Self::train_until`] queues them (step `k`'s loss is
+    /// read once step `k + 1` is queued, so the device is never idle for the host), with the
+    /// logged steps' statistics when `with_stats`. `each(i, wall_ms)` is told of step `i` as it
+    /// completes.
+    pub fn timed_steps(
+        &mut self,
+        n: usize,
+        with_stats: bool,
+        mut each: impl FnMut(usize, f64),
+    ) -> Result<StepTimes, Stop> {
+        let mut times = StepTimes { wall_ms: Vec::new(), queue_ms: Vec::new(), queue_parts_ms: Vec::new() };
+        let mut last = Instant::now();
+        let mut previous: Option<PendingStep<B>> = None;
+        for i in 0..=n {
+            let queued = Instant::now();
+            let before = self.host.clone();
+            let pending = if i < n { Some(self.try_queue_step(with_stats)?) } else { None };
+            if i < n {
+                times.queue_ms.push(queued.elapsed().as_secs_f64() * 1e3);
+                let h = &self.host;
+                times.queue_parts_ms.push([
+                    h.forward_ms - before.forward_ms,
+                    h.backward_ms - before.backward_ms,
+                    h.optimiser_ms - before.optimiser_ms,
+                ]);
+            }
+            if let Some(prev) = std::mem::replace(&mut previous, pending) {
+                self.check(&prev)?;
+                let ms = last.elapsed().as_secs_f64() * 1e3;
+                last = Instant::now();
+                times.wall_ms.push(ms);
+                each(times.wall_ms.len() - 1, ms);
+            }
+        }
+        Ok(times)
+    }
 }

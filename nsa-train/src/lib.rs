@@ -14,6 +14,7 @@ pub mod metrics;
 pub mod oom;
 pub mod profile;
 pub mod schedule;
+pub mod stop;
 pub mod trainer;
 
 use burn::tensor::backend::AutodiffBackend;

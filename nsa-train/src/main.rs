@@ -10,6 +10,7 @@ use nsa_core::NsaLm;
 use nsa_train::checkpoint;
 use nsa_train::config::{BackendKind, Precision, RunConfig};
 use nsa_train::dashboard::reporter;
+use nsa_train::data::corpus::PackedSplit;
 use nsa_train::data::load_splits;
 use nsa_train::data::tokenizer::Tokenizer;
 use nsa_train::generate::{sample, SampleOptions};
@@ -437,12 +438,7 @@ fn train(args: TrainArgs) -> Result<(), String> {
         saved.check_resume_with(&cfg)?;
     }
     cfg.validate().map_err(|e| e.to_string())?;
-    let cache = use_kernel_cache(&cfg.train.kernel_cache)?;
-    let kind = resolve(cfg.train.backend)?;
-    announce_kernel_cache(kind, cache);
-    check_precision(&cfg, kind)?;
-    let paths: Vec<PathBuf> = cfg.data.paths.iter().map(PathBuf::from).collect();
-    let (train_split, valid_split, _) = load_splits(&cfg, &paths).map_err(|e| e.to_string())?;
+    let (kind, train_split, valid_split) = backend_and_data(&cfg)?;
     eprintln!(
         "backend {} | {} train windows ({} tokens), {} validation windows | run directory {}",
         name(kind),
@@ -461,6 +457,18 @@ fn train(args: TrainArgs) -> Result<(), String> {
     ))
 }
 
+/// The backend a validated run config resolves to here (kernel cache set first, as CubeCL reads
+/// its configuration once) and its training and validation splits.
+fn backend_and_data(cfg: &RunConfig) -> Result<(BackendKind, PackedSplit, PackedSplit), String> {
+    let cache = use_kernel_cache(&cfg.train.kernel_cache)?;
+    let kind = resolve(cfg.train.backend)?;
+    announce_kernel_cache(kind, cache);
+    check_precision(cfg, kind)?;
+    let paths: Vec<PathBuf> = cfg.data.paths.iter().map(PathBuf::from).collect();
+    let (train, valid, _) = load_splits(cfg, &paths).map_err(|e| e.to_string())?;
+    Ok((kind, train, valid))
+}
+
 /// bf16 compute runs on CUDA only (the CPU backend has no bf16; WGPU devices rarely do).
 fn check_precision(cfg: &RunConfig, kind: BackendKind) -> Result<(), String> {
     if cfg.train.precision == Precision::Bf16 && kind != BackendKind::Cuda {
@@ -474,8 +482,8 @@ fn check_precision(cfg: &RunConfig, kind: BackendKind) -> Result<(), String> {
 
 fn run<B: nsa_train::TrainBackend>(
     cfg: RunConfig,
-    train: nsa_train::data::corpus::PackedSplit,
-    valid: nsa_train::data::corpus::PackedSplit,
+    train: PackedSplit,
+    valid: PackedSplit,
     device: B::Device,
     memory: Option<MemoryProbe>,
     resume: bool,
@@ -557,13 +565,8 @@ fn profile(args: ProfileArgs) -> Result<(), String> {
     let mut cfg = RunConfig::load(&args.run.config_path()).map_err(|e| e.to_string())?;
     args.run.apply(&mut cfg);
     cfg.validate().map_err(|e| e.to_string())?;
-    let cache = use_kernel_cache(&cfg.train.kernel_cache)?;
-    let kind = resolve(cfg.train.backend)?;
-    announce_kernel_cache(kind, cache);
-    check_precision(&cfg, kind)?;
+    let (kind, train_split, valid_split) = backend_and_data(&cfg)?;
     let (iters, warmup) = (args.iters.max(1), args.warmup);
-    let paths: Vec<PathBuf> = cfg.data.paths.iter().map(PathBuf::from).collect();
-    let (train_split, valid_split, _) = load_splits(&cfg, &paths).map_err(|e| e.to_string())?;
     let scratch = std::env::temp_dir().join(format!("nsa-profile-{}", std::process::id()));
     eprintln!(
         "profiling {} on {} ({warmup} warm-up + {iters} timed runs per phase)",
@@ -616,12 +619,7 @@ fn bench_train(args: BenchTrainArgs) -> Result<(), String> {
     if args.steps == 0 {
         return Err("--steps must be at least 1".into());
     }
-    let cache = use_kernel_cache(&cfg.train.kernel_cache)?;
-    let kind = resolve(cfg.train.backend)?;
-    announce_kernel_cache(kind, cache);
-    check_precision(&cfg, kind)?;
-    let paths: Vec<PathBuf> = cfg.data.paths.iter().map(PathBuf::from).collect();
-    let (train_split, valid_split, _) = load_splits(&cfg, &paths).map_err(|e| e.to_string())?;
+    let (kind, train_split, valid_split) = backend_and_data(&cfg)?;
     let scratch = std::env::temp_dir().join(format!("nsa-bench-train-{}", std::process::id()));
     let opts = nsa_train::bench_train::TrainBenchOptions {
         warmup: args.warmup,

@@ -25,6 +25,7 @@ use crate::data::corpus::{BatchOrder, DataCursor, PackedSplit};
 use crate::grads::{clip_global_norm, weight_decay_ids, DecayWeights};
 use crate::metrics::{MemoryProbe, MetricsLog, StepMetrics};
 use crate::schedule::learning_rate;
+pub use crate::stop::{Finish, Stop};
 use crate::TrainBackend;
 
 /// Mean next-token cross-entropy, computed in f32 whatever the storage dtype.
@@ -84,66 +85,13 @@ fn aux_stats<B: Backend>(aux: &[NsaAux<B>]) -> Option<Tensor<B, 1>> {
     (n > 0).then(|| Tensor::stack::<2>(per_layer, 0).mean_dim(0).reshape([5]))
 }
 
-/// [`Trainer::timed_steps`]' measurements, in ms per step.
-#[derive(Debug, Clone)]
-pub struct StepTimes {
-    /// Between consecutive step completions (the first from the call).
-    pub wall_ms: Vec<f64>,
-    /// The host's time to queue the step (building the autodiff graph and recording the ops).
-    pub queue_ms: Vec<f64>,
-}
-
 /// What one step queued on the device.
-struct PendingStep<B: TrainBackend> {
+pub(crate) struct PendingStep<B: TrainBackend> {
     step: usize,
     /// `[loss, grad_norm]`.
     health: Tensor<B::InnerBackend, 1>,
     stats: Option<Tensor<B::InnerBackend, 1>>,
     lr: f64,
-}
-
-/// How a run that did not fail ended.
-#[derive(Debug, PartialEq)]
-pub enum Finish {
-    /// Reached its step count.
-    Completed,
-    /// Stopped on the user's request (the dashboard's `q`, `s`) after writing this checkpoint.
-    Interrupted { step: usize, checkpoint: PathBuf },
-}
-
-/// Why a run ended early.
-#[derive(Debug)]
-pub enum Stop {
-    /// A non-finite loss or gradient norm at `step`; `last_good` is the newest checkpoint kept.
-    NonFinite { step: usize, loss: f64, grad_norm: f64, last_good: Option<PathBuf> },
-    /// The device could not allocate what `step` needed (`requested` bytes in one buffer, when
-    /// known); `last_good` is the newest checkpoint kept.
-    OutOfMemory { step: usize, batch: usize, seq_len: usize, requested: Option<u64>, last_good: Option<PathBuf> },
-    /// Any other failure (I/O, a checkpoint that does not load), as one line.
-    Error(String),
-}
-
-impl std::fmt::Display for Stop {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Stop::NonFinite { step, loss, grad_norm, last_good } => {
-                let good = last_good.as_ref().map_or("none".to_string(), |p| p.display().to_string());
-                write!(f, "non-finite value at step {step} (loss {loss}, grad norm {grad_norm}); stopped, last good checkpoint: {good}")
-            }
-            Stop::OutOfMemory { step, batch, seq_len, requested, last_good } => {
-                let good = last_good.as_ref().map_or("none".to_string(), |p| p.display().to_string());
-                let asked =
-                    requested.map_or("more".to_string(), |r| format!("{:.2} GiB more", r as f64 / (1u64 << 30) as f64));
-                write!(
-                    f,
-                    "out of device memory at step {step}: a batch of {batch} x {seq_len} tokens asked for {asked} \
-                     than the device could give; lower --batch-size (and raise train.grad_accumulation to keep the \
-                     global batch) or the sequence length; last good checkpoint: {good}"
-                )
-            }
-            Stop::Error(e) => f.write_str(e),
-        }
-    }
 }
 
 type Adam<B> = OptimizerAdaptor<AdamW, NsaLm<B>, B>;
@@ -172,6 +120,37 @@ pub struct Trainer<B: TrainBackend> {
     pub compute_dtype: Option<FloatDType>,
     /// Device memory, reported with each logged step where the backend has it.
     pub memory: Option<MemoryProbe>,
+    /// The host's time spent queueing each part of the steps so far.
+    pub host: HostTimes,
+}
+
+/// The host's time to queue (record, not run) each part of a step, ms summed over steps: Burn
+/// records every op for autodiff and fusion, and when that takes as long as the device's work,
+/// the host sets the step's pace.
+#[derive(Debug, Clone, Default)]
+pub struct HostTimes {
+    /// Data, forward pass and loss.
+    pub forward_ms: f64,
+    /// The backward pass and gradient accumulation.
+    pub backward_ms: f64,
+    /// Clipping, weight decay and the optimiser's update.
+    pub optimiser_ms: f64,
+}
+
+/// Laps of the host's clock.
+struct HostClock(Instant);
+
+impl HostClock {
+    fn start() -> Self {
+        Self(Instant::now())
+    }
+
+    /// Adds the time since the last lap to `total`.
+    fn lap(&mut self, total: &mut f64) {
+        let now = Instant::now();
+        *total += (now - self.0).as_secs_f64() * 1e3;
+        self.0 = now;
+    }
 }
 
 impl<B: TrainBackend> Trainer<B> {
@@ -229,6 +208,7 @@ impl<B: TrainBackend> Trainer<B> {
             fault_at_step: None,
             compute_dtype: None,
             memory: None,
+            host: HostTimes::default(),
         };
         this.compute_dtype = match this.cfg.train.precision {
             Precision::F32 => None,
@@ -305,6 +285,7 @@ impl<B: TrainBackend> Trainer<B> {
         let mut accumulator = GradientsAccumulator::<NsaLm<B>>::new();
         let mut loss_sum: Option<Tensor<B::InnerBackend, 1>> = None;
         let mut stats = None;
+        let mut clock = HostClock::start();
         for micro in 0..t.grad_accumulation {
             let windows = self.order.take(&mut self.cursor, t.batch_size);
             let (inputs, targets) = batch::<B>(&self.train, &windows, &self.device);
@@ -327,8 +308,10 @@ impl<B: TrainBackend> Trainer<B> {
                 Some(s) => s + detached,
                 None => detached,
             });
+            clock.lap(&mut self.host.forward_ms);
             let grads = GradientsParams::from_grads(loss.backward(), &self.model);
             accumulator.accumulate(&self.model, grads);
+            clock.lap(&mut self.host.backward_ms);
         }
         let mut grads = accumulator.grads();
         let norm = clip_global_norm::<B, _>(&self.model, &mut grads, t.grad_clip, &self.device);
@@ -337,6 +320,7 @@ impl<B: TrainBackend> Trainer<B> {
             self.model = self.model.clone().map(&mut decay);
         }
         self.model = self.optim.step(lr, self.model.clone(), grads);
+        clock.lap(&mut self.host.optimiser_ms);
         self.step += 1;
         // The loss comes out in the compute dtype, the norm in the master dtype.
         let loss_sum = loss_sum.expect("at least one micro-batch").cast(norm.dtype());
@@ -349,38 +333,8 @@ impl<B: TrainBackend> Trainer<B> {
         let _ = self.queue_step(false);
     }
 
-    /// Runs `n` optimiser steps queued as [`Self::train_until`] queues them (step `k`'s loss is
-    /// read once step `k + 1` is queued, so the device is never idle for the host), with the
-    /// logged steps' statistics when `with_stats`. `each(i, wall_ms)` is told of step `i` as it
-    /// completes.
-    pub fn timed_steps(
-        &mut self,
-        n: usize,
-        with_stats: bool,
-        mut each: impl FnMut(usize, f64),
-    ) -> Result<StepTimes, Stop> {
-        let mut times = StepTimes { wall_ms: Vec::with_capacity(n), queue_ms: Vec::with_capacity(n) };
-        let mut last = Instant::now();
-        let mut previous: Option<PendingStep<B>> = None;
-        for i in 0..=n {
-            let queued = Instant::now();
-            let pending = if i < n { Some(self.try_queue_step(with_stats)?) } else { None };
-            if i < n {
-                times.queue_ms.push(queued.elapsed().as_secs_f64() * 1e3);
-            }
-            if let Some(prev) = std::mem::replace(&mut previous, pending) {
-                self.check(&prev)?;
-                let ms = last.elapsed().as_secs_f64() * 1e3;
-                last = Instant::now();
-                times.wall_ms.push(ms);
-                each(times.wall_ms.len() - 1, ms);
-            }
-        }
-        Ok(times)
-    }
-
     /// Reads a queued step's loss and gradient norm; an error if either is not finite.
-    fn check(&self, pending: &PendingStep<B>) -> Result<(f64, f64), Stop> {
+    pub(crate) fn check(&self, pending: &PendingStep<B>) -> Result<(f64, f64), Stop> {
         let data = self.read(pending.step, &pending.health)?;
         let v: Vec<f64> = data.convert::<f64>().to_vec().unwrap();
         let (loss, grad_norm) = (v[0], v[1]);
@@ -419,7 +373,7 @@ impl<B: TrainBackend> Trainer<B> {
 
     /// Queues a step; a panic inside it (a device failure surfacing on this thread) becomes a
     /// [`Stop`].
-    fn try_queue_step(&mut self, with_stats: bool) -> Result<PendingStep<B>, Stop> {
+    pub(crate) fn try_queue_step(&mut self, with_stats: bool) -> Result<PendingStep<B>, Stop> {
         let step = self.step + 1;
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.queue_step(with_stats)))
             .map_err(|panic| self.device_failure(step, panic_text(&panic)))
