@@ -43,8 +43,8 @@ pub struct TrainBench {
     pub worst_step_ms: f64,
     /// Each timed step's wall time, in order.
     pub step_ms: Vec<f64>,
-    /// The host's median time to queue a step: when it nears the step's time, the host, not the
-    /// device, sets the pace.
+    /// The host's median time to queue a step. It includes the waits CubeCL's server makes for
+    /// the device (every 64 uploads), so it nears the step's time whichever side is slower.
     pub median_queue_ms: f64,
     /// Its parts (medians): forward and loss, backward, optimiser.
     pub median_queue_parts_ms: [f64; 3],

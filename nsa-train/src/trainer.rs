@@ -125,8 +125,8 @@ pub struct Trainer<B: TrainBackend> {
 }
 
 /// The host's time to queue (record, not run) each part of a step, ms summed over steps: Burn
-/// records every op for autodiff and fusion, and when that takes as long as the device's work,
-/// the host sets the step's pace.
+/// records every op for autodiff and fusion and launches its kernels, and CubeCL's server waits
+/// for the device every 64 uploads, so this is the host's own work plus those waits.
 #[derive(Debug, Clone, Default)]
 pub struct HostTimes {
     /// Data, forward pass and loss.
