@@ -9,6 +9,7 @@ pub mod dashboard;
 pub mod data;
 pub mod generate;
 pub mod grads;
+pub mod host_times;
 pub mod kernel_cache;
 pub mod metrics;
 pub mod oom;

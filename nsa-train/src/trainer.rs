@@ -23,6 +23,7 @@ use crate::config::{Precision, RunConfig};
 use crate::dashboard::Reporter;
 use crate::data::corpus::{BatchOrder, DataCursor, PackedSplit};
 use crate::grads::{clip_global_norm, weight_decay_ids, DecayWeights};
+use crate::host_times::{HostClock, HostTimes};
 use crate::metrics::{MemoryProbe, MetricsLog, StepMetrics};
 use crate::schedule::learning_rate;
 pub use crate::stop::{Finish, Stop};
@@ -122,35 +123,6 @@ pub struct Trainer<B: TrainBackend> {
     pub memory: Option<MemoryProbe>,
     /// The host's time spent queueing each part of the steps so far.
     pub host: HostTimes,
-}
-
-/// The host's time to queue (record, not run) each part of a step, ms summed over steps: Burn
-/// records every op for autodiff and fusion and launches its kernels, and CubeCL's server waits
-/// for the device every 64 uploads, so this is the host's own work plus those waits.
-#[derive(Debug, Clone, Default)]
-pub struct HostTimes {
-    /// Data, forward pass and loss.
-    pub forward_ms: f64,
-    /// The backward pass and gradient accumulation.
-    pub backward_ms: f64,
-    /// Clipping, weight decay and the optimiser's update.
-    pub optimiser_ms: f64,
-}
-
-/// Laps of the host's clock.
-struct HostClock(Instant);
-
-impl HostClock {
-    fn start() -> Self {
-        Self(Instant::now())
-    }
-
-    /// Adds the time since the last lap to `total`.
-    fn lap(&mut self, total: &mut f64) {
-        let now = Instant::now();
-        *total += (now - self.0).as_secs_f64() * 1e3;
-        self.0 = now;
-    }
 }
 
 impl<B: TrainBackend> Trainer<B> {
