@@ -149,8 +149,8 @@ pub fn profile<B: crate::TrainBackend>(
     let opt_ms = samples[samples.len() / 2];
     phases.push(("optimiser (clip + AdamW)".into(), opt_ms, None));
     // Forward + backward as the rest of the step: a loop of forward + backward alone, with no
-    // optimiser step between, made Burn's fusion re-plan its op stream on every run (10x the
-    // whole step on an H200), so it would not measure what a training step spends.
+    // optimiser step between, makes Burn's fusion re-plan its op stream on every run, so it would
+    // not measure what a training step spends.
     let fb = step - data_ms - opt_ms;
     phases.insert(1, ("forward + backward (the step less data and optimiser)".into(), fb, None));
 

@@ -265,7 +265,7 @@ impl<B: TrainBackend> Trainer<B> {
             // The statistics are read off the inner tensors, and the autodiff ones dropped before
             // the backward: autodiff tensors left over from a step are freed in a random order
             // later, which changes the op stream Burn's fusion sees, and it re-plans the whole
-            // step (a 2-3 s stall each time, docs/benchmarks.md).
+            // step: a stall (docs/training.md, "No stalls from the op stream").
             if with_stats && micro == 0 {
                 stats = aux_stats(&aux.into_iter().map(NsaAux::inner).collect::<Vec<_>>());
             } else {
