@@ -3,6 +3,9 @@
 
 pub mod attention;
 pub mod config;
+#[cfg(feature = "learner")]
+pub mod learner;
+pub mod loss;
 pub mod model;
 pub mod precision;
 pub mod rope;
@@ -26,6 +29,7 @@ pub fn materialize<B: Backend, M: Module<B>>(module: M) -> M {
 
 pub use attention::{Branch, DenseAttention, NsaAttention, NsaAux};
 pub use config::{AttentionKind, ConfigError, NsaConfig, Phi};
+pub use loss::lm_loss;
 pub use model::{MlpKind, NsaLm, NsaLmConfig};
 pub use nsa_kernels::SparseAttentionBackend;
 pub use precision::cast_params;

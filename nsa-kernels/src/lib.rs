@@ -11,6 +11,7 @@
 
 mod api;
 mod autodiff;
+pub mod devices;
 mod fingerprint;
 pub mod gemm;
 pub mod reference;

@@ -12,7 +12,7 @@ use serde::Serialize;
 
 use crate::config::RunConfig;
 use crate::data::corpus::PackedSplit;
-use crate::metrics::MemoryProbe;
+use crate::parallel::MemoryOf;
 use crate::profile::{self, Phase};
 use crate::trainer::{PendingStep, Stop, Trainer};
 
@@ -30,6 +30,9 @@ pub struct TrainBenchOptions {
 /// What `nsa bench-train` measured.
 #[derive(Debug, Clone, Serialize)]
 pub struct TrainBench {
+    /// Data-parallel replicas (one per device).
+    pub devices: usize,
+    /// Sequences per micro-batch on each device.
     pub batch: usize,
     pub seq_len: usize,
     pub grad_accumulation: usize,
@@ -37,7 +40,7 @@ pub struct TrainBench {
     pub precision: String,
     pub warmup_steps: usize,
     pub timed_steps: usize,
-    /// Tokens of all timed steps over their summed wall time.
+    /// Tokens of all timed steps (every device's) over their summed wall time.
     pub tokens_per_s: f64,
     pub median_step_ms: f64,
     pub worst_step_ms: f64,
@@ -60,17 +63,20 @@ pub fn bench_train<B: crate::TrainBackend>(
     cfg: &RunConfig,
     train: PackedSplit,
     valid: PackedSplit,
-    device: &B::Device,
-    memory: Option<MemoryProbe>,
+    devices: &[B::Device],
+    memory_of: MemoryOf<B>,
     scratch: &Path,
     opts: &TrainBenchOptions,
 ) -> Result<TrainBench, String> {
+    let device = &devices[0];
+    let memory = memory_of(device);
     let mut cfg = cfg.clone();
     cfg.train.out = scratch.join("run").display().to_string();
     cfg.train.steps = usize::MAX / 2;
     let t = cfg.train.clone();
     let mut trainer = Trainer::<B>::new(cfg.clone(), train.clone(), valid.clone(), device.clone(), false)?;
-    let params = burn::module::Module::num_params(&trainer.model);
+    trainer.spread(devices, memory_of).map_err(|e| e.to_string())?;
+    let params = burn::module::Module::num_params(&trainer.replica.model);
 
     eprintln!("{} warm-up steps (the first compile and autotune kernels), then {} timed", opts.warmup, opts.steps);
     let mut peak: Option<u64> = None;
@@ -98,7 +104,7 @@ pub fn bench_train<B: crate::TrainBackend>(
     let wall = step_ms.iter().sum::<f64>() / 1e3;
     drop(trainer);
 
-    let tokens = (t.batch_size * t.grad_accumulation * cfg.model.seq_len * step_ms.len()) as f64;
+    let tokens = (t.batch_size * devices.len() * t.grad_accumulation * cfg.model.seq_len * step_ms.len()) as f64;
     let mut sorted = step_ms.clone();
     sorted.sort_by(f64::total_cmp);
     let breakdown = match opts.breakdown_iters {
@@ -109,6 +115,7 @@ pub fn bench_train<B: crate::TrainBackend>(
         }
     };
     Ok(TrainBench {
+        devices: devices.len(),
         batch: t.batch_size,
         seq_len: cfg.model.seq_len,
         grad_accumulation: t.grad_accumulation,
@@ -135,8 +142,8 @@ fn median(mut v: Vec<f64>) -> f64 {
 /// The result as text: the headline, then the breakdown.
 pub fn report(r: &TrainBench) -> String {
     let mut s = format!(
-        "bench-train: {} params, batch {} x {} (accumulation {}), {}\n",
-        r.params, r.batch, r.seq_len, r.grad_accumulation, r.precision
+        "bench-train: {} params, batch {} x {} (accumulation {}) on each of {} device(s), {}\n",
+        r.params, r.batch, r.seq_len, r.grad_accumulation, r.devices, r.precision
     );
     s += &format!(
         "{} steps after {} warm-up: {:.0} tokens/s | median step {:.1} ms | worst {:.1} ms ({:.2}x the median)\n",
@@ -154,7 +161,7 @@ pub fn report(r: &TrainBench) -> String {
         r.median_queue_ms
     );
     if let Some(peak) = r.peak_reserved_gib {
-        s += &format!("peak device memory reserved: {peak:.2} GiB\n");
+        s += &format!("peak device memory reserved (first device): {peak:.2} GiB\n");
     }
     if !r.breakdown.is_empty() {
         let dtype = (r.precision == "bf16").then_some(burn::tensor::FloatDType::BF16);
@@ -190,11 +197,11 @@ impl<B: crate::TrainBackend> Trainer<B> {
         let mut previous: Option<PendingStep<B>> = None;
         for i in 0..=n {
             let queued = Instant::now();
-            let before = self.host.clone();
+            let before = self.replica.host.clone();
             let pending = if i < n { Some(self.try_queue_step(with_stats)?) } else { None };
             if i < n {
                 times.queue_ms.push(queued.elapsed().as_secs_f64() * 1e3);
-                let h = &self.host;
+                let h = &self.replica.host;
                 times.queue_parts_ms.push([
                     h.forward_ms - before.forward_ms,
                     h.backward_ms - before.backward_ms,

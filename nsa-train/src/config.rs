@@ -95,6 +95,15 @@ pub struct TrainConfig {
     /// Run directory: config, metrics log and checkpoints.
     #[config(default = "String::from(\"runs/default\")")]
     pub out: String,
+    /// Device indices, one model replica each (data-parallel when more than one): every global
+    /// batch is `batch_size x devices x grad_accumulation` sequences, each device reading its own
+    /// share. The CPU backend runs every replica on the host.
+    #[config(default = "vec![0]")]
+    pub devices: Vec<usize>,
+    /// Seconds a data-parallel replica may take to reach a step's gradient all-reduce before the
+    /// run stops with an error naming it (the first step compiles kernels: minutes on a cold cache).
+    #[config(default = 900)]
+    pub peer_timeout_s: u64,
 }
 
 #[derive(Config, Debug, PartialEq)]
@@ -138,7 +147,7 @@ pub struct RunConfig {
 /// Settings a resumed run may change: none alters the model, the optimiser's state, the batch or
 /// the data order (`fused_kernels` picks another path to the same function). `train.steps`
 /// stretches the learning-rate schedule from the resumed step on.
-pub const RESUME_MAY_CHANGE: [&str; 12] = [
+pub const RESUME_MAY_CHANGE: [&str; 13] = [
     "train.steps",
     "train.backend",
     "train.precision",
@@ -150,6 +159,7 @@ pub const RESUME_MAY_CHANGE: [&str; 12] = [
     "train.valid_batches",
     "train.checkpoint_every",
     "train.keep_checkpoints",
+    "train.peer_timeout_s",
     "model.attention.fused_kernels",
 ];
 
@@ -245,6 +255,14 @@ impl RunConfig {
         })?;
         ConfigError::ensure(t.log_every >= 1, "train.log_every", || format!("must be >= 1, got {}", t.log_every))?;
         ConfigError::ensure(!t.out.is_empty(), "train.out", || "must not be empty".into())?;
+        ConfigError::ensure(!t.devices.is_empty(), "train.devices", || "must name at least one device".into())?;
+        let distinct: std::collections::BTreeSet<_> = t.devices.iter().collect();
+        ConfigError::ensure(distinct.len() == t.devices.len(), "train.devices", || {
+            format!("names a device twice: {:?}", t.devices)
+        })?;
+        ConfigError::ensure(t.peer_timeout_s >= 1, "train.peer_timeout_s", || {
+            format!("must be >= 1, got {}", t.peer_timeout_s)
+        })?;
         ConfigError::ensure(self.data.valid_permille < 1000, "data.valid_permille", || {
             format!("must be < 1000, got {}", self.data.valid_permille)
         })?;

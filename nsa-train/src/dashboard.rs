@@ -144,7 +144,8 @@ impl Reporter for Dashboard {
         self.last_line = Some(m.line(self.total_steps));
     }
     fn valid(&mut self, step: usize, loss: f64) {
-        let metric = Metric { name: "loss", value: loss, formatted: format!("{loss:.4}"), unit: None, higher_is_better: false };
+        let metric =
+            Metric { name: "loss", value: loss, formatted: format!("{loss:.4}"), unit: None, higher_is_better: false };
         let state = self.state(&metric);
         self.renderer().update_valid(state);
         let progress = self.progress(step);
@@ -204,7 +205,13 @@ fn metrics_of(m: &StepMetrics) -> Vec<Metric> {
         metric("loss", m.loss, 4, None, false),
         metric("perplexity", m.perplexity, 2, None, false),
         metric("tokens_per_s", m.tokens_per_s, 0, Some("tok/s"), true),
-        Metric { name: "learning_rate", value: m.lr, formatted: format!("{:.2e}", m.lr), unit: None, higher_is_better: true },
+        Metric {
+            name: "learning_rate",
+            value: m.lr,
+            formatted: format!("{:.2e}", m.lr),
+            unit: None,
+            higher_is_better: true,
+        },
         metric("grad_norm", m.grad_norm, 3, None, false),
     ];
     let optional = [
@@ -222,5 +229,25 @@ fn metrics_of(m: &StepMetrics) -> Vec<Metric> {
             out.push(metric(name, v, precision, unit, true));
         }
     }
+    for (i, &gib) in m.peer_memory_reserved_gib.iter().enumerate() {
+        out.push(metric(
+            PEER_MEMORY.get(i).copied().unwrap_or("memory_reserved_gib_rank_n"),
+            gib,
+            2,
+            Some("GiB"),
+            true,
+        ));
+    }
     out
 }
+
+/// The dashboard's names of the other replicas' memory (its metric names are static).
+const PEER_MEMORY: [&str; 7] = [
+    "memory_reserved_gib_rank_1",
+    "memory_reserved_gib_rank_2",
+    "memory_reserved_gib_rank_3",
+    "memory_reserved_gib_rank_4",
+    "memory_reserved_gib_rank_5",
+    "memory_reserved_gib_rank_6",
+    "memory_reserved_gib_rank_7",
+];

@@ -15,8 +15,8 @@ use nsa_train::data::load_splits;
 use nsa_train::data::tokenizer::Tokenizer;
 use nsa_train::generate::{sample, SampleOptions};
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
-use nsa_train::metrics::DeviceMemory;
-use nsa_train::metrics::MemoryProbe;
+use nsa_train::metrics::{DeviceMemory, MemoryProbe};
+use nsa_train::parallel::MemoryOf;
 use nsa_train::trainer::{Finish, Trainer};
 
 #[derive(Parser)]
@@ -46,6 +46,10 @@ struct RunArgs {
     /// Overrides `train.kernel_cache` (compiled kernels and autotune results; "" disables).
     #[arg(long)]
     kernel_cache: Option<String>,
+    /// Overrides `train.devices`: device indices, one model replica each (e.g. `0,1`:
+    /// data-parallel over two GPUs, `batch_size` sequences on each).
+    #[arg(long, value_delimiter = ',')]
+    devices: Option<Vec<usize>>,
     /// The selected and window branches on the reference path instead of the fused kernels
     /// (sets `model.attention.fused_kernels = false`).
     #[arg(long)]
@@ -73,6 +77,9 @@ impl RunArgs {
         }
         if let Some(dir) = &self.kernel_cache {
             cfg.train.kernel_cache = dir.clone();
+        }
+        if let Some(devices) = &self.devices {
+            cfg.train.devices = devices.clone();
         }
         if self.reference_attention {
             cfg.model.attention.fused_kernels = false;
@@ -247,7 +254,9 @@ fn run_command(cli: Cli) -> Result<(), String> {
         Command::Train(args) => train(args),
         Command::Profile(args) => benchmarks::profile(args),
         Command::BenchTrain(args) => benchmarks::bench_train(args),
-        Command::BenchGemm { backend, rows, precision, iters } => benchmarks::bench_gemm(backend, rows, precision, iters),
+        Command::BenchGemm { backend, rows, precision, iters } => {
+            benchmarks::bench_gemm(backend, rows, precision, iters)
+        }
         Command::BenchKernels { backend, lengths, iters, precision, check_len, shapes } => {
             benchmarks::bench_kernels(backend, lengths, iters, precision, check_len, shapes)
         }
@@ -343,60 +352,75 @@ fn cubecl_memory<R: burn::cubecl::Runtime>(device: &R::Device) -> Option<MemoryP
     }))
 }
 
-/// Runs `$body` with `$B` bound to the autodiff backend of `$kind`.
+/// The CUDA devices of the given indices.
+#[cfg(feature = "cuda")]
+fn cuda_devices(indices: &[usize]) -> Vec<burn::backend::cuda::CudaDevice> {
+    indices.iter().map(|&i| burn::backend::cuda::CudaDevice::new(i)).collect()
+}
+
+/// The WGPU devices of the given indices: the default adapter alone, or discrete GPUs by index.
+#[cfg(feature = "wgpu")]
+fn wgpu_devices(indices: &[usize]) -> Vec<burn::backend::wgpu::WgpuDevice> {
+    use burn::backend::wgpu::WgpuDevice;
+    match indices {
+        [0] => vec![WgpuDevice::DefaultDevice],
+        _ => indices.iter().map(|&i| WgpuDevice::DiscreteGpu(i)).collect(),
+    }
+}
+
+/// Runs `$body` with `$B` bound to the autodiff backend of `$kind`, `$devices` to its devices of
+/// the indices `$indices`, and `$memory` to the maker of a device's memory probe.
 macro_rules! with_backend {
-    ($kind:expr, $checkpointing:expr, |$B:ident, $device:ident, $memory:ident| $body:expr) => {
+    ($kind:expr, $checkpointing:expr, $indices:expr, |$B:ident, $devices:ident, $memory:ident| $body:expr) => {{
+        #[allow(unused_imports)]
+        use burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing as Balanced;
         match ($kind, $checkpointing) {
             #[cfg(feature = "cuda")]
             (BackendKind::Cuda, false) => {
                 type $B = Autodiff<burn::backend::Cuda>;
-                let $device = Default::default();
-                let $memory = cubecl_memory::<burn::cubecl::cuda::CudaRuntime>(&$device);
+                let $devices: Vec<burn::tensor::Device<$B>> = cuda_devices($indices);
+                let $memory: MemoryOf<$B> = cubecl_memory::<burn::cubecl::cuda::CudaRuntime>;
                 $body
             }
             #[cfg(feature = "cuda")]
             (BackendKind::Cuda, true) => {
-                type $B =
-                    Autodiff<burn::backend::Cuda, burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing>;
-                let $device = Default::default();
-                let $memory = cubecl_memory::<burn::cubecl::cuda::CudaRuntime>(&$device);
+                type $B = Autodiff<burn::backend::Cuda, Balanced>;
+                let $devices: Vec<burn::tensor::Device<$B>> = cuda_devices($indices);
+                let $memory: MemoryOf<$B> = cubecl_memory::<burn::cubecl::cuda::CudaRuntime>;
                 $body
             }
             #[cfg(feature = "wgpu")]
             (BackendKind::Wgpu, false) => {
                 type $B = Autodiff<burn::backend::Wgpu>;
-                let $device = Default::default();
-                let $memory = cubecl_memory::<burn::cubecl::wgpu::WgpuRuntime>(&$device);
+                let $devices: Vec<burn::tensor::Device<$B>> = wgpu_devices($indices);
+                let $memory: MemoryOf<$B> = cubecl_memory::<burn::cubecl::wgpu::WgpuRuntime>;
                 $body
             }
             #[cfg(feature = "wgpu")]
             (BackendKind::Wgpu, true) => {
-                type $B =
-                    Autodiff<burn::backend::Wgpu, burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing>;
-                let $device = Default::default();
-                let $memory = cubecl_memory::<burn::cubecl::wgpu::WgpuRuntime>(&$device);
+                type $B = Autodiff<burn::backend::Wgpu, Balanced>;
+                let $devices: Vec<burn::tensor::Device<$B>> = wgpu_devices($indices);
+                let $memory: MemoryOf<$B> = cubecl_memory::<burn::cubecl::wgpu::WgpuRuntime>;
                 $body
             }
+            // The CPU backend has one device: every replica runs on it.
             #[cfg(feature = "cpu")]
             (BackendKind::Cpu, false) => {
                 type $B = Autodiff<burn::backend::NdArray>;
-                let $device = Default::default();
-                let $memory: Option<MemoryProbe> = None;
+                let $devices: Vec<burn::tensor::Device<$B>> = vec![Default::default(); $indices.len()];
+                let $memory: MemoryOf<$B> = |_| None;
                 $body
             }
             #[cfg(feature = "cpu")]
             (BackendKind::Cpu, true) => {
-                type $B = Autodiff<
-                    burn::backend::NdArray,
-                    burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing,
-                >;
-                let $device = Default::default();
-                let $memory: Option<MemoryProbe> = None;
+                type $B = Autodiff<burn::backend::NdArray, Balanced>;
+                let $devices: Vec<burn::tensor::Device<$B>> = vec![Default::default(); $indices.len()];
+                let $memory: MemoryOf<$B> = |_| None;
                 $body
             }
             (kind, _) => Err(format!("backend `{}` is not compiled in", name(kind))),
         }
-    };
+    }};
 }
 
 #[path = "cli/benchmarks.rs"]
@@ -451,11 +475,12 @@ fn train(args: TrainArgs) -> Result<(), String> {
         valid_split.num_windows(),
         cfg.train.out
     );
-    with_backend!(kind, cfg.train.activation_checkpointing, |B, device, memory| run::<B>(
+    let indices = cfg.train.devices.clone();
+    with_backend!(kind, cfg.train.activation_checkpointing, &indices, |B, devices, memory| run::<B>(
         cfg,
         train_split,
         valid_split,
-        device,
+        devices,
         memory,
         args.resume
     ))
@@ -466,11 +491,34 @@ fn train(args: TrainArgs) -> Result<(), String> {
 fn backend_and_data(cfg: &RunConfig) -> Result<(BackendKind, PackedSplit, PackedSplit), String> {
     let cache = use_kernel_cache(&cfg.train.kernel_cache)?;
     let kind = resolve(cfg.train.backend)?;
+    check_devices(cfg, kind)?;
     announce_kernel_cache(kind, cache);
     check_precision(cfg, kind)?;
     let paths: Vec<PathBuf> = cfg.data.paths.iter().map(PathBuf::from).collect();
     let (train, valid, _) = load_splits(cfg, &paths).map_err(|e| e.to_string())?;
     Ok((kind, train, valid))
+}
+
+/// `train.devices` exist here, and a data-parallel CUDA run can load NCCL.
+fn check_devices(cfg: &RunConfig, kind: BackendKind) -> Result<(), String> {
+    let devices = &cfg.train.devices;
+    #[cfg(feature = "cuda")]
+    if kind == BackendKind::Cuda {
+        let count = nsa_kernels::devices::cuda_device_count().unwrap_or(0);
+        if let Some(d) = devices.iter().find(|&&d| d >= count) {
+            return Err(format!("train.devices names CUDA device {d}, but this machine has {count}"));
+        }
+        if devices.len() > 1 && !nsa_kernels::devices::nccl_available() {
+            return Err("data-parallel training on CUDA needs NCCL, and libnccl.so is not on the library path: \
+                        install NCCL, or link an existing libnccl.so.2 (e.g. PyTorch's nvidia/nccl/lib) as libnccl.so \
+                        in a directory on LD_LIBRARY_PATH"
+                .into());
+        }
+    }
+    if kind == BackendKind::Cpu && devices.len() > 1 {
+        eprintln!("note: the cpu backend runs all {} replicas on the host's one device", devices.len());
+    }
+    Ok(())
 }
 
 /// bf16 compute runs on CUDA only (the CPU backend has no bf16; WGPU devices rarely do).
@@ -488,21 +536,22 @@ fn run<B: nsa_train::TrainBackend>(
     cfg: RunConfig,
     train: PackedSplit,
     valid: PackedSplit,
-    device: B::Device,
-    memory: Option<MemoryProbe>,
+    devices: Vec<B::Device>,
+    memory: MemoryOf<B>,
     resume: bool,
 ) -> Result<(), String> {
     let total = cfg.train.steps;
     let dashboard = cfg.train.dashboard;
-    let mut trainer = Trainer::<B>::new(cfg, train, valid, device, resume)?;
-    trainer.memory = memory;
+    let mut trainer = Trainer::<B>::new(cfg, train, valid, devices[0].clone(), resume)?;
+    trainer.memory = memory(&devices[0]);
+    trainer.spread(&devices, memory).map_err(|e| e.to_string())?;
     for line in &trainer.set_aside {
         eprintln!("warning: checkpoint {line}");
     }
     if let Some(dir) = &trainer.resumed_from {
         eprintln!("resumed from {} (step {})", dir.display(), trainer.step);
     }
-    eprintln!("model: {} parameters", burn::module::Module::num_params(&trainer.model));
+    eprintln!("model: {} parameters", burn::module::Module::num_params(&trainer.replica.model));
     // The dashboard is dropped (and the terminal restored) before the result is printed.
     let finish = {
         let mut reporter = reporter(dashboard, total);
@@ -551,7 +600,8 @@ fn generate(path: PathBuf, prompt: String, opts: SampleOptions, backend: Option<
     };
     let _ = use_kernel_cache(&cfg.train.kernel_cache)?;
     let kind = resolve(backend.map(Into::into).unwrap_or(cfg.train.backend))?;
-    with_backend!(kind, false, |B, device, _memory| {
+    with_backend!(kind, false, &[0], |B, devices, _memory| {
+        let device = devices[0].clone();
         let model: NsaLm<<B as AutodiffBackend>::InnerBackend> = cfg.model.init(&device);
         let model = checkpoint::load_model(&ckpt, model, &device)?;
         let prompt_ids = tokenizer.encode(&prompt).map_err(|e| e.to_string())?;

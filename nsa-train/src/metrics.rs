@@ -29,6 +29,9 @@ pub struct StepMetrics {
     /// Device memory held by live tensors, and reserved by the allocator (GPU backends).
     pub memory_in_use_gib: Option<f64>,
     pub memory_reserved_gib: Option<f64>,
+    /// In a data-parallel run, the memory reserved on each other device (rank 1 first).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub peer_memory_reserved_gib: Vec<f64>,
 }
 
 /// Device memory as the backend's allocator reports it, in bytes.
@@ -79,7 +82,14 @@ impl StepMetrics {
             sel_forced_share: stat(4).filter(|_| nsa).map(|s| mean_forced_blocks(model) / s),
             memory_in_use_gib: memory.map(|m| m.in_use as f64 / GIB),
             memory_reserved_gib: memory.map(|m| m.reserved as f64 / GIB),
+            peer_memory_reserved_gib: Vec::new(),
         }
+    }
+
+    /// Adds the other replicas' device memory (those that reported it).
+    pub fn with_peer_memory(mut self, peers: &[Option<DeviceMemory>]) -> Self {
+        self.peer_memory_reserved_gib = peers.iter().flatten().map(|m| m.reserved as f64 / GIB).collect();
+        self
     }
 
     /// One plain log line.
@@ -96,6 +106,10 @@ impl StepMetrics {
         }
         if let (Some(used), Some(reserved)) = (self.memory_in_use_gib, self.memory_reserved_gib) {
             line += &format!(" | memory {used:.2} GiB in use, {reserved:.2} GiB reserved");
+        }
+        if !self.peer_memory_reserved_gib.is_empty() {
+            let each: Vec<String> = self.peer_memory_reserved_gib.iter().map(|g| format!("{g:.2}")).collect();
+            line += &format!(" | other devices {} GiB reserved", each.join("/"));
         }
         line
     }

@@ -110,7 +110,7 @@ pub fn profile<B: crate::TrainBackend>(
     let data = train.clone();
 
     let mut trainer = Trainer::<B>::new(cfg.clone(), train, valid, device.clone(), false)?;
-    let compute = trainer.compute_dtype;
+    let compute = trainer.replica.compute_dtype;
     let cast = |m: NsaLm<B>| match compute {
         Some(d) => cast_params(m, d),
         None => m,
@@ -126,7 +126,7 @@ pub fn profile<B: crate::TrainBackend>(
     }) * micro;
     phases.push(("data (batch assembly + upload)".into(), data_ms, None));
 
-    let model = trainer.model.clone();
+    let model = trainer.replica.model.clone();
     let (inputs, targets) = batch::<B>(&data, &windows, device);
 
     // Optimiser: clip + AdamW on fresh gradients each time (the gradients are made untimed).

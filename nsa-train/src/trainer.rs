@@ -7,35 +7,29 @@
 //! late; log, validation and checkpoint steps read their own values, and a checkpoint is only
 //! written after its step was checked finite.
 
-use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use burn::module::{AutodiffModule, Module, ParamId};
-use burn::optim::adaptor::OptimizerAdaptor;
-use burn::optim::{AdamW, AdamWConfig, GradientsAccumulator, GradientsParams, Optimizer};
+use burn::module::AutodiffModule;
+use burn::optim::AdamWConfig;
 use burn::tensor::backend::Backend;
-use burn::tensor::{activation, DType, ElementConversion, FloatDType, Int, Tensor, TensorData};
-use nsa_core::{cast_params, NsaAux, NsaLm};
+use burn::tensor::{ElementConversion, FloatDType, Int, Tensor, TensorData};
+use nsa_core::NsaLm;
 
 use crate::checkpoint::{self, TrainState};
 use crate::config::{Precision, RunConfig};
 use crate::dashboard::Reporter;
 use crate::data::corpus::{BatchOrder, DataCursor, PackedSplit};
-use crate::grads::{clip_global_norm, weight_decay_ids, DecayWeights};
-use crate::host_times::{HostClock, HostTimes};
+use crate::grads::weight_decay_ids;
+use crate::host_times::HostTimes;
 use crate::metrics::{MemoryProbe, MetricsLog, StepMetrics};
+use crate::parallel::{Group, MemoryOf};
+use crate::replica::{Fault, HostBatch, Replica, StepPlan};
 use crate::schedule::learning_rate;
 pub use crate::stop::{Finish, Stop};
 use crate::TrainBackend;
 
-/// Mean next-token cross-entropy, computed in f32 whatever the storage dtype.
-pub fn lm_loss<B: Backend>(logits: Tensor<B, 3>, targets: Tensor<B, 2, Int>) -> Tensor<B, 1> {
-    let [b, t, v] = logits.dims();
-    let logits = logits.reshape([b * t, v]);
-    let logits = if matches!(logits.dtype(), DType::F16 | DType::BF16) { logits.cast(DType::F32) } else { logits };
-    activation::log_softmax(logits, 1).gather(1, targets.reshape([b * t, 1])).mean().neg()
-}
+pub use nsa_core::lm_loss;
 
 /// A panic's message, for an error line.
 fn panic_text(panic: &Box<dyn std::any::Any + Send>) -> String {
@@ -52,6 +46,11 @@ pub fn batch<B: Backend>(
     windows: &[usize],
     device: &B::Device,
 ) -> (Tensor<B, 2, Int>, Tensor<B, 2, Int>) {
+    host_batch(split, windows).to_device::<B>(device)
+}
+
+/// The same, assembled on the host.
+pub fn host_batch(split: &PackedSplit, windows: &[usize]) -> HostBatch {
     let t = split.seq_len();
     let mut inputs = Vec::with_capacity(windows.len() * t);
     let mut targets = Vec::with_capacity(windows.len() * t);
@@ -60,30 +59,7 @@ pub fn batch<B: Backend>(
         inputs.extend(tokens[..t].iter().map(|&x| i64::from(x)));
         targets.extend(tokens[1..].iter().map(|&x| i64::from(x)));
     }
-    let shape = [windows.len(), t];
-    (
-        Tensor::from_data(TensorData::new(inputs, shape), device),
-        Tensor::from_data(TensorData::new(targets, shape), device),
-    )
-}
-
-/// Gate and selection statistics of one forward pass, averaged over layers, on the device:
-/// `[gate_cmp, gate_slc, gate_win, gate_entropy, selected_blocks_per_query]`.
-fn aux_stats<B: Backend>(aux: &[NsaAux<B>]) -> Option<Tensor<B, 1>> {
-    // Plain (non-autodiff) tensors: see `Trainer::queue_step`.
-    let per_layer: Vec<Tensor<B, 1>> = aux
-        .iter()
-        .map(|a| {
-            let gates = a.gates.clone().cast(DType::F32); // [B, T, 3, H]
-            let means = gates.clone().mean_dim(0).mean_dim(1).mean_dim(3).reshape([3]);
-            let shares = gates.clone() / gates.sum_dim(2);
-            let entropy = (shares.clone() * shares.clamp_min(1e-12).log()).sum_dim(2).mean().neg();
-            let selected = a.selected.clone().float().cast(DType::F32).sum_dim(3).mean();
-            Tensor::cat(vec![means, entropy, selected], 0)
-        })
-        .collect();
-    let n = per_layer.len();
-    (n > 0).then(|| Tensor::stack::<2>(per_layer, 0).mean_dim(0).reshape([5]))
+    HostBatch { inputs, targets, shape: [windows.len(), t] }
 }
 
 /// What one step queued on the device.
@@ -95,14 +71,12 @@ pub(crate) struct PendingStep<B: TrainBackend> {
     lr: f64,
 }
 
-type Adam<B> = OptimizerAdaptor<AdamW, NsaLm<B>, B>;
-
 pub struct Trainer<B: TrainBackend> {
     pub cfg: RunConfig,
-    device: B::Device,
-    pub model: NsaLm<B>,
-    optim: Adam<B>,
-    decay_ids: HashSet<ParamId>,
+    /// Rank 0's model and optimiser, on the run's first device.
+    pub replica: Replica<B>,
+    /// The other devices' replicas, in a data-parallel run.
+    group: Option<Group>,
     /// Optimiser steps completed.
     pub step: usize,
     cursor: DataCursor,
@@ -115,14 +89,10 @@ pub struct Trainer<B: TrainBackend> {
     pub resumed_from: Option<PathBuf>,
     /// Newer checkpoints that a resume found damaged and moved aside, one line each.
     pub set_aside: Vec<String>,
-    /// Test hook: make the loss of this step NaN.
-    pub fault_at_step: Option<usize>,
-    /// The dtype forward passes run in (`train.precision`); `None` runs in the parameters' dtype.
-    pub compute_dtype: Option<FloatDType>,
+    /// Test hook: a failure to inject at one step.
+    pub fault: Option<Fault>,
     /// Device memory, reported with each logged step where the backend has it.
     pub memory: Option<MemoryProbe>,
-    /// The host's time spent queueing each part of the steps so far.
-    pub host: HostTimes,
 }
 
 impl<B: TrainBackend> Trainer<B> {
@@ -162,14 +132,25 @@ impl<B: TrainBackend> Trainer<B> {
         B::seed(&device, t.seed);
         let model = cfg.model.init::<B>(&device);
         let decay_ids = weight_decay_ids::<B, _>(&model);
-        let mut this = Self {
-            order: BatchOrder::new(t.seed, train.num_windows()),
-            metrics: MetricsLog::open(&run_dir, resume)?,
-            cfg,
+        let compute_dtype = match t.precision {
+            Precision::F32 => None,
+            Precision::Bf16 => Some(FloatDType::BF16),
+        };
+        let replica = Replica {
+            rank: 0,
             device,
             model: model.clone(),
             optim,
             decay_ids,
+            compute_dtype,
+            host: HostTimes::default(),
+        };
+        let mut this = Self {
+            order: BatchOrder::new(t.seed, train.num_windows()),
+            metrics: MetricsLog::open(&run_dir, resume)?,
+            cfg,
+            replica,
+            group: None,
             step: 0,
             cursor: DataCursor::default(),
             train,
@@ -177,14 +158,8 @@ impl<B: TrainBackend> Trainer<B> {
             run_dir,
             resumed_from: None,
             set_aside: Vec::new(),
-            fault_at_step: None,
-            compute_dtype: None,
+            fault: None,
             memory: None,
-            host: HostTimes::default(),
-        };
-        this.compute_dtype = match this.cfg.train.precision {
-            Precision::F32 => None,
-            Precision::Bf16 => Some(FloatDType::BF16),
         };
         if resume {
             this.resume_newest_intact(model)?;
@@ -221,11 +196,11 @@ impl<B: TrainBackend> Trainer<B> {
     fn load_checkpoint(&mut self, dir: &Path, model: NsaLm<B>) -> Result<(), String> {
         checkpoint::verify(dir)?;
         let state = checkpoint::load_state(dir)?;
-        let model = checkpoint::load_model(dir, model, &self.device)?;
-        let optim = checkpoint::load_optimizer(dir, self.optim.clone(), &self.device)?;
-        self.optim = optim;
-        self.decay_ids = weight_decay_ids::<B, _>(&model);
-        self.model = model;
+        let r = &mut self.replica;
+        let model = checkpoint::load_model(dir, model, &r.device)?;
+        r.optim = checkpoint::load_optimizer(dir, r.optim.clone(), &r.device)?;
+        r.decay_ids = weight_decay_ids::<B, _>(&model);
+        r.model = model;
         self.step = state.step;
         self.cursor = state.cursor;
         Ok(())
@@ -241,68 +216,53 @@ impl<B: TrainBackend> Trainer<B> {
         &self.run_dir
     }
 
-    /// The model a forward pass runs: the master weights, or a copy in the compute dtype whose
-    /// gradients flow back to them in their own dtype.
-    fn compute_model<M: Module<C>, C: Backend>(&self, model: M) -> M {
-        match self.compute_dtype {
-            Some(dtype) => cast_params(model, dtype),
-            None => model,
+    /// Spreads the run over `devices` (the first is this trainer's own): one replica each, fed
+    /// its own rows of every batch. Call it after `new` (and its resume); one device is a no-op.
+    pub fn spread(&mut self, devices: &[B::Device], memory_of: MemoryOf<B>) -> Result<(), Stop> {
+        if devices.len() > 1 {
+            self.group = Some(Group::start(&self.replica, devices, &self.cfg.train, memory_of)?);
         }
+        Ok(())
     }
 
-    /// Queues one optimiser step (all micro-batches) and returns its device-side results.
-    fn queue_step(&mut self, with_stats: bool) -> PendingStep<B> {
-        let t = &self.cfg.train;
-        let lr = learning_rate(t, self.step);
-        let mut accumulator = GradientsAccumulator::<NsaLm<B>>::new();
-        let mut loss_sum: Option<Tensor<B::InnerBackend, 1>> = None;
-        let mut stats = None;
-        let mut clock = HostClock::start();
-        for micro in 0..t.grad_accumulation {
-            let windows = self.order.take(&mut self.cursor, t.batch_size);
-            let (inputs, targets) = batch::<B>(&self.train, &windows, &self.device);
-            let (logits, aux) = self.compute_model(self.model.clone()).forward_with_aux(inputs);
-            // The statistics are read off the inner tensors, and the autodiff ones dropped before
-            // the backward: autodiff tensors left over from a step are freed in a random order
-            // later, which changes the op stream Burn's fusion sees, and it re-plans the whole
-            // step: a stall (docs/training.md, "No stalls from the op stream").
-            if with_stats && micro == 0 {
-                stats = aux_stats(&aux.into_iter().map(NsaAux::inner).collect::<Vec<_>>());
-            } else {
-                drop(aux);
+    /// Replicas training together (1 without data parallelism).
+    pub fn world(&self) -> usize {
+        self.group.as_ref().map_or(1, Group::world)
+    }
+
+    /// Queues one optimiser step (all micro-batches, on every replica) and returns its
+    /// device-side results.
+    fn queue_step(&mut self, with_stats: bool) -> Result<PendingStep<B>, Stop> {
+        let t = self.cfg.train.clone();
+        let step = self.step + 1;
+        let lr = learning_rate(&t, self.step);
+        let world = self.world();
+        let global: Vec<HostBatch> = (0..t.grad_accumulation)
+            .map(|_| host_batch(&self.train, &self.order.take(&mut self.cursor, t.batch_size * world)))
+            .collect();
+        let plan = StepPlan { lr, with_stats, fault: self.fault.filter(|f| f.step == step) };
+        let output = match self.group.as_mut() {
+            None => self.replica.queue_step(&t, global, &plan, None)?,
+            Some(group) => {
+                let mine = group.send_step(step, &global, &plan, with_stats)?;
+                let mut reduce = |model: &NsaLm<B>, grads, loss| group.all_reduce_mean::<B>(step, model, grads, loss);
+                let output = self.replica.queue_step(&t, mine, &plan, Some(&mut reduce))?;
+                group.collect(step)?;
+                output
             }
-            let mut loss = lm_loss(logits, targets).div_scalar(t.grad_accumulation as f64);
-            if self.fault_at_step == Some(self.step + 1) {
-                loss = loss.mul_scalar(f64::NAN);
-            }
-            let detached = loss.clone().inner();
-            loss_sum = Some(match loss_sum.take() {
-                Some(s) => s + detached,
-                None => detached,
-            });
-            clock.lap(&mut self.host.forward_ms);
-            let grads = GradientsParams::from_grads(loss.backward(), &self.model);
-            accumulator.accumulate(&self.model, grads);
-            clock.lap(&mut self.host.backward_ms);
-        }
-        let mut grads = accumulator.grads();
-        let norm = clip_global_norm::<B, _>(&self.model, &mut grads, t.grad_clip, &self.device);
-        if t.weight_decay > 0.0 {
-            let mut decay = DecayWeights { ids: &self.decay_ids, factor: 1.0 - lr * t.weight_decay };
-            self.model = self.model.clone().map(&mut decay);
-        }
-        self.model = self.optim.step(lr, self.model.clone(), grads);
-        clock.lap(&mut self.host.optimiser_ms);
-        self.step += 1;
-        // The loss comes out in the compute dtype, the norm in the master dtype.
-        let loss_sum = loss_sum.expect("at least one micro-batch").cast(norm.dtype());
-        let health = Tensor::cat(vec![loss_sum, norm], 0);
-        PendingStep { step: self.step, health, stats, lr }
+        };
+        self.step = step;
+        Ok(PendingStep { step, health: output.health, stats: output.stats, lr })
     }
 
     /// Queues one optimiser step and drops its results (for profiling: no checks, no metrics).
     pub fn step_once(&mut self) {
         let _ = self.queue_step(false);
+    }
+
+    /// The host's time spent queueing each part of the steps so far (rank 0's).
+    pub fn host_times(&self) -> &HostTimes {
+        &self.replica.host
     }
 
     /// Reads a queued step's loss and gradient norm; an error if either is not finite.
@@ -348,7 +308,7 @@ impl<B: TrainBackend> Trainer<B> {
     pub(crate) fn try_queue_step(&mut self, with_stats: bool) -> Result<PendingStep<B>, Stop> {
         let step = self.step + 1;
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.queue_step(with_stats)))
-            .map_err(|panic| self.device_failure(step, panic_text(&panic)))
+            .map_err(|panic| self.device_failure(step, panic_text(&panic)))?
     }
 
     /// Mean loss over the first `valid_batches` batches of the validation split.
@@ -358,11 +318,11 @@ impl<B: TrainBackend> Trainer<B> {
         if n == 0 || t.valid_batches == 0 {
             return None;
         }
-        let model = self.compute_model(self.model.valid());
+        let model = self.replica.compute_model(self.replica.model.valid());
         let mut total = 0.0;
         let mut count = 0;
         for chunk in (0..n).collect::<Vec<_>>().chunks(t.batch_size).take(t.valid_batches) {
-            let (inputs, targets) = batch::<B::InnerBackend>(&self.valid, chunk, &self.device);
+            let (inputs, targets) = batch::<B::InnerBackend>(&self.valid, chunk, &self.replica.device);
             let loss: f64 = lm_loss(model.forward(inputs), targets).into_scalar().elem::<f64>();
             total += loss;
             count += 1;
@@ -373,8 +333,14 @@ impl<B: TrainBackend> Trainer<B> {
     /// Writes a checkpoint of the current state now.
     pub fn save_checkpoint(&self) -> Result<PathBuf, Stop> {
         let state = TrainState { step: self.step, cursor: self.cursor, seed: self.cfg.train.seed };
-        checkpoint::save::<B, _, _>(&self.run_dir, &self.model, &self.optim, &state, self.cfg.train.keep_checkpoints)
-            .map_err(Stop::Error)
+        checkpoint::save::<B, _, _>(
+            &self.run_dir,
+            &self.replica.model,
+            &self.replica.optim,
+            &state,
+            self.cfg.train.keep_checkpoints,
+        )
+        .map_err(Stop::Error)
     }
 
     /// Trains until `until` optimiser steps are done (or `cfg.train.steps`), reporting logged
@@ -383,7 +349,7 @@ impl<B: TrainBackend> Trainer<B> {
     pub fn train_until(&mut self, until: usize, reporter: &mut dyn Reporter) -> Result<Finish, Stop> {
         let until = until.min(self.cfg.train.steps);
         let t = self.cfg.train.clone();
-        let tokens_per_step = (t.batch_size * t.grad_accumulation * self.train.seq_len()) as f64;
+        let tokens_per_step = (t.batch_size * self.world() * t.grad_accumulation * self.train.seq_len()) as f64;
         let mut previous: Option<PendingStep<B>> = None;
         let mut clock = Instant::now();
         let mut steps_since_log = 0usize;
@@ -420,7 +386,8 @@ impl<B: TrainBackend> Trainer<B> {
                     stats,
                     memory,
                     &self.cfg.model,
-                );
+                )
+                .with_peer_memory(self.group.as_ref().map_or(&[], |g| &g.peer_memory[..]));
                 self.metrics.write(&metrics).map_err(Stop::Error)?;
                 reporter.step(&metrics);
                 clock = Instant::now();

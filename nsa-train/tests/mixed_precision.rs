@@ -24,7 +24,7 @@ fn a_narrow_forward_on_wide_master_weights_trains_and_keeps_the_master_dtype() {
     let cfg = cfg.clone().with_train(cfg.train.with_log_every(1).with_checkpoint_every(100));
     let (train, valid, _) = load_splits(&cfg, &[]).unwrap();
     let mut t = Trainer::<Wide>::new(cfg, train, valid, Default::default(), false).unwrap();
-    t.compute_dtype = Some(burn::tensor::FloatDType::F32);
+    t.replica.compute_dtype = Some(burn::tensor::FloatDType::F32);
     let mut seen = Collect::default();
     t.train_until(30, &mut seen).unwrap();
     let losses: Vec<f64> = seen.steps.iter().map(|m| m.loss).collect();
@@ -37,6 +37,6 @@ fn a_narrow_forward_on_wide_master_weights_trains_and_keeps_the_master_dtype() {
         }
     }
     let mut dtypes = Dtypes(Vec::new());
-    t.model.visit(&mut dtypes);
+    t.replica.model.visit(&mut dtypes);
     assert!(dtypes.0.iter().all(|d| *d == burn::tensor::DType::F64), "{:?}", dtypes.0);
 }

@@ -1,6 +1,7 @@
-//! `cargo xtask bench train [--anchor]`: `nsa bench-train` in release mode, then, with
-//! `--anchor`, PyTorch's dense model of the same shape trained in the same session
-//! (`bench/train_anchor.py`), and ours over it.
+//! `cargo xtask bench train [--anchor] [--scaling]`: `nsa bench-train` in release mode, then,
+//! with `--anchor`, PyTorch's dense model of the same shape trained in the same session
+//! (`bench/train_anchor.py`), and ours over it. With `--scaling` (and `--devices A,B,..` for
+//! `nsa`), the one-device run on A comes first and the data-parallel speed-up is printed.
 
 use std::path::Path;
 use std::process::{Command, ExitCode};
@@ -9,15 +10,40 @@ use serde_json::Value;
 
 use crate::{nsa, NsaArgs};
 
-pub fn run(mut args: NsaArgs, anchor: bool, out: &Path) -> ExitCode {
+pub fn run(mut args: NsaArgs, anchor: bool, scaling: bool, out: &Path) -> ExitCode {
     if let Err(e) = std::fs::create_dir_all(out) {
         eprintln!("error: {}: {e}", out.display());
         return ExitCode::FAILURE;
     }
     let ours_path = out.join("bench-train.json");
+    let one_path = out.join("bench-train-1.json");
     args.release = true;
+    if scaling {
+        let Some(one) = first_device_only(&args.args) else {
+            eprintln!("error: --scaling needs `--devices A,B,..` (two or more) after `--`");
+            return ExitCode::FAILURE;
+        };
+        let one = [one, vec!["--json".to_string(), one_path.display().to_string()]].concat();
+        let status = nsa("bench-train", NsaArgs { backend: args.backend, release: true, args: one });
+        if status != ExitCode::SUCCESS {
+            return status;
+        }
+    }
     args.args.extend(["--json".to_string(), ours_path.display().to_string()]);
     let status = nsa("bench-train", args);
+    if status == ExitCode::SUCCESS && scaling {
+        match (read_json(&one_path), read_json(&ours_path)) {
+            (Ok(one), Ok(all)) => {
+                let (a, b) = (one["tokens_per_s"].as_f64().unwrap_or(0.0), all["tokens_per_s"].as_f64().unwrap_or(0.0));
+                println!(
+                    "data parallel: {} devices {b:.0} tokens/s, one device {a:.0} tokens/s: {:.2}x",
+                    all["devices"].as_u64().unwrap_or(0),
+                    b / a
+                );
+            }
+            (Err(e), _) | (_, Err(e)) => eprintln!("error: {e}"),
+        }
+    }
     if status != ExitCode::SUCCESS || !anchor {
         return status;
     }
@@ -70,6 +96,23 @@ pub fn run(mut args: NsaArgs, anchor: bool, out: &Path) -> ExitCode {
         );
     }
     ExitCode::SUCCESS
+}
+
+/// `args` with `--devices A,B,..` cut to `--devices A`; `None` without two or more devices.
+fn first_device_only(args: &[String]) -> Option<Vec<String>> {
+    let mut out = args.to_vec();
+    let (at, list) = args.iter().enumerate().find_map(|(i, a)| match a.strip_prefix("--devices") {
+        Some("") => args.get(i + 1).map(|v| (i + 1, v.clone())),
+        Some(v) => v.strip_prefix('=').map(|v| (i, v.to_string())),
+        None => None,
+    })?;
+    let devices: Vec<&str> = list.split(',').collect();
+    if devices.len() < 2 {
+        return None;
+    }
+    out[at] =
+        if at > 0 && out[at - 1] == "--devices" { devices[0].to_string() } else { format!("--devices={}", devices[0]) };
+    Some(out)
 }
 
 fn read_json(path: &Path) -> Result<Value, String> {

@@ -43,7 +43,11 @@ enum Task {
         /// print ours over it.
         #[arg(long)]
         anchor: bool,
-        /// Where results go (`bench-train.json`, `anchor.jsonl`).
+        /// `train` with `--devices A,B,..` after `--`: first the same benchmark on device A alone,
+        /// then on all of them, and the data-parallel speed-up.
+        #[arg(long)]
+        scaling: bool,
+        /// Where results go (`bench-train.json`, `anchor.jsonl`, `bench-train-1.json`).
         #[arg(long, default_value = "runs/bench")]
         out: std::path::PathBuf,
         #[command(flatten)]
@@ -132,7 +136,9 @@ fn main() -> ExitCode {
         Task::Profile(a) => nsa("profile", a),
         Task::Bench { what: BenchKind::Kernels, nsa: a, .. } => nsa("bench-kernels", NsaArgs { release: true, ..a }),
         Task::Bench { what: BenchKind::Gemm, nsa: a, .. } => nsa("bench-gemm", NsaArgs { release: true, ..a }),
-        Task::Bench { what: BenchKind::Train, nsa: a, anchor, out } => bench_train::run(a, anchor, &out),
+        Task::Bench { what: BenchKind::Train, nsa: a, anchor, scaling, out } => {
+            bench_train::run(a, anchor, scaling, &out)
+        }
     }
 }
 

@@ -68,7 +68,9 @@ struct Library {
 // time, and none is tied to the thread that made it (the context is made current per call).
 unsafe impl Send for Library {}
 
-static LIBRARY: OnceLock<Option<Mutex<Library>>> = OnceLock::new();
+/// One library per device (each holds that device's context, stream and workspace), made on
+/// first use and kept for the process.
+static LIBRARIES: OnceLock<Mutex<HashMap<usize, Option<&'static Mutex<Library>>>>> = OnceLock::new();
 
 /// Whether products run in cuBLASLt on `device`'s context (the first call sets it up, and says
 /// once why not when it cannot).
@@ -77,15 +79,14 @@ pub fn available(device_index: usize) -> bool {
 }
 
 fn library(device_index: usize) -> Option<&'static Mutex<Library>> {
-    LIBRARY
-        .get_or_init(|| match unsafe { Library::new(device_index) } {
-            Ok(lib) => Some(Mutex::new(lib)),
-            Err(why) => {
-                eprintln!("note: linear layers use Burn's matmul, not cuBLASLt ({why})");
-                None
-            }
-        })
-        .as_ref()
+    let mut libraries = LIBRARIES.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
+    *libraries.entry(device_index).or_insert_with(|| match unsafe { Library::new(device_index) } {
+        Ok(lib) => Some(&*Box::leak(Box::new(Mutex::new(lib)))),
+        Err(why) => {
+            eprintln!("note: linear layers on CUDA device {device_index} use Burn's matmul, not cuBLASLt ({why})");
+            None
+        }
+    })
 }
 
 impl Library {

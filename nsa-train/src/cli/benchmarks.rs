@@ -39,7 +39,9 @@ pub(super) fn bench_kernels(
         .collect();
     let opts = nsa_train::bench::BenchOptions { lengths, iters: iters.max(1), dtype, check_len, shapes };
     eprintln!("benchmarking sparse attention on {} in {precision:?}", name(kind));
-    let ok = with_backend!(kind, false, |B, device, _memory| Ok(nsa_train::bench::bench_kernels::<B>(&device, &opts)))?;
+    let ok = with_backend!(kind, false, &[0], |B, devices, _memory| {
+        Ok(nsa_train::bench::bench_kernels::<B>(&devices[0], &opts))
+    })?;
     if ok {
         Ok(())
     } else {
@@ -59,8 +61,8 @@ pub(super) fn profile(args: ProfileArgs) -> Result<(), String> {
         args.run.config_path().display(),
         name(kind)
     );
-    let phases = with_backend!(kind, cfg.train.activation_checkpointing, |B, device, _memory| {
-        nsa_train::profile::profile::<B>(&cfg, train_split, valid_split, &device, &scratch, warmup, iters)
+    let phases = with_backend!(kind, cfg.train.activation_checkpointing, &[0], |B, devices, _memory| {
+        nsa_train::profile::profile::<B>(&cfg, train_split, valid_split, &devices[0], &scratch, warmup, iters)
     });
     let _ = std::fs::remove_dir_all(&scratch);
     let phases = phases?;
@@ -91,7 +93,8 @@ pub(super) fn bench_gemm(
     let layers = [(768, 768), (768, 128), (768, 3072), (3072, 768), (768, 36), (768, 256)];
     let cases: Vec<_> =
         layers.iter().flat_map(|&(d_in, d_out)| nsa_train::bench_gemm::linear_cases(rows, d_in, d_out)).collect();
-    let ok = with_backend!(kind, false, |B, device, _memory| {
+    let ok = with_backend!(kind, false, &[0], |B, devices, _memory| {
+        let device = devices[0].clone();
         let grad_error = nsa_train::bench_gemm::linear_grad_error::<B>(&device, 1000, 200, 300, dtype);
         println!("gradients of a linear layer against Burn's autodiff matmul: error {grad_error:.2e}");
         let (_, ok) = nsa_train::bench_gemm::bench_gemm::<B>(&device, &cases, dtype, iters.max(1), tolerance);
@@ -119,8 +122,9 @@ pub(super) fn bench_train(args: BenchTrainArgs) -> Result<(), String> {
         with_stats: args.with_stats,
     };
     eprintln!("bench-train: {} on {}", args.run.config_path().display(), name(kind));
-    let result = with_backend!(kind, cfg.train.activation_checkpointing, |B, device, memory| {
-        nsa_train::bench_train::bench_train::<B>(&cfg, train_split, valid_split, &device, memory, &scratch, &opts)
+    let indices = cfg.train.devices.clone();
+    let result = with_backend!(kind, cfg.train.activation_checkpointing, &indices, |B, devices, memory| {
+        nsa_train::bench_train::bench_train::<B>(&cfg, train_split, valid_split, &devices, memory, &scratch, &opts)
     });
     let _ = std::fs::remove_dir_all(&scratch);
     let result = result?;

@@ -28,7 +28,8 @@ pub fn load_splits(cfg: &RunConfig, paths: &[PathBuf]) -> Result<(PackedSplit, P
         )));
     }
     if let Some(task) = cfg.data.synthetic_task().map_err(|e| DataError(e.to_string()))? {
-        let windows = (cfg.train.steps * cfg.train.batch_size * cfg.train.grad_accumulation).clamp(64, 1 << 16);
+        let t = &cfg.train;
+        let windows = (t.steps * t.batch_size * t.devices.len() * t.grad_accumulation).clamp(64, 1 << 16);
         let (train, valid) = synthetic::splits(task, seq_len, windows, cfg.train.seed);
         return Ok((train, valid, tokenizer));
     }

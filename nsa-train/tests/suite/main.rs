@@ -5,5 +5,6 @@
 mod cli;
 mod common;
 mod data;
+mod parallel;
 mod tokenizer;
 mod training;

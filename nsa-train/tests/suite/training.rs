@@ -13,6 +13,7 @@ use nsa_train::config::RunConfig;
 use nsa_train::dashboard::{Collect, Reporter};
 use nsa_train::data::load_splits;
 use nsa_train::metrics::StepMetrics;
+use nsa_train::replica::Fault;
 use nsa_train::trainer::{lm_loss, Finish, Stop, Trainer};
 
 type B = Autodiff<NdArray>;
@@ -77,7 +78,7 @@ fn resume_gives_the_same_losses_and_weights_as_an_uninterrupted_run() {
     got.extend(losses(&mut second, 2 * n));
 
     assert_eq!(got, expected, "losses differ after resume");
-    assert_eq!(weights(&second.model), weights(&uninterrupted.model), "weights differ after resume");
+    assert_eq!(weights(&second.replica.model), weights(&uninterrupted.replica.model), "weights differ after resume");
 }
 
 #[test]
@@ -86,7 +87,7 @@ fn a_nan_at_step_k_stops_there_and_earlier_checkpoints_load() {
     let cfg = common::tiny_run(&dir, 20);
     let cfg = cfg.clone().with_train(cfg.train.with_checkpoint_every(2).with_keep_checkpoints(10).with_log_every(3));
     let mut t = trainer(cfg.clone(), false);
-    t.fault_at_step = Some(7);
+    t.fault = Some(Fault::nan_at(7));
     let err = t.train_until(20, &mut Collect::default()).expect_err("the run must stop");
     match &err {
         Stop::NonFinite { step, last_good, .. } => {

@@ -1,0 +1,217 @@
+//! One copy of the model and its optimiser on one device, and the training step that changes
+//! it: forward and backward over the step's micro-batches, gradient accumulation, the
+//! data-parallel all-reduce when there are several replicas, global-norm clipping, decoupled
+//! weight decay and AdamW. A single-device run has one replica; a data-parallel run one per device,
+//! each fed its own share of the batch ([`crate::parallel`]).
+
+use std::collections::HashSet;
+
+use burn::module::{Module, ParamId};
+use burn::optim::adaptor::OptimizerAdaptor;
+use burn::optim::{AdamW, GradientsAccumulator, GradientsParams, Optimizer};
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{DType, FloatDType, Int, Tensor, TensorData};
+use nsa_core::{cast_params, NsaAux, NsaLm};
+
+use crate::config::TrainConfig;
+use crate::grads::{clip_global_norm, DecayWeights};
+use crate::host_times::{HostClock, HostTimes};
+use crate::stop::Stop;
+use crate::trainer::lm_loss;
+use crate::TrainBackend;
+
+pub(crate) type Adam<B> = OptimizerAdaptor<AdamW, NsaLm<B>, B>;
+
+/// One micro-batch as the host assembled it: inputs and next-token targets, `[B, T]` row-major.
+#[derive(Debug, Clone)]
+pub struct HostBatch {
+    pub inputs: Vec<i64>,
+    pub targets: Vec<i64>,
+    pub shape: [usize; 2],
+}
+
+impl HostBatch {
+    /// Uploads the batch (one write each for inputs and targets).
+    pub fn to_device<B: Backend>(self, device: &B::Device) -> (Tensor<B, 2, Int>, Tensor<B, 2, Int>) {
+        (
+            Tensor::from_data(TensorData::new(self.inputs, self.shape), device),
+            Tensor::from_data(TensorData::new(self.targets, self.shape), device),
+        )
+    }
+
+    /// Rows `from..to` of the batch: one data-parallel replica's share.
+    pub fn rows(&self, from: usize, to: usize) -> Self {
+        let t = self.shape[1];
+        Self {
+            inputs: self.inputs[from * t..to * t].to_vec(),
+            targets: self.targets[from * t..to * t].to_vec(),
+            shape: [to - from, t],
+        }
+    }
+}
+
+/// What one step queued on the device: `[loss, grad_norm]` and, when asked, the gate and
+/// selection statistics of the first micro-batch.
+pub(crate) struct StepOutput<B: AutodiffBackend> {
+    pub health: Tensor<B::InnerBackend, 1>,
+    pub stats: Option<Tensor<B::InnerBackend, 1>>,
+}
+
+/// Averages the step's gradients and loss over the data-parallel replicas.
+pub(crate) type Reduce<'a, B> =
+    &'a mut dyn FnMut(
+        &NsaLm<B>,
+        GradientsParams,
+        Tensor<<B as AutodiffBackend>::InnerBackend, 1>,
+    ) -> Result<(GradientsParams, Tensor<<B as AutodiffBackend>::InnerBackend, 1>), Stop>;
+
+/// A failure injected into a step (a test hook): what a bad batch or a dying device does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fault {
+    pub step: usize,
+    /// The replica it hits (0 without data parallelism).
+    pub rank: usize,
+    pub kind: FaultKind,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultKind {
+    /// The step's loss, and so its gradients, become NaN.
+    NonFinite,
+    /// The replica's thread panics before the all-reduce.
+    Panic,
+}
+
+impl Fault {
+    /// A NaN loss at `step` on the first replica.
+    pub fn nan_at(step: usize) -> Self {
+        Self { step, rank: 0, kind: FaultKind::NonFinite }
+    }
+}
+
+/// How one step runs, beside its data.
+#[derive(Debug, Clone)]
+pub(crate) struct StepPlan {
+    pub lr: f64,
+    pub with_stats: bool,
+    /// Test hook: a failure to inject in this step.
+    pub fault: Option<Fault>,
+}
+
+pub struct Replica<B: TrainBackend> {
+    /// 0 for the trainer's own replica; 1.. for data-parallel peers.
+    pub rank: usize,
+    pub device: B::Device,
+    pub model: NsaLm<B>,
+    pub(crate) optim: Adam<B>,
+    pub(crate) decay_ids: HashSet<ParamId>,
+    /// The dtype forward passes run in (`train.precision`); `None` runs in the parameters' dtype.
+    pub compute_dtype: Option<FloatDType>,
+    /// The host's time spent queueing each part of the steps so far.
+    pub host: HostTimes,
+}
+
+impl<B: TrainBackend> Replica<B> {
+    /// The same weights and optimiser state on `device` (the state moves there on first use),
+    /// as replica `rank`.
+    pub(crate) fn fork(&self, device: &B::Device, rank: usize) -> Self {
+        Self {
+            rank,
+            device: device.clone(),
+            model: self.model.clone().fork(device),
+            optim: self.optim.clone(),
+            decay_ids: self.decay_ids.clone(),
+            compute_dtype: self.compute_dtype,
+            host: HostTimes::default(),
+        }
+    }
+
+    /// The model a forward pass runs: the master weights, or a copy in the compute dtype whose
+    /// gradients flow back to them in their own dtype.
+    pub(crate) fn compute_model<M: Module<C>, C: Backend>(&self, model: M) -> M {
+        match self.compute_dtype {
+            Some(dtype) => cast_params(model, dtype),
+            None => model,
+        }
+    }
+
+    /// Queues one optimiser step over `micro_batches` (the accumulation), with `reduce` averaging
+    /// the gradients over the replicas before they are clipped and applied.
+    pub(crate) fn queue_step(
+        &mut self,
+        t: &TrainConfig,
+        micro_batches: Vec<HostBatch>,
+        plan: &StepPlan,
+        reduce: Option<Reduce<'_, B>>,
+    ) -> Result<StepOutput<B>, Stop> {
+        let micros = micro_batches.len();
+        let mut accumulator = GradientsAccumulator::<NsaLm<B>>::new();
+        let mut loss_sum: Option<Tensor<B::InnerBackend, 1>> = None;
+        let mut stats = None;
+        let mut clock = HostClock::start();
+        let fault = plan.fault.filter(|f| f.rank == self.rank).map(|f| f.kind);
+        if fault == Some(FaultKind::Panic) {
+            panic!("injected failure (test hook)");
+        }
+        for (micro, batch) in micro_batches.into_iter().enumerate() {
+            let (inputs, targets) = batch.to_device::<B>(&self.device);
+            let (logits, aux) = self.compute_model(self.model.clone()).forward_with_aux(inputs);
+            // The statistics are read off the inner tensors, and the autodiff ones dropped before
+            // the backward: autodiff tensors left over from a step are freed in a random order
+            // later, which changes the op stream Burn's fusion sees, and it re-plans the whole
+            // step: a stall (docs/training.md, "No stalls from the op stream").
+            if plan.with_stats && micro == 0 {
+                stats = aux_stats(&aux.into_iter().map(NsaAux::inner).collect::<Vec<_>>());
+            } else {
+                drop(aux);
+            }
+            let mut loss = lm_loss(logits, targets).div_scalar(micros as f64);
+            if fault == Some(FaultKind::NonFinite) {
+                loss = loss.mul_scalar(f64::NAN);
+            }
+            let detached = loss.clone().inner();
+            loss_sum = Some(match loss_sum.take() {
+                Some(s) => s + detached,
+                None => detached,
+            });
+            clock.lap(&mut self.host.forward_ms);
+            let grads = GradientsParams::from_grads(loss.backward(), &self.model);
+            accumulator.accumulate(&self.model, grads);
+            clock.lap(&mut self.host.backward_ms);
+        }
+        let mut grads = accumulator.grads();
+        let mut loss_sum = loss_sum.expect("at least one micro-batch");
+        if let Some(reduce) = reduce {
+            (grads, loss_sum) = reduce(&self.model, grads, loss_sum)?;
+        }
+        let norm = clip_global_norm::<B, _>(&self.model, &mut grads, t.grad_clip, &self.device);
+        if t.weight_decay > 0.0 {
+            let mut decay = DecayWeights { ids: &self.decay_ids, factor: 1.0 - plan.lr * t.weight_decay };
+            self.model = self.model.clone().map(&mut decay);
+        }
+        self.model = self.optim.step(plan.lr, self.model.clone(), grads);
+        clock.lap(&mut self.host.optimiser_ms);
+        // The loss comes out in the compute dtype, the norm in the master dtype.
+        let health = Tensor::cat(vec![loss_sum.cast(norm.dtype()), norm], 0);
+        Ok(StepOutput { health, stats })
+    }
+}
+
+/// Gate and selection statistics of one forward pass, averaged over layers, on the device:
+/// `[gate_cmp, gate_slc, gate_win, gate_entropy, selected_blocks_per_query]`.
+fn aux_stats<B: Backend>(aux: &[NsaAux<B>]) -> Option<Tensor<B, 1>> {
+    // Plain (non-autodiff) tensors: see `Replica::queue_step`.
+    let per_layer: Vec<Tensor<B, 1>> = aux
+        .iter()
+        .map(|a| {
+            let gates = a.gates.clone().cast(DType::F32); // [B, T, 3, H]
+            let means = gates.clone().mean_dim(0).mean_dim(1).mean_dim(3).reshape([3]);
+            let shares = gates.clone() / gates.sum_dim(2);
+            let entropy = (shares.clone() * shares.clamp_min(1e-12).log()).sum_dim(2).mean().neg();
+            let selected = a.selected.clone().float().cast(DType::F32).sum_dim(3).mean();
+            Tensor::cat(vec![means, entropy, selected], 0)
+        })
+        .collect();
+    let n = per_layer.len();
+    (n > 0).then(|| Tensor::stack::<2>(per_layer, 0).mean_dim(0).reshape([5]))
+}
