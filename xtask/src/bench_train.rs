@@ -123,3 +123,23 @@ fn read_json(path: &Path) -> Result<Value, String> {
 fn gib(v: Option<f64>) -> String {
     v.map_or("?".into(), |g| format!("{g:.2} GiB"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::first_device_only;
+
+    fn args(s: &str) -> Vec<String> {
+        s.split(' ').map(String::from).collect()
+    }
+
+    #[test]
+    fn scaling_runs_the_first_device_alone() {
+        assert_eq!(
+            first_device_only(&args("--batch-size 16 --devices 2,3")),
+            Some(args("--batch-size 16 --devices 2"))
+        );
+        assert_eq!(first_device_only(&args("--devices=0,1,2 --steps 5")), Some(args("--devices=0 --steps 5")));
+        assert_eq!(first_device_only(&args("--devices 0")), None);
+        assert_eq!(first_device_only(&args("--batch-size 16")), None);
+    }
+}
