@@ -260,11 +260,6 @@ impl<B: TrainBackend> Trainer<B> {
         let _ = self.queue_step(false);
     }
 
-    /// The host's time spent queueing each part of the steps so far (rank 0's).
-    pub fn host_times(&self) -> &HostTimes {
-        &self.replica.host
-    }
-
     /// Reads a queued step's loss and gradient norm; an error if either is not finite.
     pub(crate) fn check(&self, pending: &PendingStep<B>) -> Result<(f64, f64), Stop> {
         let data = self.read(pending.step, &pending.health)?;

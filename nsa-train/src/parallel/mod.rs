@@ -150,9 +150,13 @@ impl Group {
             peer_memory: vec![None; world - 1],
             // The collective is reset after rank 0 leaves: a peer that failed never left, and
             // the next run in this process must find it empty.
+            // burn-collective's calls panic when its server is gone (it died with a device):
+            // leaving must not turn a clean error into a panic.
             finish: Box::new(|| {
-                let _ = collective::finish_collective::<Inner<B>>(PeerId(0));
-                collective::reset_collective::<Inner<B>>();
+                let _ = std::panic::catch_unwind(|| {
+                    let _ = collective::finish_collective::<Inner<B>>(PeerId(0));
+                    collective::reset_collective::<Inner<B>>();
+                });
             }),
         };
         let device = devices[0].clone();
@@ -320,8 +324,17 @@ fn serve<B: TrainBackend>(
     let rank = replica.rank;
     let _ = reports.send(Report::Reached { rank, step: 0 });
     let peer = PeerId(rank as u32);
-    if let Err(e) = collective::register::<Inner<B>>(peer, replica.device.clone(), collective_config(t.devices.len())) {
-        let _ = reports.send(Report::Failed { rank, step: 0, why: format!("cannot join the collective: {e:?}") });
+    let config = collective_config(t.devices.len());
+    let device = replica.device.clone();
+    let joined = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        collective::register::<Inner<B>>(peer, device, config).map_err(|e| format!("{e:?}"))
+    }));
+    if let Some(why) = match joined {
+        Ok(Ok(())) => None,
+        Ok(Err(e)) => Some(e),
+        Err(panic) => Some(failure_text(&panic)),
+    } {
+        let _ = reports.send(Report::Failed { rank, step: 0, why: format!("cannot join the collective: {why}") });
         return;
     }
     let probe = memory_of(&replica.device);
@@ -346,5 +359,5 @@ fn serve<B: TrainBackend>(
             return;
         }
     }
-    let _ = collective::finish_collective::<Inner<B>>(peer);
+    let _ = std::panic::catch_unwind(|| collective::finish_collective::<Inner<B>>(peer));
 }

@@ -1,0 +1,207 @@
+//! How `nsa` picks and sets up a backend: the kernel cache, the backend a run resolves to and
+//! whether it works here, its devices and memory probes, and [`with_backend`], which runs a
+//! generic body on the chosen backend type.
+
+use super::*;
+
+/// Points CubeCL's kernel and autotune caches at `setting` (`train.kernel_cache`). Runs before
+/// the first GPU operation, the backend probe included.
+pub(super) fn use_kernel_cache(setting: &str) -> Result<Option<PathBuf>, String> {
+    #[cfg(any(feature = "cuda", feature = "wgpu"))]
+    if let Some(dir) = nsa_train::kernel_cache::resolve(setting) {
+        nsa_train::kernel_cache::install(&dir)?;
+        return Ok(Some(dir));
+    }
+    let _ = setting;
+    Ok(None)
+}
+
+/// Says where GPU kernels are cached, since a new machine's first steps are slow.
+pub(super) fn announce_kernel_cache(kind: BackendKind, dir: Option<PathBuf>) {
+    if let (BackendKind::Cuda | BackendKind::Wgpu, Some(dir)) = (kind, dir) {
+        eprintln!(
+            "GPU kernels are cached in {}; on a new machine the first steps compile and autotune them (minutes)",
+            dir.display()
+        );
+    }
+}
+
+/// The backend compiled in that `kind` resolves to on this machine.
+pub(super) fn resolve(kind: BackendKind) -> Result<BackendKind, String> {
+    let compiled = |k: BackendKind| match k {
+        BackendKind::Cuda => cfg!(feature = "cuda"),
+        BackendKind::Wgpu => cfg!(feature = "wgpu"),
+        BackendKind::Cpu => cfg!(feature = "cpu"),
+        BackendKind::Auto => true,
+    };
+    match kind {
+        BackendKind::Auto => [BackendKind::Cuda, BackendKind::Wgpu, BackendKind::Cpu]
+            .into_iter()
+            .find(|k| compiled(*k) && usable(*k))
+            .ok_or_else(|| "no backend compiled in is usable here".to_string()),
+        k if !compiled(k) => Err(format!(
+            "this binary was built without the `{}` feature; run it through `cargo xtask train --backend {0}`",
+            name(k)
+        )),
+        k => Ok(k),
+    }
+}
+
+pub(super) fn name(k: BackendKind) -> &'static str {
+    match k {
+        BackendKind::Auto => "auto",
+        BackendKind::Cuda => "cuda",
+        BackendKind::Wgpu => "wgpu",
+        BackendKind::Cpu => "cpu",
+    }
+}
+
+/// Whether a backend can run a tiny op here (a missing driver panics inside Burn).
+pub(super) fn usable(kind: BackendKind) -> bool {
+    fn probe<B: Backend>(device: B::Device) -> bool {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            burn::tensor::Tensor::<B, 1>::ones([1], &device).into_data()
+        }))
+        .is_ok()
+    }
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let ok = match kind {
+        #[cfg(feature = "cuda")]
+        BackendKind::Cuda => probe::<burn::backend::Cuda>(Default::default()),
+        #[cfg(feature = "wgpu")]
+        BackendKind::Wgpu => probe::<burn::backend::Wgpu>(Default::default()),
+        #[cfg(feature = "cpu")]
+        BackendKind::Cpu => probe::<burn::backend::NdArray>(Default::default()),
+        _ => false,
+    };
+    std::panic::set_hook(previous);
+    ok
+}
+
+/// A probe of the allocator of a CubeCL runtime's device, as seen from the calling thread.
+#[cfg(any(feature = "cuda", feature = "wgpu"))]
+pub(super) fn cubecl_memory<R: burn::cubecl::Runtime>(device: &R::Device) -> Option<MemoryProbe> {
+    let device = device.clone();
+    Some(Box::new(move || {
+        let usage = R::client(&device).memory_usage().ok()?;
+        Some(DeviceMemory { in_use: usage.bytes_in_use, reserved: usage.bytes_reserved })
+    }))
+}
+
+/// The CUDA devices of the given indices.
+#[cfg(feature = "cuda")]
+pub(super) fn cuda_devices(indices: &[usize]) -> Vec<burn::backend::cuda::CudaDevice> {
+    indices.iter().map(|&i| burn::backend::cuda::CudaDevice::new(i)).collect()
+}
+
+/// The WGPU devices of the given indices: the default adapter alone, or discrete GPUs by index.
+#[cfg(feature = "wgpu")]
+pub(super) fn wgpu_devices(indices: &[usize]) -> Vec<burn::backend::wgpu::WgpuDevice> {
+    use burn::backend::wgpu::WgpuDevice;
+    match indices {
+        [0] => vec![WgpuDevice::DefaultDevice],
+        _ => indices.iter().map(|&i| WgpuDevice::DiscreteGpu(i)).collect(),
+    }
+}
+
+/// Runs `$body` with `$B` bound to the autodiff backend of `$kind`, `$devices` to its devices of
+/// the indices `$indices`, and `$memory` to the maker of a device's memory probe.
+macro_rules! with_backend {
+    ($kind:expr, $checkpointing:expr, $indices:expr, |$B:ident, $devices:ident, $memory:ident| $body:expr) => {{
+        #[allow(unused_imports)]
+        use burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing as Balanced;
+        match ($kind, $checkpointing) {
+            #[cfg(feature = "cuda")]
+            (BackendKind::Cuda, false) => {
+                type $B = Autodiff<burn::backend::Cuda>;
+                let $devices: Vec<burn::tensor::Device<$B>> = cuda_devices($indices);
+                let $memory: MemoryOf<$B> = cubecl_memory::<burn::cubecl::cuda::CudaRuntime>;
+                $body
+            }
+            #[cfg(feature = "cuda")]
+            (BackendKind::Cuda, true) => {
+                type $B = Autodiff<burn::backend::Cuda, Balanced>;
+                let $devices: Vec<burn::tensor::Device<$B>> = cuda_devices($indices);
+                let $memory: MemoryOf<$B> = cubecl_memory::<burn::cubecl::cuda::CudaRuntime>;
+                $body
+            }
+            #[cfg(feature = "wgpu")]
+            (BackendKind::Wgpu, false) => {
+                type $B = Autodiff<burn::backend::Wgpu>;
+                let $devices: Vec<burn::tensor::Device<$B>> = wgpu_devices($indices);
+                let $memory: MemoryOf<$B> = cubecl_memory::<burn::cubecl::wgpu::WgpuRuntime>;
+                $body
+            }
+            #[cfg(feature = "wgpu")]
+            (BackendKind::Wgpu, true) => {
+                type $B = Autodiff<burn::backend::Wgpu, Balanced>;
+                let $devices: Vec<burn::tensor::Device<$B>> = wgpu_devices($indices);
+                let $memory: MemoryOf<$B> = cubecl_memory::<burn::cubecl::wgpu::WgpuRuntime>;
+                $body
+            }
+            // The CPU backend has one device: every replica runs on it.
+            #[cfg(feature = "cpu")]
+            (BackendKind::Cpu, false) => {
+                type $B = Autodiff<burn::backend::NdArray>;
+                let $devices: Vec<burn::tensor::Device<$B>> = vec![Default::default(); $indices.len()];
+                let $memory: MemoryOf<$B> = |_| None;
+                $body
+            }
+            #[cfg(feature = "cpu")]
+            (BackendKind::Cpu, true) => {
+                type $B = Autodiff<burn::backend::NdArray, Balanced>;
+                let $devices: Vec<burn::tensor::Device<$B>> = vec![Default::default(); $indices.len()];
+                let $memory: MemoryOf<$B> = |_| None;
+                $body
+            }
+            (kind, _) => Err(format!("backend `{}` is not compiled in", name(kind))),
+        }
+    }};
+}
+
+/// The backend a validated run config resolves to here (kernel cache set first, as CubeCL reads
+/// its configuration once) and its training and validation splits.
+pub(super) fn backend_and_data(cfg: &RunConfig) -> Result<(BackendKind, PackedSplit, PackedSplit), String> {
+    let cache = use_kernel_cache(&cfg.train.kernel_cache)?;
+    let kind = resolve(cfg.train.backend)?;
+    check_devices(cfg, kind)?;
+    announce_kernel_cache(kind, cache);
+    check_precision(cfg, kind)?;
+    let paths: Vec<PathBuf> = cfg.data.paths.iter().map(PathBuf::from).collect();
+    let (train, valid, _) = load_splits(cfg, &paths).map_err(|e| e.to_string())?;
+    Ok((kind, train, valid))
+}
+
+/// `train.devices` exist here, and a data-parallel CUDA run can load NCCL.
+pub(super) fn check_devices(cfg: &RunConfig, kind: BackendKind) -> Result<(), String> {
+    let devices = &cfg.train.devices;
+    #[cfg(feature = "cuda")]
+    if kind == BackendKind::Cuda {
+        let count = nsa_kernels::devices::cuda_device_count().unwrap_or(0);
+        if let Some(d) = devices.iter().find(|&&d| d >= count) {
+            return Err(format!("train.devices names CUDA device {d}, but this machine has {count}"));
+        }
+        if devices.len() > 1 && !nsa_kernels::devices::nccl_available() {
+            return Err("data-parallel training on CUDA needs NCCL, and libnccl.so is not on the library path: \
+                        install NCCL, or link an existing libnccl.so.2 (e.g. PyTorch's nvidia/nccl/lib) as libnccl.so \
+                        in a directory on LD_LIBRARY_PATH"
+                .into());
+        }
+    }
+    if kind == BackendKind::Cpu && devices.len() > 1 {
+        eprintln!("note: the cpu backend runs all {} replicas on the host's one device", devices.len());
+    }
+    Ok(())
+}
+
+/// bf16 compute runs on CUDA only (the CPU backend has no bf16; WGPU devices rarely do).
+pub(super) fn check_precision(cfg: &RunConfig, kind: BackendKind) -> Result<(), String> {
+    if cfg.train.precision == Precision::Bf16 && kind != BackendKind::Cuda {
+        return Err(format!(
+            "train.precision = \"bf16\" needs the cuda backend (this run resolved to {}); use \"f32\"",
+            name(kind)
+        ));
+    }
+    Ok(())
+}
