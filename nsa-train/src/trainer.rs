@@ -302,8 +302,14 @@ impl<B: TrainBackend> Trainer<B> {
     /// [`Stop`].
     pub(crate) fn try_queue_step(&mut self, with_stats: bool) -> Result<PendingStep<B>, Stop> {
         let step = self.step + 1;
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.queue_step(with_stats)))
-            .map_err(|panic| self.device_failure(step, panic_text(&panic)))?
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.queue_step(with_stats))) {
+            Ok(Ok(pending)) => Ok(pending),
+            // A failed allocation can surface as another error first: a data-parallel peer or
+            // the collective that met it stops, and rank 0 hears of that.
+            Ok(Err(stop)) if crate::oom::failed_allocation().is_some() => Err(self.device_failure(step, stop)),
+            Ok(Err(stop)) => Err(stop),
+            Err(panic) => Err(self.device_failure(step, panic_text(&panic))),
+        }
     }
 
     /// Mean loss over the first `valid_batches` batches of the validation split.
