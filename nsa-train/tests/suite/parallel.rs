@@ -4,12 +4,9 @@
 
 use std::sync::Mutex;
 
-use crate::common;
+use crate::common::{self, weights};
 
 use burn::backend::{Autodiff, NdArray};
-use burn::module::{Module, ModuleVisitor, Param};
-use burn::tensor::backend::Backend;
-use burn::tensor::Tensor;
 use nsa_train::checkpoint;
 use nsa_train::config::RunConfig;
 use nsa_train::dashboard::Collect;
@@ -29,12 +26,7 @@ const NO_MEMORY: MemoryOf<B> = |_| None;
 /// compared starts from the same weights, whatever else the process initialises meanwhile).
 fn trainer(cfg: RunConfig, devices: usize, start: Option<&std::path::Path>) -> Trainer<B> {
     if let Some(start) = start {
-        let step0 = checkpoint::checkpoints_dir(std::path::Path::new(&cfg.train.out)).join("step-00000000");
-        std::fs::create_dir_all(&step0).unwrap();
-        for file in std::fs::read_dir(start).unwrap() {
-            let file = file.unwrap().path();
-            std::fs::copy(&file, step0.join(file.file_name().unwrap())).unwrap();
-        }
+        common::seed_checkpoint(start, std::path::Path::new(&cfg.train.out));
     }
     let resume = checkpoint::latest(std::path::Path::new(&cfg.train.out)).is_some();
     let (train, valid, _) = load_splits(&cfg, &[]).unwrap();
@@ -59,19 +51,6 @@ fn run(
     (seen.steps.iter().map(|m| m.loss).collect(), weights(&t.replica.model))
 }
 
-struct Flatten(Vec<f64>);
-impl<Bk: Backend> ModuleVisitor<Bk> for Flatten {
-    fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<Bk, D>>) {
-        self.0.extend(p.val().into_data().convert::<f64>().to_vec::<f64>().unwrap());
-    }
-}
-
-fn weights<Bk: Backend, M: Module<Bk>>(m: &M) -> Vec<f64> {
-    let mut f = Flatten(Vec::new());
-    m.visit(&mut f);
-    f.0
-}
-
 fn max_difference(a: &[f64], b: &[f64]) -> f64 {
     assert_eq!(a.len(), b.len());
     a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max)
@@ -92,6 +71,13 @@ fn initial_checkpoint(name: &str) -> (RunConfig, std::path::PathBuf) {
 fn with_out(cfg: &RunConfig, out: &str) -> RunConfig {
     let dir = std::path::Path::new(&cfg.train.out).parent().unwrap().join(out);
     cfg.clone().with_train(cfg.train.clone().with_out(dir.display().to_string()))
+}
+
+/// A fresh two-replica run at batch 4 per replica.
+fn two_replicas(name: &str) -> Trainer<B> {
+    let (cfg, start) = initial_checkpoint(name);
+    let cfg = cfg.clone().with_train(cfg.train.clone().with_batch_size(4).with_devices(vec![0, 1]));
+    trainer(cfg, 2, Some(&start))
 }
 
 #[test]
@@ -133,10 +119,7 @@ fn a_resumed_two_replica_run_matches_the_uninterrupted_one() {
 #[test]
 fn a_non_finite_loss_on_one_rank_stops_every_rank_at_that_step() {
     let _one_at_a_time = COLLECTIVE.lock().unwrap_or_else(|e| e.into_inner());
-    let (cfg, start) = initial_checkpoint("dp-nan");
-    let cfg = with_out(&cfg, "nan");
-    let cfg = cfg.clone().with_train(cfg.train.clone().with_batch_size(4).with_devices(vec![0, 1]));
-    let mut t = trainer(cfg, 2, Some(&start));
+    let mut t = two_replicas("dp-nan");
     t.fault = Some(Fault { step: 4, rank: 1, kind: FaultKind::NonFinite });
     match t.train_until(6, &mut Collect::default()) {
         Err(Stop::NonFinite { step, .. }) => assert_eq!(step, 4),
@@ -147,10 +130,7 @@ fn a_non_finite_loss_on_one_rank_stops_every_rank_at_that_step() {
 #[test]
 fn a_rank_that_fails_stops_the_run_with_its_rank_named() {
     let _one_at_a_time = COLLECTIVE.lock().unwrap_or_else(|e| e.into_inner());
-    let (cfg, start) = initial_checkpoint("dp-fail");
-    let cfg = with_out(&cfg, "fail");
-    let cfg = cfg.clone().with_train(cfg.train.clone().with_batch_size(4).with_devices(vec![0, 1]));
-    let mut t = trainer(cfg, 2, Some(&start));
+    let mut t = two_replicas("dp-fail");
     t.fault = Some(Fault { step: 2, rank: 1, kind: FaultKind::Panic });
     match t.train_until(6, &mut Collect::default()) {
         Err(Stop::Error(line)) => {

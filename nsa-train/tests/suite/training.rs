@@ -1,11 +1,11 @@
 //! End-to-end training on the CPU: learning, exact resume, stop on NaN, activation checkpointing.
 
-use crate::common;
+use crate::common::{self, weights};
 
 use burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing;
 use burn::backend::{Autodiff, NdArray};
 use burn::module::{Module, ModuleVisitor, Param};
-use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Int, Tensor, TensorData};
 use nsa_core::NsaLm;
 use nsa_train::checkpoint::{self, CheckpointRecorder};
@@ -29,19 +29,6 @@ fn losses(t: &mut Trainer<B>, until: usize) -> Vec<f64> {
     seen.steps.iter().map(|m| m.loss).collect()
 }
 
-struct Flatten(Vec<f64>);
-impl<Bk: Backend> ModuleVisitor<Bk> for Flatten {
-    fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<Bk, D>>) {
-        self.0.extend(p.val().into_data().convert::<f64>().to_vec::<f64>().unwrap());
-    }
-}
-
-fn weights<Bk: Backend, M: Module<Bk>>(m: &M) -> Vec<f64> {
-    let mut f = Flatten(Vec::new());
-    m.visit(&mut f);
-    f.0
-}
-
 #[test]
 fn copy_task_loss_falls_below_half_its_start() {
     let dir = common::scratch("learn");
@@ -63,12 +50,7 @@ fn resume_gives_the_same_losses_and_weights_as_an_uninterrupted_run() {
 
     let cfg_b = common::tiny_run(&dir_b, 2 * n);
     let cfg_b = cfg_b.clone().with_train(cfg_b.train.with_grad_accumulation(2).with_checkpoint_every(n));
-    let step0 = checkpoint::checkpoints_dir(&dir_b).join("step-00000000");
-    std::fs::create_dir_all(&step0).unwrap();
-    for file in std::fs::read_dir(&initial).unwrap() {
-        let file = file.unwrap().path();
-        std::fs::copy(&file, step0.join(file.file_name().unwrap())).unwrap();
-    }
+    common::seed_checkpoint(&initial, &dir_b);
     let mut first = trainer(cfg_b.clone(), true);
     assert_eq!(first.step, 0);
     let mut got = losses(&mut first, n);

@@ -1,7 +1,11 @@
 //! Shared helpers for the training tests.
 #![allow(dead_code)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+
+use burn::module::{Module, ModuleVisitor, Param};
+use burn::tensor::backend::Backend;
+use burn::tensor::Tensor;
 
 use nsa_core::{NsaConfig, NsaLmConfig};
 use nsa_train::config::{DataConfig, RunConfig, TrainConfig};
@@ -39,4 +43,28 @@ pub fn tiny_run(out: &std::path::Path, steps: usize) -> RunConfig {
         .with_checkpoint_every(1000)
         .with_out(out.display().to_string());
     RunConfig::new().with_model(model).with_train(train).with_data(DataConfig::new().with_synthetic("copy".into()))
+}
+
+/// Every parameter's values, in module order.
+pub fn weights<B: Backend, M: Module<B>>(m: &M) -> Vec<f64> {
+    struct Flatten(Vec<f64>);
+    impl<B: Backend> ModuleVisitor<B> for Flatten {
+        fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<B, D>>) {
+            self.0.extend(p.val().into_data().convert::<f64>().to_vec::<f64>().unwrap());
+        }
+    }
+    let mut f = Flatten(Vec::new());
+    m.visit(&mut f);
+    f.0
+}
+
+/// Copies the checkpoint `from` into `run_dir` as its step-0 checkpoint, so a resume there starts
+/// from those weights.
+pub fn seed_checkpoint(from: &Path, run_dir: &Path) {
+    let step0 = nsa_train::checkpoint::checkpoints_dir(run_dir).join("step-00000000");
+    std::fs::create_dir_all(&step0).unwrap();
+    for file in std::fs::read_dir(from).unwrap() {
+        let file = file.unwrap().path();
+        std::fs::copy(&file, step0.join(file.file_name().unwrap())).unwrap();
+    }
 }
