@@ -29,6 +29,8 @@ const SOURCES: &[(&str, &str)] = &[
     ("kernel/walk.rs", include_str!("kernel/walk.rs")),
     ("cube.rs", include_str!("cube.rs")),
     ("inverted.rs", include_str!("inverted.rs")),
+    ("optim/kernel.rs", include_str!("optim/kernel.rs")),
+    ("optim/cube.rs", include_str!("optim/cube.rs")),
     ("tiling.rs", include_str!("tiling.rs")),
     ("Cargo.lock", include_str!("../../Cargo.lock")),
 ];

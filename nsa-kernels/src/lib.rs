@@ -24,8 +24,10 @@ mod fusion;
 mod inverted;
 #[cfg(feature = "cube")]
 pub mod kernel;
+pub mod optim;
 pub mod tiling;
 
 pub use api::{sparse_attention, with_block_index, BlockIndex, Keys, SparseAttentionBackend, SparseAttentionGrads};
 pub use fingerprint::KERNEL_FINGERPRINT;
 pub use gemm::{linear_matmul, GemmBackend};
+pub use optim::{AdamWHyper, AdamWSlot, AdamWUpdate, FusedAdamWBackend};

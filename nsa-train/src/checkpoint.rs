@@ -10,8 +10,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use burn::module::Module;
-use burn::optim::Optimizer;
-use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder, Recorder};
+use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder, Record, Recorder};
 use burn::tensor::backend::AutodiffBackend;
 use serde::{Deserialize, Serialize};
 
@@ -143,11 +142,11 @@ fn io_err(path: &Path, e: impl std::fmt::Display) -> String {
 }
 
 /// Writes a checkpoint and prunes all but the newest `keep`. Returns its directory.
-pub fn save<B, M, O>(run_dir: &Path, model: &M, optim: &O, state: &TrainState, keep: usize) -> Result<PathBuf, String>
+pub fn save<B, M, O>(run_dir: &Path, model: &M, optim: O, state: &TrainState, keep: usize) -> Result<PathBuf, String>
 where
     B: AutodiffBackend,
     M: Module<B> + burn::module::AutodiffModule<B>,
-    O: Optimizer<M, B>,
+    O: Record<B>,
 {
     let dir = checkpoints_dir(run_dir);
     let final_path = dir.join(format!("step-{:08}", state.step));
@@ -158,7 +157,7 @@ where
     fs::create_dir_all(&tmp).map_err(|e| io_err(&tmp, e))?;
     let recorder = CheckpointRecorder::new();
     model.clone().save_file(tmp.join("model"), &recorder).map_err(|e| io_err(&tmp, e))?;
-    recorder.record(optim.to_record(), tmp.join("optimizer")).map_err(|e| io_err(&tmp, e))?;
+    recorder.record(optim, tmp.join("optimizer")).map_err(|e| io_err(&tmp, e))?;
     let state_json = serde_json::to_string_pretty(state).expect("state serialises");
     fs::write(tmp.join("state.json"), state_json).map_err(|e| io_err(&tmp, e))?;
     let mut sums = std::collections::BTreeMap::new();
@@ -198,12 +197,10 @@ pub fn load_model<B: burn::tensor::backend::Backend, M: Module<B>>(
     model.load_file(dir.join("model"), &CheckpointRecorder::new(), device).map_err(|e| io_err(dir, e))
 }
 
-pub fn load_optimizer<B, M, O>(dir: &Path, optim: O, device: &B::Device) -> Result<O, String>
+pub fn load_optimizer<B, O>(dir: &Path, device: &B::Device) -> Result<O, String>
 where
     B: AutodiffBackend,
-    M: burn::module::AutodiffModule<B>,
-    O: Optimizer<M, B>,
+    O: Record<B>,
 {
-    let record = CheckpointRecorder::new().load(dir.join("optimizer"), device).map_err(|e| io_err(dir, e))?;
-    Ok(optim.load_record(record))
+    CheckpointRecorder::new().load(dir.join("optimizer"), device).map_err(|e| io_err(dir, e))
 }

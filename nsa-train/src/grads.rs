@@ -59,6 +59,30 @@ pub fn clip_global_norm<B: AutodiffBackend, M: AutodiffModule<B>>(
     norm
 }
 
+/// Casts every gradient to its parameter's dtype.
+struct ToParamDtype<'a> {
+    grads: &'a mut GradientsParams,
+}
+
+impl<B: AutodiffBackend> ModuleVisitor<B> for ToParamDtype<'_> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        if let Some(g) = self.grads.remove::<B::InnerBackend, D>(param.id) {
+            let dtype = param.val().dtype();
+            self.grads.register(param.id, if g.dtype() == dtype { g } else { g.cast(dtype) });
+        }
+    }
+}
+
+/// `grads` with each gradient in its parameter's dtype (compute-dtype gradients widened before
+/// they are summed).
+pub fn to_param_dtype<B: AutodiffBackend, M: AutodiffModule<B>>(
+    module: &M,
+    mut grads: GradientsParams,
+) -> GradientsParams {
+    module.visit(&mut ToParamDtype { grads: &mut grads });
+    grads
+}
+
 /// Parameters that take weight decay: every matrix except embeddings; never norms or biases.
 struct DecayIds {
     path: Vec<String>,

@@ -13,6 +13,7 @@ pub mod host_times;
 pub mod kernel_cache;
 pub mod metrics;
 pub mod oom;
+pub mod optim;
 pub mod parallel;
 pub mod profile;
 pub mod replica;
@@ -22,9 +23,17 @@ pub mod trainer;
 
 use burn::tensor::backend::AutodiffBackend;
 use nsa_core::SparseAttentionBackend;
+use nsa_kernels::FusedAdamWBackend;
 
 /// A backend training runs on: autodiff over a backend with NSA's sparse attention, so both the
-/// training step and validation (on the inner backend) can run the model.
-pub trait TrainBackend: AutodiffBackend<InnerBackend: SparseAttentionBackend> + SparseAttentionBackend {}
+/// training step and validation (on the inner backend) can run the model, and the fused
+/// optimiser step on the inner backend.
+pub trait TrainBackend:
+    AutodiffBackend<InnerBackend: SparseAttentionBackend + FusedAdamWBackend> + SparseAttentionBackend
+{
+}
 
-impl<B> TrainBackend for B where B: AutodiffBackend<InnerBackend: SparseAttentionBackend> + SparseAttentionBackend {}
+impl<B> TrainBackend for B where
+    B: AutodiffBackend<InnerBackend: SparseAttentionBackend + FusedAdamWBackend> + SparseAttentionBackend
+{
+}

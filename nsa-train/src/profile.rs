@@ -10,7 +10,7 @@
 use std::time::Instant;
 
 use burn::module::{Module, ModuleVisitor, Param};
-use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
+use burn::optim::GradientsParams;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Distribution, FloatDType, Tensor};
 use nsa_core::{cast_params, NsaLm};
@@ -18,7 +18,7 @@ use serde::Serialize;
 
 use crate::config::RunConfig;
 use crate::data::corpus::PackedSplit;
-use crate::grads::clip_global_norm;
+use crate::optim::{compute_copy, StepSettings};
 use crate::trainer::{batch, lm_loss, Trainer};
 
 #[derive(Debug, Clone, Serialize)]
@@ -129,17 +129,23 @@ pub fn profile<B: crate::TrainBackend>(
     let model = trainer.replica.model.clone();
     let (inputs, targets) = batch::<B>(&data, &windows, device);
 
-    // Optimiser: clip + AdamW on fresh gradients each time (the gradients are made untimed).
-    let mut optim = AdamWConfig::new().with_weight_decay(0.0).init::<B, NsaLm<B>>();
+    // Optimiser: the trainer's fused step (clip, decay, AdamW and the compute copy) on fresh
+    // gradients each time (the gradients are made untimed).
+    let mut optim = trainer.replica.optim.clone();
+    let decay_ids = trainer.replica.decay_ids.clone();
+    let dtype = trainer.replica.compute_dtype;
+    let settings = StepSettings { lr: 1e-6, weight_decay: t.weight_decay, max_norm: t.grad_clip };
     let mut opt_model = model.clone();
+    let mut copy = dtype.map(|d| compute_copy(opt_model.clone(), d));
     let mut samples = Vec::new();
     for i in 0..warmup + iters {
-        let loss = lm_loss(cast(opt_model.clone()).forward(inputs.clone()), targets.clone());
-        let mut grads = GradientsParams::from_grads(loss.backward(), &opt_model);
+        let forward_model = copy.clone().unwrap_or_else(|| opt_model.clone());
+        let loss = lm_loss(forward_model.forward(inputs.clone()), targets.clone());
+        let grads = GradientsParams::from_grads(loss.backward(), &opt_model);
         B::sync(device).map_err(|e| format!("{e:?}"))?;
         let start = Instant::now();
-        let _ = clip_global_norm::<B, _>(&opt_model, &mut grads, t.grad_clip, device);
-        opt_model = optim.step(1e-6, opt_model, grads);
+        let stepped = optim.step(opt_model, copy.zip(dtype), grads, settings, &decay_ids, device);
+        (opt_model, copy) = (stepped.model, stepped.compute);
         B::sync(device).map_err(|e| format!("{e:?}"))?;
         if i >= warmup {
             samples.push(start.elapsed().as_secs_f64() * 1e3);
@@ -147,7 +153,7 @@ pub fn profile<B: crate::TrainBackend>(
     }
     samples.sort_by(f64::total_cmp);
     let opt_ms = samples[samples.len() / 2];
-    phases.push(("optimiser (clip + AdamW)".into(), opt_ms, None));
+    phases.push(("optimiser (fused clip + AdamW)".into(), opt_ms, None));
     // Forward + backward as the rest of the step: a loop of forward + backward alone, with no
     // optimiser step between, makes Burn's fusion re-plan its op stream on every run, so it would
     // not measure what a training step spends.

@@ -7,20 +7,18 @@
 use std::collections::HashSet;
 
 use burn::module::{Module, ParamId};
-use burn::optim::adaptor::OptimizerAdaptor;
-use burn::optim::{AdamW, GradientsAccumulator, GradientsParams, Optimizer};
+use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, FloatDType, Int, Tensor, TensorData};
 use nsa_core::{cast_params, NsaAux, NsaLm};
 
 use crate::config::TrainConfig;
-use crate::grads::{clip_global_norm, DecayWeights};
+use crate::grads::to_param_dtype;
 use crate::host_times::{HostClock, HostTimes};
+use crate::optim::{compute_copy, FusedAdamW, StepSettings};
 use crate::stop::Stop;
 use crate::trainer::lm_loss;
 use crate::TrainBackend;
-
-pub(crate) type Adam<B> = OptimizerAdaptor<AdamW, NsaLm<B>, B>;
 
 /// One micro-batch as the host assembled it: inputs and next-token targets, `[B, T]` row-major.
 #[derive(Debug, Clone)]
@@ -102,8 +100,12 @@ pub struct Replica<B: TrainBackend> {
     /// 0 for the trainer's own replica; 1.. for data-parallel peers.
     pub rank: usize,
     pub device: B::Device,
+    /// The master weights. Whoever replaces them drops [`Self::compute`] with them.
     pub model: NsaLm<B>,
-    pub(crate) optim: Adam<B>,
+    /// The forward's copy of the weights in the compute dtype (leaves of their own, with the
+    /// master's parameter ids), written by the optimiser step; `None` until first needed.
+    pub(crate) compute: Option<NsaLm<B>>,
+    pub(crate) optim: FusedAdamW<B>,
     pub(crate) decay_ids: HashSet<ParamId>,
     /// The dtype forward passes run in (`train.precision`); `None` runs in the parameters' dtype.
     pub compute_dtype: Option<FloatDType>,
@@ -119,6 +121,7 @@ impl<B: TrainBackend> Replica<B> {
             rank,
             device: device.clone(),
             model: self.model.clone().fork(device),
+            compute: None,
             optim: self.optim.clone(),
             decay_ids: self.decay_ids.clone(),
             compute_dtype: self.compute_dtype,
@@ -135,6 +138,21 @@ impl<B: TrainBackend> Replica<B> {
         }
     }
 
+    /// The model a training forward runs: the compute copy under mixed precision (made from the
+    /// master weights when there is none yet), else the master weights.
+    fn training_model(&mut self) -> NsaLm<B> {
+        let Some(dtype) = self.compute_dtype else {
+            return self.model.clone();
+        };
+        self.compute.get_or_insert_with(|| compute_copy(self.model.clone(), dtype)).clone()
+    }
+
+    /// Replaces the master weights (a checkpoint's); the compute copy follows on next use.
+    pub(crate) fn set_model(&mut self, model: NsaLm<B>) {
+        self.model = model;
+        self.compute = None;
+    }
+
     /// Queues one optimiser step over `micro_batches` (the accumulation), with `reduce` averaging
     /// the gradients over the replicas before they are clipped and applied.
     pub(crate) fn queue_step(
@@ -145,6 +163,9 @@ impl<B: TrainBackend> Replica<B> {
         reduce: Option<Reduce<'_, B>>,
     ) -> Result<StepOutput<B>, Stop> {
         let micros = micro_batches.len();
+        // Compute-dtype gradients are summed (over micro-batches, or replicas) in the master
+        // dtype; a lone one goes to the fused step as it is, which reads it as f32.
+        let widen = self.compute_dtype.is_some() && (micros > 1 || reduce.is_some());
         let mut accumulator = GradientsAccumulator::<NsaLm<B>>::new();
         let mut loss_sum: Option<Tensor<B::InnerBackend, 1>> = None;
         let mut stats = None;
@@ -155,7 +176,10 @@ impl<B: TrainBackend> Replica<B> {
         }
         for (micro, batch) in micro_batches.into_iter().enumerate() {
             let (inputs, targets) = batch.to_device::<B>(&self.device);
-            let (logits, aux) = self.compute_model(self.model.clone()).forward_with_aux(inputs);
+            // The gradients are read off the tensors the forward ran on (the compute copy's under
+            // mixed precision), keyed by the parameter ids it shares with the master weights.
+            let model = self.training_model();
+            let (logits, aux) = model.forward_with_aux(inputs);
             // The statistics are read off the inner tensors, and the autodiff ones dropped before
             // the backward: autodiff tensors left over from a step are freed in a random order
             // later, which changes the op stream Burn's fusion sees, and it re-plans the whole
@@ -175,7 +199,10 @@ impl<B: TrainBackend> Replica<B> {
                 None => detached,
             });
             clock.lap(&mut self.host.forward_ms);
-            let grads = GradientsParams::from_grads(loss.backward(), &self.model);
+            let mut grads = GradientsParams::from_grads(loss.backward(), &model);
+            if widen {
+                grads = to_param_dtype(&self.model, grads);
+            }
             accumulator.accumulate(&self.model, grads);
             clock.lap(&mut self.host.backward_ms);
         }
@@ -184,12 +211,11 @@ impl<B: TrainBackend> Replica<B> {
         if let Some(reduce) = reduce {
             (grads, loss_sum) = reduce(&self.model, grads, loss_sum)?;
         }
-        let norm = clip_global_norm::<B, _>(&self.model, &mut grads, t.grad_clip, &self.device);
-        if t.weight_decay > 0.0 {
-            let mut decay = DecayWeights { ids: &self.decay_ids, factor: 1.0 - plan.lr * t.weight_decay };
-            self.model = self.model.clone().map(&mut decay);
-        }
-        self.model = self.optim.step(plan.lr, self.model.clone(), grads);
+        let settings = StepSettings { lr: plan.lr, weight_decay: t.weight_decay, max_norm: t.grad_clip };
+        let compute = self.compute_dtype.map(|d| (self.training_model(), d));
+        let stepped = self.optim.step(self.model.clone(), compute, grads, settings, &self.decay_ids, &self.device);
+        (self.model, self.compute) = (stepped.model, stepped.compute);
+        let norm = stepped.norm;
         clock.lap(&mut self.host.optimiser_ms);
         // The loss comes out in the compute dtype, the norm in the master dtype.
         let health = Tensor::cat(vec![loss_sum.cast(norm.dtype()), norm], 0);

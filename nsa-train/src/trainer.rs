@@ -11,7 +11,6 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use burn::module::AutodiffModule;
-use burn::optim::AdamWConfig;
 use burn::tensor::backend::Backend;
 use burn::tensor::{ElementConversion, FloatDType, Int, Tensor, TensorData};
 use nsa_core::NsaLm;
@@ -23,6 +22,7 @@ use crate::data::corpus::{BatchOrder, DataCursor, PackedSplit};
 use crate::grads::weight_decay_ids;
 use crate::host_times::HostTimes;
 use crate::metrics::{MemoryProbe, MetricsLog, StepMetrics};
+use crate::optim::FusedAdamW;
 use crate::parallel::{Group, MemoryOf};
 use crate::replica::{Fault, HostBatch, Replica, StepPlan};
 use crate::schedule::learning_rate;
@@ -121,12 +121,7 @@ impl<B: TrainBackend> Trainer<B> {
         }
         std::fs::create_dir_all(&run_dir).map_err(|e| format!("{}: {e}", run_dir.display()))?;
         let t = &cfg.train;
-        let optim = AdamWConfig::new()
-            .with_beta_1(t.beta1 as f32)
-            .with_beta_2(t.beta2 as f32)
-            .with_epsilon(t.epsilon as f32)
-            .with_weight_decay(0.0)
-            .init::<B, NsaLm<B>>();
+        let optim = FusedAdamW::new(t.beta1 as f32, t.beta2 as f32, t.epsilon as f32);
         // Seeded init: the same seed gives the same initial weights (Burn's RNG is per process,
         // so concurrent inits in one process can still interleave).
         B::seed(&device, t.seed);
@@ -140,6 +135,7 @@ impl<B: TrainBackend> Trainer<B> {
             rank: 0,
             device,
             model: model.clone(),
+            compute: None,
             optim,
             decay_ids,
             compute_dtype,
@@ -198,9 +194,9 @@ impl<B: TrainBackend> Trainer<B> {
         let state = checkpoint::load_state(dir)?;
         let r = &mut self.replica;
         let model = checkpoint::load_model(dir, model, &r.device)?;
-        r.optim = checkpoint::load_optimizer(dir, r.optim.clone(), &r.device)?;
+        r.optim = r.optim.clone().load_record(checkpoint::load_optimizer::<B, _>(dir, &r.device)?);
         r.decay_ids = weight_decay_ids::<B, _>(&model);
-        r.model = model;
+        r.set_model(model);
         self.step = state.step;
         self.cursor = state.cursor;
         Ok(())
@@ -337,7 +333,7 @@ impl<B: TrainBackend> Trainer<B> {
         checkpoint::save::<B, _, _>(
             &self.run_dir,
             &self.replica.model,
-            &self.replica.optim,
+            self.replica.optim.to_record(),
             &state,
             self.cfg.train.keep_checkpoints,
         )

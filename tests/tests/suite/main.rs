@@ -10,6 +10,7 @@ mod gemm;
 mod gradients;
 mod kernels;
 mod limits;
+mod optimizer;
 /// On a CUDA device only (`--features cuda`).
 #[cfg(feature = "cuda")]
 mod manual_mma;
