@@ -2,6 +2,7 @@
 
 pub mod compress;
 pub mod dense;
+pub mod constants;
 pub mod masks;
 pub mod nsa;
 pub mod projection;

@@ -13,6 +13,7 @@ use burn::tensor::{Bool, Tensor};
 use nsa_kernels::{reference, sparse_attention, Keys, SparseAttentionBackend};
 
 use super::compress::Compressor;
+use super::constants::cached;
 use super::masks::compressed_visible;
 use super::projection::{apply, linear, merge_heads, split_heads, KvProjection};
 use super::selection::{group_scores, num_selection_blocks, select_top_n, selected_list};
@@ -147,14 +148,17 @@ impl<B: SparseAttentionBackend> NsaAttention<B> {
         };
         let n_cmp = k_cmp.dims()[2];
         let device = q.device();
-        let visible = compressed_visible::<B>(t, n_cmp, c.l, c.d, &device);
-        // Queries with no visible block (t + 1 < l) attend block 0 so their softmax row is
-        // finite, and are then zeroed: exactly zero output, and no gradient through them.
-        let sees_none = visible.clone().bool_not().all_dim(1); // [T, 1]
-        let first_block = super::masks::index_row::<B>(n_cmp, &device).equal_elem(0).expand([t, n_cmp]);
-        let allowed = visible.bool_or(first_block.bool_and(sees_none.clone().expand([t, n_cmp])));
-        let (out, probs) = masked_attention(q, k_cmp, v_cmp, allowed.reshape([1, 1, 1, t, n_cmp]));
-        let keep = sees_none.bool_not().float().cast(out.dtype()).reshape([1, 1, 1, t, 1]);
+        let (allowed, keep) = cached::<B, _>("compressed", &[t, n_cmp, c.l, c.d], &device, || {
+            let visible = compressed_visible::<B>(t, n_cmp, c.l, c.d, &device);
+            // Queries with no visible block (t + 1 < l) attend block 0 so their softmax row is
+            // finite, and are then zeroed: exactly zero output, and no gradient through them.
+            let sees_none = visible.clone().bool_not().all_dim(1); // [T, 1]
+            let first_block = super::masks::index_row::<B>(n_cmp, &device).equal_elem(0).expand([t, n_cmp]);
+            let allowed = visible.bool_or(first_block.bool_and(sees_none.clone().expand([t, n_cmp])));
+            (allowed.reshape([1, 1, 1, t, n_cmp]), sees_none.bool_not().reshape([1, 1, 1, t, 1]))
+        });
+        let (out, probs) = masked_attention(q, k_cmp, v_cmp, allowed);
+        let keep = keep.float().cast(out.dtype());
         (out * keep.clone(), Some(probs * keep))
     }
 

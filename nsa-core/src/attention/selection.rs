@@ -3,6 +3,7 @@
 
 use burn::tensor::{backend::Backend, Bool, IndexingUpdateOp, Int, Tensor};
 
+use super::constants::cached;
 use super::masks::{index_row, query_positions};
 
 /// Selection blocks covering `t` tokens.
@@ -32,7 +33,10 @@ pub fn overlap_weights<B: Backend>(
 /// `p_cmp: [B, H_kv, g, T, n_cmp]` (Eq. 9 then the Eq. 10 sum over the group's heads).
 pub fn group_scores<B: Backend>(p_cmp: Tensor<B, 5>, n_sel: usize, l: usize, d: usize, l_sel: usize) -> Tensor<B, 4> {
     let [b, h, _, t, n_cmp] = p_cmp.dims();
-    let weights = overlap_weights::<B>(n_cmp, n_sel, l, d, l_sel, &p_cmp.device());
+    let device = p_cmp.device();
+    let weights = cached::<B, _>("overlap", &[n_cmp, n_sel, l, d, l_sel], &device, || {
+        overlap_weights::<B>(n_cmp, n_sel, l, d, l_sel, &device)
+    });
     // Scores are ranked in the default (master) float dtype: a bf16 forward would otherwise turn
     // near-equal block scores into ties and change which blocks are selected.
     p_cmp.cast(weights.dtype()).sum_dim(2).reshape([b * h * t, n_cmp]).matmul(weights).reshape([b, h, t, n_sel])
@@ -50,8 +54,27 @@ pub fn group_scores<B: Backend>(p_cmp: Tensor<B, 5>, n_sel: usize, l: usize, d: 
 pub fn select_top_n<B: Backend>(scores: Tensor<B, 4>, l_sel: usize, n: usize) -> Tensor<B, 4, Bool> {
     let [b, h, t, nb] = scores.dims();
     let device = scores.device();
-    let query = query_positions::<B>(t, &device).expand([t, nb]);
-    let block = index_row::<B>(nb, &device).expand([t, nb]);
+    let (forced, candidate, remaining) =
+        cached::<B, _>("top_n", &[t, nb, l_sel, n], &device, || top_n_masks::<B>(t, nb, l_sel, n, &device));
+    let rank = candidate_rank(scores, candidate.clone());
+    let shape = [b, h, t, nb];
+    let wins = rank.lower(remaining.reshape([1, 1, t, nb]).expand(shape));
+    let chosen = wins.bool_and(candidate.reshape([1, 1, t, nb]).expand(shape));
+    chosen.bool_or(forced.reshape([1, 1, t, nb]).expand(shape))
+}
+
+/// The shape-only parts of [`select_top_n`], `[T, nb]` each: the forced blocks, the candidates
+/// (eligible and not forced), and how many candidates each row may still take.
+#[allow(clippy::type_complexity)]
+fn top_n_masks<B: Backend>(
+    t: usize,
+    nb: usize,
+    l_sel: usize,
+    n: usize,
+    device: &B::Device,
+) -> (Tensor<B, 2, Bool>, Tensor<B, 2, Bool>, Tensor<B, 2, Int>) {
+    let query = query_positions::<B>(t, device).expand([t, nb]);
+    let block = index_row::<B>(nb, device).expand([t, nb]);
     let current = query.clone().div_scalar(l_sel as i64);
 
     let eligible = block.clone().mul_scalar(l_sel as i64).lower_equal(query);
@@ -64,12 +87,7 @@ pub fn select_top_n<B: Backend>(scores: Tensor<B, 4>, l_sel: usize, n: usize) ->
     let candidate = eligible.bool_and(is_forced.bool_not());
     // Distinct forced blocks: {0} for t < l_sel, {0, 1} in block 1, three from block 2 on.
     let remaining = current.clamp_max(2).add_scalar(1).neg().add_scalar(n as i64);
-
-    let rank = candidate_rank(scores, candidate.clone());
-    let shape = [b, h, t, nb];
-    let wins = rank.lower(remaining.reshape([1, 1, t, nb]).expand(shape));
-    let chosen = wins.bool_and(candidate.reshape([1, 1, t, nb]).expand(shape));
-    chosen.bool_or(forced.reshape([1, 1, t, nb]).expand(shape))
+    (forced, candidate, remaining)
 }
 
 /// For each block, how many candidate blocks beat it: a higher score, or an equal score and a
@@ -81,10 +99,14 @@ fn candidate_rank<B: Backend>(scores: Tensor<B, 4>, candidate: Tensor<B, 2, Bool
     // Axis 3 is the block ranked, axis 4 the rival.
     let own = scores.clone().reshape([b, h, t, nb, 1]).expand(pair);
     let rival = scores.reshape([b, h, t, 1, nb]).expand(pair);
-    let rival_lower_index = index_row::<B>(nb, &device)
-        .reshape([1, 1, 1, 1, nb])
-        .expand(pair)
-        .lower(index_row::<B>(nb, &device).reshape([1, 1, 1, nb, 1]).expand(pair));
+    let rival_lower_index = cached::<B, _>("rival_lower_index", &[nb], &device, || {
+        let square = [1, 1, 1, nb, nb];
+        index_row::<B>(nb, &device)
+            .reshape([1, 1, 1, 1, nb])
+            .expand(square)
+            .lower(index_row::<B>(nb, &device).reshape([1, 1, 1, nb, 1]).expand(square))
+    })
+    .expand(pair);
     let beats = rival
         .clone()
         .greater(own.clone())
@@ -101,7 +123,11 @@ pub fn selected_list<B: Backend>(selected: Tensor<B, 4, Bool>, n: usize) -> Tens
     let [b, h, t, nb] = selected.dims();
     let taken = selected.int();
     let slot = (taken.clone().cumsum(3) - 1).clamp(0, n as i64 - 1);
-    let value = index_row::<B>(nb, &taken.device()).add_scalar(1).reshape([1, 1, 1, nb]).expand([b, h, t, nb]) * taken;
+    let device = taken.device();
+    let ids = cached::<B, _>("block_ids", &[nb], &device, || {
+        index_row::<B>(nb, &device).add_scalar(1).reshape([1, 1, 1, nb])
+    });
+    let value = ids.expand([b, h, t, nb]) * taken;
     let list = Tensor::<B, 4, Int>::zeros([b, h, t, n], &slot.device()).scatter(3, slot, value, IndexingUpdateOp::Add);
     list.sub_scalar(1).permute([0, 2, 1, 3])
 }
