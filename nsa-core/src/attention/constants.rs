@@ -43,25 +43,3 @@ pub fn cached<B: Backend, T: Clone + Send + Sync + 'static>(
     value
 }
 
-#[cfg(all(test, feature = "ndarray"))]
-mod tests {
-    use super::cached;
-
-    type B = burn::backend::NdArray<f32>;
-
-    #[test]
-    fn a_constant_is_built_once_per_key_and_again_for_another_shape() {
-        let device = Default::default();
-        let mut built = 0;
-        for _ in 0..3 {
-            let value = cached::<B, u64>("constants-test", &[7, 9], &device, || {
-                built += 1;
-                42
-            });
-            assert_eq!(value, 42);
-        }
-        assert_eq!(built, 1, "the constant was rebuilt");
-        assert_eq!(cached::<B, u64>("constants-test", &[7, 10], &device, || 5), 5);
-        assert_eq!(cached::<B, u32>("constants-test", &[7, 9], &device, || 6), 6, "types keep apart");
-    }
-}

@@ -6,6 +6,7 @@
 //! for both, and every other test here runs in f64.
 
 mod config;
+mod constants;
 mod gemm;
 mod gradients;
 mod kernels;
