@@ -6,6 +6,8 @@
 use burn::module::Module;
 use burn::tensor::{backend::Backend, Tensor, TensorData};
 
+use crate::attention::constants::cached;
+
 #[derive(Module, Debug)]
 pub struct Rope<B: Backend> {
     /// `cos(pos * theta_i)`, `[max_len, d/2]`.
@@ -48,13 +50,20 @@ impl<B: Backend> Rope<B> {
         // The table is stored at the model's default dtype; a mixed-precision forward rotates in
         // its compute dtype (Burn's binary ops do not promote mismatched dtypes).
         let dtype = x.dtype();
-        let cos = self.cos.clone().narrow(0, 0, t).cast(dtype).reshape([1, 1, t, half]);
-        let sin = self.sin.clone().narrow(0, 0, t).cast(dtype).reshape([1, 1, t, half]);
+        let cos = self.cos.clone().narrow(0, 0, t).cast(dtype).reshape([1, 1, t, half, 1]);
+        let sin = self.sin.clone().narrow(0, 0, t).cast(dtype).reshape([1, 1, t, half, 1]);
+        // Each pair (e, o) -> (e cos - o sin, e sin + o cos) = (e, o) cos + (-o, e) sin: the
+        // pair swapped and signed, in broadcast products. Splitting x into its even and odd
+        // halves and stacking them back would cost slices, fills and slice-assigns, forward and
+        // backward.
+        let device = x.device();
+        let sign = cached::<B, _>(&format!("rope_sign_{dtype:?}"), &[], &device, || {
+            Tensor::<B, 1>::from_data(TensorData::new(vec![-1.0f64, 1.0], [2]), &device)
+                .cast(dtype)
+                .reshape([1, 1, 1, 1, 2])
+        });
         let pairs = x.reshape([b, h, t, half, 2]);
-        let even = pairs.clone().narrow(4, 0, 1).reshape([b, h, t, half]);
-        let odd = pairs.narrow(4, 1, 1).reshape([b, h, t, half]);
-        let rot_even = even.clone() * cos.clone() - odd.clone() * sin.clone();
-        let rot_odd = even * sin + odd * cos;
-        Tensor::stack::<5>(vec![rot_even, rot_odd], 4).reshape([b, h, t, d])
+        let swapped = pairs.clone().flip([4]) * sign;
+        (pairs * cos + swapped * sin).reshape([b, h, t, d])
     }
 }
