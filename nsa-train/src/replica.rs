@@ -165,7 +165,7 @@ impl<B: TrainBackend> Replica<B> {
         let micros = micro_batches.len();
         // Compute-dtype gradients are summed (over micro-batches, or replicas) in the master
         // dtype; a lone one goes to the fused step as it is, which reads it as f32.
-        let widen = self.compute_dtype.is_some() && (micros > 1 || reduce.is_some());
+        let widen = self.compute_dtype.is_some() && micros > 1;
         let mut accumulator = GradientsAccumulator::<NsaLm<B>>::new();
         let mut loss_sum: Option<Tensor<B::InnerBackend, 1>> = None;
         let mut stats = None;

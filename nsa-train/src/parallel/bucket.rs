@@ -5,12 +5,14 @@
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::Tensor;
+use burn::tensor::{FloatDType, Tensor};
 
 /// Gathers the gradients, flattened, in module order.
 struct Gather<'a, B: AutodiffBackend> {
     grads: &'a mut GradientsParams,
     parts: Vec<Tensor<B::InnerBackend, 1>>,
+    /// The master weights' dtype (the first gathered parameter's), which the sum runs in.
+    dtype: Option<FloatDType>,
 }
 
 impl<B: AutodiffBackend> ModuleVisitor<B> for Gather<'_, B> {
@@ -18,6 +20,7 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for Gather<'_, B> {
         if let Some(g) = self.grads.remove::<B::InnerBackend, D>(param.id) {
             let n = g.shape().num_elements();
             self.parts.push(g.reshape([n]));
+            self.dtype.get_or_insert_with(|| param.val().dtype().into());
         }
     }
 }
@@ -63,7 +66,7 @@ pub(crate) struct Layout {
     has_grad: Vec<bool>,
 }
 
-/// `[every gradient, flattened in module order; the loss]`, in the gradients' dtype.
+/// `[every gradient, flattened in module order; the loss]`, in the master weights' dtype.
 pub(crate) fn flatten<B: AutodiffBackend, M: Module<B>>(
     model: &M,
     mut grads: GradientsParams,
@@ -72,12 +75,24 @@ pub(crate) fn flatten<B: AutodiffBackend, M: Module<B>>(
     let mut has = HasGrad { grads: &grads, has: Vec::new() };
     model.visit(&mut has);
     let layout = Layout { has_grad: has.has };
-    let mut gather = Gather::<B> { grads: &mut grads, parts: Vec::new() };
+    let mut gather = Gather::<B> { grads: &mut grads, parts: Vec::new(), dtype: None };
     model.visit(&mut gather);
-    let mut parts = gather.parts;
-    let dtype = parts.first().map_or(loss.dtype(), |p| p.dtype());
-    parts.push(loss.cast(dtype));
-    (layout, Tensor::cat(parts, 0))
+    let (parts, dtype) = (gather.parts, gather.dtype);
+    // Summed in the master dtype whatever the gradients' (bf16 ones from a mixed-precision
+    // forward): one cast of the concatenation, not one per parameter, when they share a dtype.
+    let same = parts.windows(2).all(|w| w[0].dtype() == w[1].dtype());
+    let grads = match (dtype, same) {
+        (None, _) => None,
+        (Some(d), true) => Some(Tensor::cat(parts, 0).cast(d)),
+        (Some(d), false) => Some(Tensor::cat(parts.into_iter().map(|p| p.cast(d)).collect(), 0)),
+    };
+    match grads {
+        Some(g) => {
+            let loss = loss.cast(g.dtype());
+            (layout, Tensor::cat(vec![g, loss], 0))
+        }
+        None => (layout, loss),
+    }
 }
 
 /// The inverse of [`flatten`]: the gradients and the loss.
