@@ -40,18 +40,31 @@ impl<B: Backend> Rope<B> {
 
     /// Rotates `x: [B, H, T, d]` at positions `0..T`.
     pub fn apply(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
-        let [b, h, t, d] = x.dims();
+        self.rotate(x, 2)
+    }
+
+    /// Rotates `x: [B, T, H, d]` (tokens before heads) at positions `0..T`.
+    pub fn apply_tokens_first(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
+        self.rotate(x, 1)
+    }
+
+    /// Rotates `x` whose axis `axis` is the position (1 or 2) and last axis the head dim.
+    fn rotate(&self, x: Tensor<B, 4>, axis: usize) -> Tensor<B, 4> {
+        let [a0, a1, a2, d] = x.dims();
+        let t = x.dims()[axis];
         assert!(
             t <= self.max_len(),
             "sequence length {t} exceeds the model's RoPE table ({}); raise seq_len in the config",
             self.max_len()
         );
         let half = d / 2;
+        let mut table_shape = [1, 1, 1, half, 1];
+        table_shape[axis] = t;
         // The table is stored at the model's default dtype; a mixed-precision forward rotates in
         // its compute dtype (Burn's binary ops do not promote mismatched dtypes).
         let dtype = x.dtype();
-        let cos = self.cos.clone().narrow(0, 0, t).cast(dtype).reshape([1, 1, t, half, 1]);
-        let sin = self.sin.clone().narrow(0, 0, t).cast(dtype).reshape([1, 1, t, half, 1]);
+        let cos = self.cos.clone().narrow(0, 0, t).cast(dtype).reshape(table_shape);
+        let sin = self.sin.clone().narrow(0, 0, t).cast(dtype).reshape(table_shape);
         // Each pair (e, o) -> (e cos - o sin, e sin + o cos) = (e, o) cos + (-o, e) sin: the
         // pair swapped and signed, in broadcast products. Splitting x into its even and odd
         // halves and stacking them back would cost slices, fills and slice-assigns, forward and
@@ -62,8 +75,8 @@ impl<B: Backend> Rope<B> {
                 .cast(dtype)
                 .reshape([1, 1, 1, 1, 2])
         });
-        let pairs = x.reshape([b, h, t, half, 2]);
+        let pairs = x.reshape([a0, a1, a2, half, 2]);
         let swapped = pairs.clone().flip([4]) * sign;
-        (pairs * cos + swapped * sin).reshape([b, h, t, d])
+        (pairs * cos + swapped * sin).reshape([a0, a1, a2, d])
     }
 }

@@ -5,8 +5,8 @@ use burn::tensor::{backend::Backend, Int, Shape, Tensor, TensorPrimitive};
 
 use crate::reference;
 
-/// Which keys each query row `t` attends. Every row must attend at least one key (its own
-/// position is always among them in NSA).
+/// Which keys each query row `t` attends. A window or a selection must give every row at least
+/// one key (its own position is always among them in NSA).
 #[derive(Clone, Debug)]
 pub enum Keys<B: Backend> {
     /// The causal window `[t + 1 - w, t]`.
@@ -17,6 +17,11 @@ pub enum Keys<B: Backend> {
     /// backend's inverted index of `blocks` ([`SparseAttentionBackend::block_index`]), when
     /// one was built for them.
     Selected { blocks: IntTensor<B>, block_size: usize, index: Option<BlockIndex<B>> },
+    /// The compressed branch's keys: `k` and `v` hold one row per compressed block
+    /// (`[B, N, H_kv, d]`), block `i` summarising raw tokens `[i * stride, i * stride + length)`,
+    /// and row `t` attends the blocks complete at `t` (`i * stride + length - 1 <= t`). A row
+    /// that attends none outputs zeros and has no gradient; its log-sum-exp is `-1e30`.
+    Compressed { length: usize, stride: usize },
 }
 
 impl<B: Backend> Keys<B> {
@@ -56,8 +61,8 @@ pub struct SparseAttentionGrads<B: Backend> {
 /// A backend that can run NSA's sparse attention. The defaults are the reference path; a
 /// backend with fused kernels overrides all three.
 ///
-/// Shapes: `q [B, T, H_q, d_k]`, `k [B, T, H_kv, d_k]`, `v [B, T, H_kv, d_v]` with
-/// `H_q = g * H_kv`; query head `h` reads KV head `h / g`. Output `[B, T, H_q, d_v]` in the
+/// Shapes: `q [B, T, H_q, d_k]`, `k [B, T, H_kv, d_k]`, `v [B, T, H_kv, d_v]` (`N` compressed
+/// rows in place of `T` for [`Keys::Compressed`]) with `H_q = g * H_kv`; query head `h` reads KV head `h / g`. Output `[B, T, H_q, d_v]` in the
 /// storage dtype and log-sum-exp `[B, T, H_q]` in f32 (f64 when the storage is f64).
 pub trait SparseAttentionBackend: crate::gemm::GemmBackend {
     /// Whether [`Self::sparse_attention`] is a fused kernel with a matching fused backward.
@@ -90,6 +95,24 @@ pub trait SparseAttentionBackend: crate::gemm::GemmBackend {
         reference::forward_primitive::<Self>(q, k, v, keys)
     }
 
+    /// The spec's selection scores (Eq. 9 and the Eq. 10 group sum) from the compressed branch:
+    /// `q [B, T, H_q, d_k]`, its compressed keys `k [B, N, H_kv, d_k]` (blocks of `length`
+    /// tokens every `stride`) and the branch's log-sum-exp `lse [B, T, H_q]` ->
+    /// `[B, H_kv, T, ceil(T / block_size)]` in the statistics dtype (f32 under 16-bit storage).
+    /// Not differentiated: it only ranks blocks.
+    fn block_scores(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        lse: FloatTensor<Self>,
+        length: usize,
+        stride: usize,
+        block_size: usize,
+    ) -> FloatTensor<Self> {
+        let f = |t| Tensor::<Self, 4>::from_primitive(TensorPrimitive::Float(t));
+        let lse = Tensor::<Self, 3>::from_primitive(TensorPrimitive::Float(lse));
+        reference::block_scores(f(q), f(k), lse, length, stride, block_size).into_primitive().tensor()
+    }
+
     /// Gradients of `q`, `k`, `v` given the forward's output, its log-sum-exp and the output's
     /// gradient.
     fn sparse_attention_backward(
@@ -119,12 +142,26 @@ pub fn sparse_attention<B: SparseAttentionBackend>(
     v: Tensor<B, 4>,
     keys: &Keys<B>,
 ) -> (Tensor<B, 4>, Tensor<B, 3>) {
-    let (out, lse) =
-        B::sparse_attention(q.into_primitive().tensor(), k.into_primitive().tensor(), v.into_primitive().tensor(), keys);
-    (
-        Tensor::from_primitive(TensorPrimitive::Float(out)),
-        Tensor::from_primitive(TensorPrimitive::Float(lse)),
-    )
+    let (out, lse) = B::sparse_attention(
+        q.into_primitive().tensor(),
+        k.into_primitive().tensor(),
+        v.into_primitive().tensor(),
+        keys,
+    );
+    (Tensor::from_primitive(TensorPrimitive::Float(out)), Tensor::from_primitive(TensorPrimitive::Float(lse)))
+}
+
+/// [`SparseAttentionBackend::block_scores`] on tensors.
+pub fn block_scores<B: SparseAttentionBackend>(
+    q: Tensor<B, 4>,
+    k: Tensor<B, 4>,
+    lse: Tensor<B, 3>,
+    length: usize,
+    stride: usize,
+    block_size: usize,
+) -> Tensor<B, 4> {
+    let [q, k, lse] = [q.into_primitive().tensor(), k.into_primitive().tensor(), lse.into_primitive().tensor()];
+    Tensor::from_primitive(TensorPrimitive::Float(B::block_scores(q, k, lse, length, stride, block_size)))
 }
 
 // Backends without fused kernels run the reference.

@@ -50,6 +50,7 @@ impl<B: SparseAttentionBackend> Backward<B, 3> for SparseAttentionBackward {
 fn inner_keys<B: SparseAttentionBackend, C: CheckpointStrategy>(keys: &Keys<Autodiff<B, C>>) -> Keys<B> {
     match keys {
         Keys::Window { w } => Keys::Window { w: *w },
+        Keys::Compressed { length, stride } => Keys::Compressed { length: *length, stride: *stride },
         Keys::Selected { blocks, block_size, index } => Keys::Selected {
             blocks: blocks.clone(),
             block_size: *block_size,
@@ -69,6 +70,19 @@ impl<B: SparseAttentionBackend, C: CheckpointStrategy> SparseAttentionBackend fo
 
     fn block_index_shapes(blocks: &Shape, block_size: usize) -> Option<Vec<Shape>> {
         B::block_index_shapes(blocks, block_size)
+    }
+
+    fn block_scores(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        lse: FloatTensor<Self>,
+        length: usize,
+        stride: usize,
+        block_size: usize,
+    ) -> FloatTensor<Self> {
+        // Not differentiated: the inner backend's scores, outside the graph.
+        let scores = B::block_scores(q.primitive, k.primitive, lse.primitive, length, stride, block_size);
+        untracked::<B, C>(scores)
     }
 
     fn sparse_attention(

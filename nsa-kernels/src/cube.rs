@@ -19,10 +19,10 @@ use cubecl::prelude::*;
 use cubecl::{calculate_cube_count_elemwise, CubeDim};
 
 use crate::api::{BlockIndex, Keys, SparseAttentionBackend, SparseAttentionGrads};
+use crate::compressed;
 use crate::inverted::{InvertedIndex, SEGMENT_QUERIES, UNITS_PER_CUBE};
 use crate::kernel::{
-    backward, flash_dq, flash_forward, flash_key, flash_select, forward, mma_backward, mma_dq, mma_forward,
-    mma_select,
+    backward, flash_dq, flash_forward, flash_key, flash_select, forward, mma_backward, mma_dq, mma_forward, mma_select,
 };
 use crate::tiling::{
     delta_rows, FlashKeyTiling, FlashSelectTiling, FlashTiling, KeyMmaTiling, KeyTiling, MmaTiling, QueryPass,
@@ -48,12 +48,28 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
         Some(InvertedIndex::<R>::shapes(blocks, block_size))
     }
 
+    fn block_scores(
+        q: CubeTensor<R>,
+        k: CubeTensor<R>,
+        lse: CubeTensor<R>,
+        length: usize,
+        stride: usize,
+        block_size: usize,
+    ) -> CubeTensor<R> {
+        // The values are not read: the problem only carries the shapes and geometry.
+        let v = k.clone();
+        compressed::Problem::new(q, k, v, length, stride).block_scores(lse, block_size)
+    }
+
     fn sparse_attention(
         q: CubeTensor<R>,
         k: CubeTensor<R>,
         v: CubeTensor<R>,
         keys: &Keys<Self>,
     ) -> (CubeTensor<R>, CubeTensor<R>) {
+        if let Keys::Compressed { length, stride } = keys {
+            return compressed::Problem::new(q, k, v, *length, *stride).forward();
+        }
         let call = Call::new(q, k, v, keys, I::dtype());
         let [b, t, h_q, _] = call.q.meta.shape().dims::<4>();
         let h_kv = call.k.meta.shape()[2];
@@ -174,6 +190,10 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
         grad_out: CubeTensor<R>,
         keys: &Keys<Self>,
     ) -> SparseAttentionGrads<Self> {
+        if let Keys::Compressed { length, stride } = keys {
+            let [q, k, v] = compressed::Problem::new(q, k, v, *length, *stride).backward(out, lse, grad_out);
+            return SparseAttentionGrads { q, k, v };
+        }
         let call = Call::new(q, k, v, keys, I::dtype());
         let (out, grad_out, lse) = (into_contiguous(out), into_contiguous(grad_out), into_contiguous(lse));
         let dtype = call.q.dtype;
@@ -505,6 +525,7 @@ impl<R: CubeRuntime> Call<R> {
                 );
                 (placeholder, None, true, *w)
             }
+            Keys::Compressed { .. } => unreachable!("the compressed branch has its own kernels"),
             Keys::Selected { blocks, block_size, index } => {
                 let index = index.as_ref().map(|index| InvertedIndex::from_tensors(index.tensors.clone()));
                 (into_contiguous(blocks.clone()), index, false, *block_size)

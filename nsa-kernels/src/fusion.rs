@@ -19,6 +19,7 @@ use crate::reference::stats_dtype;
 #[derive(Clone, Copy, Debug)]
 enum KeyKind {
     Window { w: usize },
+    Compressed { length: usize, stride: usize },
     Selected { block_size: usize, indexed: bool },
 }
 
@@ -26,6 +27,9 @@ impl KeyKind {
     fn of<B: burn::tensor::backend::Backend>(keys: &Keys<B>) -> (Self, Vec<IntTensor<B>>) {
         match keys {
             Keys::Window { w } => (KeyKind::Window { w: *w }, Vec::new()),
+            Keys::Compressed { length, stride } => {
+                (KeyKind::Compressed { length: *length, stride: *stride }, Vec::new())
+            }
             Keys::Selected { blocks, block_size, index } => {
                 let mut tensors = vec![blocks.clone()];
                 tensors.extend(index.iter().flat_map(|index| index.tensors.iter().cloned()));
@@ -43,6 +47,7 @@ impl KeyKind {
     ) -> Keys<B> {
         match self {
             KeyKind::Window { w } => Keys::Window { w },
+            KeyKind::Compressed { length, stride } => Keys::Compressed { length, stride },
             KeyKind::Selected { block_size, indexed } => {
                 let (blocks, index) = key_inputs.split_first().expect("a selection passes its block list");
                 let index = indexed.then(|| BlockIndex {
@@ -109,6 +114,22 @@ impl<B: FusionBackend + SparseAttentionBackend> Operation<B::FusionRuntime> for 
     }
 }
 
+#[derive(Clone, Debug)]
+struct BlockScoresOp<B> {
+    desc: CustomOpIr,
+    geometry: [usize; 3],
+    _backend: PhantomData<B>,
+}
+
+impl<B: FusionBackend + SparseAttentionBackend> Operation<B::FusionRuntime> for BlockScoresOp<B> {
+    fn execute(&self, handles: &mut HandleContainer<<B::FusionRuntime as FusionRuntime>::FusionHandle>) {
+        let [q, k, lse] = [0, 1, 2].map(|i| handles.get_float_tensor::<B>(&self.desc.inputs[i]));
+        let [length, stride, block_size] = self.geometry;
+        let scores = B::block_scores(q, k, lse, length, stride, block_size);
+        handles.register_float_tensor::<B>(&self.desc.outputs[0].id, scores);
+    }
+}
+
 impl<B: FusionBackend + SparseAttentionBackend> SparseAttentionBackend for Fusion<B> {
     fn has_fused_sparse_attention() -> bool {
         B::has_fused_sparse_attention()
@@ -127,6 +148,30 @@ impl<B: FusionBackend + SparseAttentionBackend> SparseAttentionBackend for Fusio
 
     fn block_index_shapes(blocks: &Shape, block_size: usize) -> Option<Vec<Shape>> {
         B::block_index_shapes(blocks, block_size)
+    }
+
+    fn block_scores(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        lse: FloatTensor<Self>,
+        length: usize,
+        stride: usize,
+        block_size: usize,
+    ) -> FloatTensor<Self> {
+        let client = q.client.clone();
+        let (b, t) = (q.shape[0], q.shape[1]);
+        let h_kv = k.shape[2];
+        let dtype = lse_dtype::<B>(q.dtype);
+        let inputs = [q, k, lse];
+        let streams = OperationStreams::with_inputs(inputs.iter());
+        let shape = Shape::new([b, h_kv, t, t.div_ceil(block_size)]);
+        let scores = TensorIr::uninit(client.create_empty_handle(), shape, dtype);
+        let inputs: Vec<TensorIr> = inputs.into_iter().map(|x| x.into_ir()).collect();
+        let desc = CustomOpIr::new("nsa_block_scores", &inputs, &[scores]);
+        let op =
+            BlockScoresOp::<B> { desc: desc.clone(), geometry: [length, stride, block_size], _backend: PhantomData };
+        let [scores] = client.register(streams, OperationIr::Custom(desc), op).outputs();
+        scores
     }
 
     fn sparse_attention(

@@ -17,6 +17,8 @@ pub mod gemm;
 pub mod reference;
 
 #[cfg(feature = "cube")]
+mod compressed;
+#[cfg(feature = "cube")]
 mod cube;
 #[cfg(feature = "fusion")]
 mod fusion;
@@ -27,7 +29,7 @@ pub mod kernel;
 pub mod optim;
 pub mod tiling;
 
-pub use api::{sparse_attention, with_block_index, BlockIndex, Keys, SparseAttentionBackend, SparseAttentionGrads};
+pub use api::{block_scores, sparse_attention, with_block_index, BlockIndex, Keys, SparseAttentionBackend, SparseAttentionGrads};
 pub use fingerprint::KERNEL_FINGERPRINT;
 pub use gemm::{linear_matmul, GemmBackend};
 pub use optim::{AdamWHyper, AdamWSlot, AdamWUpdate, FusedAdamWBackend};

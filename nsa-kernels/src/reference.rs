@@ -17,9 +17,16 @@ pub fn stats_dtype(storage: DType) -> DType {
     }
 }
 
-/// Which keys each query attends, `[B or 1, H_kv or 1, T, T]` (query, key).
-pub fn key_mask<B: Backend>(keys: &Keys<B>, t: usize, device: &B::Device) -> Tensor<B, 4, Bool> {
+/// Which keys each query attends, `[B or 1, H_kv or 1, T, S]` (query, key) for `S` keys.
+pub fn key_mask<B: Backend>(keys: &Keys<B>, t: usize, s: usize, device: &B::Device) -> Tensor<B, 4, Bool> {
     let query = Tensor::<B, 1, Int>::arange(0..t as i64, device).reshape([t, 1]);
+    if let Keys::Compressed { length, stride } = keys {
+        let last_token = Tensor::<B, 1, Int>::arange(0..s as i64, device)
+            .mul_scalar(*stride as i64)
+            .add_scalar(*length as i64 - 1)
+            .reshape([1, s]);
+        return last_token.expand([t, s]).lower_equal(query.expand([t, s])).reshape([1, 1, t, s]);
+    }
     let key = Tensor::<B, 1, Int>::arange(0..t as i64, device).reshape([1, t]);
     let lag = (query - key).reshape([1, 1, t, t]); // t - s
     let causal = lag.clone().greater_equal_elem(0);
@@ -39,7 +46,33 @@ pub fn key_mask<B: Backend>(keys: &Keys<B>, t: usize, device: &B::Device) -> Ten
                 .permute([0, 2, 1, 3]);
             listed.bool_and(causal.expand([b, h, t, t]))
         }
+        Keys::Compressed { .. } => unreachable!("handled above"),
     }
+}
+
+/// Eq. 9 weights `[n_cmp, n_sel]`: the share of compressed block `i`'s `length` tokens that
+/// fall in selection block `j`, `|[i*stride, i*stride+length) ∩ [j*block_size, (j+1)*block_size)|
+/// / length`, in the default float dtype.
+pub fn overlap_weights<B: Backend>(
+    n_cmp: usize,
+    n_sel: usize,
+    length: usize,
+    stride: usize,
+    block_size: usize,
+    device: &B::Device,
+) -> Tensor<B, 2> {
+    let cmp_start = Tensor::<B, 1, Int>::arange(0..n_cmp as i64, device)
+        .mul_scalar(stride as i64)
+        .reshape([n_cmp, 1])
+        .expand([n_cmp, n_sel]);
+    let cmp_end = cmp_start.clone().add_scalar(length as i64);
+    let sel_start = Tensor::<B, 1, Int>::arange(0..n_sel as i64, device)
+        .mul_scalar(block_size as i64)
+        .reshape([1, n_sel])
+        .expand([n_cmp, n_sel]);
+    let sel_end = sel_start.clone().add_scalar(block_size as i64);
+    let overlap = cmp_end.min_pair(sel_end) - cmp_start.max_pair(sel_start);
+    overlap.clamp_min(0).float().div_scalar(length as f64)
 }
 
 /// `[B, T, H, d]` -> `[B, H_kv, g, T, d]` for queries (`H = g * H_kv`).
@@ -54,31 +87,73 @@ fn ungroup_queries<B: Backend>(x: Tensor<B, 5>) -> Tensor<B, 4> {
     x.permute([0, 3, 1, 2, 4]).reshape([b, t, h_kv * g, d])
 }
 
-/// Scaled scores in the statistics dtype, `-inf` where a key is not attended:
-/// `[B, H_kv, g, T, T]`.
-fn masked_scores<B: Backend>(q5: Tensor<B, 5>, k: Tensor<B, 4>, keys: &Keys<B>) -> Tensor<B, 5> {
+/// Scaled scores in the statistics dtype, `-inf` where `mask` (`[B or 1, H_kv or 1, T, S]`)
+/// does not attend: `[B, H_kv, g, T, S]`.
+fn masked_scores<B: Backend>(q5: Tensor<B, 5>, k: Tensor<B, 4>, mask: Tensor<B, 4, Bool>) -> Tensor<B, 5> {
     let [b, h_kv, g, t, d_k] = q5.dims();
+    let s = k.dims()[1];
     let stats = stats_dtype(q5.dtype());
-    let kt = k.permute([0, 2, 3, 1]); // [B, H_kv, d_k, T]
-    let scores = q5.reshape([b, h_kv, g * t, d_k]).matmul(kt).reshape([b, h_kv, g, t, t]);
+    let kt = k.permute([0, 2, 3, 1]); // [B, H_kv, d_k, S]
+    let scores = q5.reshape([b, h_kv, g * t, d_k]).matmul(kt).reshape([b, h_kv, g, t, s]);
     let scores = scores.cast(stats).mul_scalar(1.0 / (d_k as f64).sqrt());
-    let mask = key_mask(keys, t, &scores.device());
     let [mb, mh, _, _] = mask.dims();
-    let blocked = mask.bool_not().reshape([mb, mh, 1, t, t]).expand([b, h_kv, g, t, t]);
+    let blocked = mask.bool_not().reshape([mb, mh, 1, t, s]).expand([b, h_kv, g, t, s]);
     scores.mask_fill(blocked, f32::NEG_INFINITY)
 }
 
 /// Output `[B, T, H_q, d_v]` and log-sum-exp `[B, T, H_q]`.
-pub fn forward<B: Backend>(q: Tensor<B, 4>, k: Tensor<B, 4>, v: Tensor<B, 4>, keys: &Keys<B>) -> (Tensor<B, 4>, Tensor<B, 3>) {
+///
+/// A row that attends no key (only a compressed key set has such rows) is computed as if it
+/// attended key 0 and then zeroed, so that neither its output nor its gradient is `NaN`; its
+/// log-sum-exp is `-1e30`, as the kernels write it.
+pub fn forward<B: Backend>(
+    q: Tensor<B, 4>,
+    k: Tensor<B, 4>,
+    v: Tensor<B, 4>,
+    keys: &Keys<B>,
+) -> (Tensor<B, 4>, Tensor<B, 3>) {
     let [b, t, h_q, _] = q.dims();
-    let [_, _, h_kv, d_v] = v.dims();
+    let [_, s, h_kv, d_v] = v.dims();
     let dtype = q.dtype();
-    let scores = masked_scores(group_queries(q, h_kv), k, keys);
+    let device = q.device();
+    let mask = key_mask(keys, t, s, &device);
+    // `[B or 1, H_kv or 1, T, 1]`: rows with no key.
+    let sees_none = mask.clone().bool_not().all_dim(3);
+    let first_key = Tensor::<B, 1, Int>::arange(0..s as i64, &device).equal_elem(0).reshape([1, 1, 1, s]);
+    let [mb, mh, _, _] = mask.dims();
+    let mask = mask.bool_or(first_key.expand([mb, mh, t, s]).bool_and(sees_none.clone().expand([mb, mh, t, s])));
+    let scores = masked_scores(group_queries(q, h_kv), k, mask);
     let lse = log_sum_exp(scores.clone());
     let probs = (scores - lse.clone()).exp().cast(dtype);
     let g = h_q / h_kv;
-    let out = probs.reshape([b, h_kv, g * t, t]).matmul(v.permute([0, 2, 1, 3])).reshape([b, h_kv, g, t, d_v]);
+    let out = probs.reshape([b, h_kv, g * t, s]).matmul(v.permute([0, 2, 1, 3])).reshape([b, h_kv, g, t, d_v]);
+    let none5 = sees_none.reshape([mb, mh, 1, t, 1]);
+    let out = out.mask_fill(none5.clone().expand([b, h_kv, g, t, d_v]), 0.0);
+    let lse = lse.mask_fill(none5.expand([b, h_kv, g, t, 1]), -1.0e30);
     (ungroup_queries(out), ungroup_queries(lse).reshape([b, t, h_q]))
+}
+
+/// The spec's selection scores (Eq. 9, then the Eq. 10 sum over each group's heads), see
+/// [`crate::SparseAttentionBackend::block_scores`]: the probabilities are recomputed from `lse`.
+pub fn block_scores<B: Backend>(
+    q: Tensor<B, 4>,
+    k: Tensor<B, 4>,
+    lse: Tensor<B, 3>,
+    length: usize,
+    stride: usize,
+    block_size: usize,
+) -> Tensor<B, 4> {
+    let [b, t, h_q, _] = q.dims();
+    let [_, n, h_kv, _] = k.dims();
+    let device = q.device();
+    let stats = stats_dtype(q.dtype());
+    let mask = key_mask(&Keys::Compressed { length, stride }, t, n, &device);
+    let scores = masked_scores(group_queries(q, h_kv), k, mask); // [B, H_kv, g, T, N]
+    let lse = group_queries(lse.reshape([b, t, h_q, 1]), h_kv).cast(stats);
+    let summed = (scores - lse).exp().sum_dim(2).reshape([b * h_kv * t, n]);
+    let n_sel = t.div_ceil(block_size);
+    let weights = overlap_weights::<B>(n, n_sel, length, stride, block_size, &device).cast(stats);
+    summed.matmul(weights).reshape([b, h_kv, t, n_sel])
 }
 
 /// [`forward`] on primitives: the trait's default, also reached from overrides.
@@ -119,15 +194,17 @@ pub fn backward<B: Backend>(
     let scale = 1.0 / (d_k as f64).sqrt();
     let q5 = group_queries(q, h_kv);
     let lse = group_queries(lse.reshape([b, t, h_q, 1]), h_kv).cast(stats);
-    let probs = (masked_scores(q5.clone(), k.clone(), keys) - lse).exp(); // [B, H_kv, g, T, T]
+    let s = k.dims()[1];
+    let mask = key_mask(keys, t, s, &q5.device());
+    let probs = (masked_scores(q5.clone(), k.clone(), mask) - lse).exp(); // [B, H_kv, g, T, S]
     let d_out = group_queries(grad_out, h_kv).cast(stats);
     let delta = (d_out.clone() * group_queries(out, h_kv).cast(stats)).sum_dim(4);
     let flat = |x: Tensor<B, 5>, d: usize| x.reshape([b, h_kv, g * t, d]);
     let keys_first = |x: Tensor<B, 4>| x.permute([0, 2, 1, 3]).cast(stats); // [B, H_kv, T, d]
 
-    let dv = flat(probs.clone(), t).swap_dims(2, 3).matmul(flat(d_out.clone(), d_v));
-    let dp = flat(d_out, d_v).matmul(keys_first(v).swap_dims(2, 3)).reshape([b, h_kv, g, t, t]);
-    let ds = flat(probs * (dp - delta), t).mul_scalar(scale);
+    let dv = flat(probs.clone(), s).swap_dims(2, 3).matmul(flat(d_out.clone(), d_v));
+    let dp = flat(d_out, d_v).matmul(keys_first(v).swap_dims(2, 3)).reshape([b, h_kv, g, t, s]);
+    let ds = flat(probs * (dp - delta), s).mul_scalar(scale);
     let dq = ds.clone().matmul(keys_first(k)).reshape([b, h_kv, g, t, d_k]);
     let dk = ds.swap_dims(2, 3).matmul(flat(q5.cast(stats), d_k));
     let kv_layout = |x: Tensor<B, 4>| x.permute([0, 2, 1, 3]).cast(dtype);

@@ -35,14 +35,15 @@ impl<B: Backend> MlpPhi<B> {
         }
     }
 
-    /// `blocks: [B, H, N, l, h]` -> `[B, H, N, h]`.
+    /// `blocks: [B, N, l, H, h]` -> `[B, N, H, h]`.
     fn forward(&self, blocks: Tensor<B, 5>) -> Tensor<B, 4> {
-        let [b, h, n, l, d] = blocks.dims();
+        let [b, n, l, h, d] = blocks.dims();
         let shifted = match &self.position {
-            Some(position) => blocks + position.val().reshape([1, 1, 1, l, d]),
+            Some(position) => blocks + position.val().reshape([1, 1, l, 1, d]),
             None => blocks,
         };
-        shifted.reshape([b * h * n, l * d]).matmul(self.weight.val()).reshape([b, h, n, d])
+        let rows = shifted.permute([0, 1, 3, 2, 4]).reshape([b * n * h, l * d]);
+        rows.matmul(self.weight.val()).reshape([b, n, h, d])
     }
 }
 
@@ -76,7 +77,7 @@ impl<B: Backend> Compressor<B> {
         }
     }
 
-    /// `k: [B, H, T, d_k]`, `v: [B, H, T, d_v]` -> compressed `[B, H, N, d_k]`, `[B, H, N, d_v]`,
+    /// `k: [B, T, H, d_k]`, `v: [B, T, H, d_v]` -> compressed `[B, N, H, d_k]`, `[B, N, H, d_v]`,
     /// or `None` when `T < l` (no block exists yet). With `l % d == 0` (every paper and shipped
     /// configuration) a block is `l / d` consecutive stride-`d` chunks, and the blocks are
     /// sums of chunk terms ([`Self::forward_chunked`]); otherwise each block's tokens are
@@ -94,7 +95,7 @@ impl<B: Backend> Compressor<B> {
     /// rows of `W` that chunk `j` of a block meets. No token is copied `l/d` times, and the
     /// backward is reshapes and adds instead of a scatter-add.
     pub fn forward_chunked(&self, k: Tensor<B, 4>, v: Tensor<B, 4>) -> Option<(Tensor<B, 4>, Tensor<B, 4>)> {
-        let n = self.num_blocks(k.dims()[2]);
+        let n = self.num_blocks(k.dims()[1]);
         if n == 0 {
             return None;
         }
@@ -103,23 +104,24 @@ impl<B: Backend> Compressor<B> {
     }
 
     fn chunked(&self, phi: &Option<MlpPhi<B>>, x: Tensor<B, 4>, n: usize) -> Tensor<B, 4> {
-        let [b, h, _, dh] = x.dims();
+        let [b, _, h, dh] = x.dims();
         let (d, per_block) = (self.d, self.l / self.d);
         let chunks = n + per_block - 1;
-        let x = x.narrow(2, 0, chunks * d).reshape([b, h, chunks, d, dh]);
+        let x = x.narrow(1, 0, chunks * d).reshape([b, chunks, d, h, dh]);
         // Chunk `j` of block `i` is chunk `i + j`: the block is the sum of `per_block` views.
         let shifted_sum = |terms: Tensor<B, 4>| {
-            (1..per_block).fold(terms.clone().narrow(2, 0, n), |acc, j| acc + terms.clone().narrow(2, j, n))
+            (1..per_block).fold(terms.clone().narrow(1, 0, n), |acc, j| acc + terms.clone().narrow(1, j, n))
         };
         match phi {
-            None => shifted_sum(x.sum_dim(3).reshape([b, h, chunks, dh])).div_scalar(self.l as f64),
+            None => shifted_sum(x.sum_dim(2).reshape([b, chunks, h, dh])).div_scalar(self.l as f64),
             Some(mlp) => {
-                let rows = x.reshape([b * h * chunks, d * dh]);
+                // One row per (chunk, head): the chunk's `d` tokens of that head, flattened.
+                let rows = x.permute([0, 1, 3, 2, 4]).reshape([b * chunks * h, d * dh]);
                 let weight = mlp.weight.val(); // [l * dh, dh]: chunk j of a block meets rows j*d*dh..
                 let products: Vec<Tensor<B, 4>> = (0..per_block)
                     .map(|j| {
                         let w_j = weight.clone().narrow(0, j * d * dh, d * dh);
-                        rows.clone().matmul(w_j).reshape([b, h, chunks, dh]).narrow(2, j, n)
+                        rows.clone().matmul(w_j).reshape([b, chunks, h, dh]).narrow(1, j, n)
                     })
                     .collect();
                 let sum = products.into_iter().reduce(|acc, p| acc + p).expect("l / d >= 1");
@@ -137,7 +139,7 @@ impl<B: Backend> Compressor<B> {
 
     /// [`Self::forward`] by gathering each block's `l` tokens: any `l` and `d`.
     pub fn forward_gathered(&self, k: Tensor<B, 4>, v: Tensor<B, 4>) -> Option<(Tensor<B, 4>, Tensor<B, 4>)> {
-        let n = self.num_blocks(k.dims()[2]);
+        let n = self.num_blocks(k.dims()[1]);
         if n == 0 {
             return None;
         }
@@ -152,8 +154,8 @@ impl<B: Backend> Compressor<B> {
     }
 
     fn gather_blocks(&self, x: Tensor<B, 4>, positions: Tensor<B, 1, Int>, n: usize) -> Tensor<B, 5> {
-        let [b, h, _, d] = x.dims();
-        x.select(2, positions).reshape([b, h, n, self.l, d])
+        let [b, _, h, d] = x.dims();
+        x.select(1, positions).reshape([b, n, self.l, h, d])
     }
 }
 
@@ -161,8 +163,8 @@ fn apply_phi<B: Backend>(phi: &Option<MlpPhi<B>>, blocks: Tensor<B, 5>) -> Tenso
     match phi {
         Some(mlp) => mlp.forward(blocks),
         None => {
-            let [b, h, n, _, d] = blocks.dims();
-            blocks.mean_dim(3).reshape([b, h, n, d])
+            let [b, n, _, h, d] = blocks.dims();
+            blocks.mean_dim(2).reshape([b, n, h, d])
         }
     }
 }

@@ -48,6 +48,7 @@ impl<B: GemmBackend> DenseAttention<B> {
         let q = self.rope.apply(split_heads(apply(&self.query, x.clone()), c.n_heads));
         let q = q.reshape([b, c.n_kv_heads, c.group_size(), t, c.d_k]);
         let (k, v) = self.kv.forward(x, &self.rope);
+        let (k, v) = (k.swap_dims(1, 2), v.swap_dims(1, 2));
         let causal = sliding_window::<B>(t, t, &q.device()).reshape([1, 1, 1, t, t]);
         let (out, _) = masked_attention(q, k, v, causal);
         apply(&self.output, merge_heads(out.reshape([b, c.n_heads, t, c.d_v])))

@@ -1,23 +1,20 @@
 //! The NSA layer: exactly `shared/docs/nsa-spec.md`, as batched tensor code.
 //!
-//! The selected and window branches go through `nsa_kernels::sparse_attention`: fused CubeCL
+//! The three branches go through `nsa_kernels::sparse_attention` (the compressed one with
+//! `Keys::Compressed`, its selection scores through `nsa_kernels::block_scores`): fused CubeCL
 //! kernels on CUDA and WGPU, masked dense attention (O(T^2) memory, `B * H_q * T^2` scores per
-//! branch) on every other backend and when `fused_kernels` is off. The compressed branch is
-//! masked dense attention over the `T x n_cmp` scores, and the top-n materialises
+//! branch) on every other backend and when `fused_kernels` is off. The top-n materialises
 //! `B * H_kv * T * n_sel^2` booleans.
 
 use burn::module::{Module, Param};
 use burn::nn::{Initializer, Linear, LinearConfig};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Bool, Tensor};
-use nsa_kernels::{reference, sparse_attention, Keys, SparseAttentionBackend};
+use nsa_kernels::{block_scores, reference, sparse_attention, Keys, SparseAttentionBackend};
 
 use super::compress::Compressor;
-use super::constants::cached;
-use super::masks::compressed_visible;
-use super::projection::{apply, linear, merge_heads, split_heads, KvProjection};
-use super::selection::{group_scores, num_selection_blocks, select_top_n, selected_list};
-use super::softmax::masked_attention;
+use super::projection::{apply, linear, tokens_first_heads, KvProjection};
+use super::selection::{num_selection_blocks, select_top_n, selected_list};
 use crate::config::NsaConfig;
 use crate::rope::Rope;
 
@@ -101,85 +98,111 @@ impl<B: SparseAttentionBackend> NsaAttention<B> {
     }
 
     /// The output and what the layer selected and gated.
+    ///
+    /// Every per-head tensor is `[B, T, H, d]` (tokens before heads), the layout the
+    /// projections write and the attention ops read, so no branch copies a tensor to reorder it.
     pub fn forward_with_aux(&self, x: Tensor<B, 3>) -> (Tensor<B, 3>, NsaAux<B>) {
-        let c = &self.config;
-        let [b, t, _] = x.dims();
-        let (h_kv, g) = (c.n_kv_heads, c.group_size());
-        let q = self.rope.apply(split_heads(apply(&self.query, x.clone()), c.n_heads));
-        let q = q.reshape([b, h_kv, g, t, c.d_k]);
-
-        let (o_cmp, p_cmp) = self.compressed_branch(q.clone(), x.clone());
-        let n_sel = num_selection_blocks(t, c.l_sel);
-        let scores = match p_cmp {
-            Some(p) => group_scores(p.detach(), n_sel, c.l, c.d, c.l_sel),
-            None => Tensor::zeros([b, h_kv, t, n_sel], (&x.device(), x.dtype())),
-        };
-        let selected = select_top_n(scores, c.l_sel, c.n);
+        let q = self.queries(x.clone());
+        let (o_cmp, compressed) = self.compressed_branch(q.clone(), x.clone());
+        let selected = self.select(q.clone(), compressed, &x);
         let o_slc = self.selected_branch(q.clone(), x.clone(), selected.clone());
         let o_win = self.window_branch(q, x.clone());
+        let (out, gates) = self.mix(x, [o_cmp, o_slc, o_win]);
+        (out, NsaAux { gates, selected })
+    }
 
-        let gates = sigmoid(apply(&self.gate, x)).reshape([b, t, 3, c.n_heads]);
-        let gate_of = |branch: Branch| {
-            gates
-                .clone()
-                .narrow(2, branch as usize, 1)
-                .reshape([b, t, h_kv, g])
-                .permute([0, 2, 3, 1])
-                .reshape([b, h_kv, g, t, 1])
+    /// Rotated queries `[B, T, H_q, d_k]` for `x: [B, T, dim]`.
+    pub fn queries(&self, x: Tensor<B, 3>) -> Tensor<B, 4> {
+        self.rope.apply_tokens_first(tokens_first_heads(apply(&self.query, x), self.config.n_heads))
+    }
+
+    /// The compressed branch's output `[B, T, H_q, d_v]` and, when a compressed block exists,
+    /// what the selection scores are computed from: the compressed keys `[B, N, H_kv, d_k]` and
+    /// the branch's log-sum-exp `[B, T, H_q]`. Queries that see no block yet output zeros.
+    #[allow(clippy::type_complexity)]
+    pub fn compressed_branch(
+        &self,
+        q: Tensor<B, 4>,
+        x: Tensor<B, 3>,
+    ) -> (Tensor<B, 4>, Option<(Tensor<B, 4>, Tensor<B, 3>)>) {
+        let c = &self.config;
+        let (k, v) = self.kv(Branch::Compressed).forward(x, &self.rope);
+        let Some((k_cmp, v_cmp)) = self.compressor.forward(k, v) else {
+            let [b, t, h_q, _] = q.dims();
+            return (Tensor::zeros([b, t, h_q, c.d_v], (&q.device(), q.dtype())), None);
         };
+        let (out, lse) = self.attend(q, k_cmp.clone(), v_cmp, &Keys::Compressed { length: c.l, stride: c.d });
+        (out, Some((k_cmp, lse)))
+    }
+
+    /// The selected blocks `[B, H_kv, T, n_sel]` for `x: [B, T, dim]`, ranked by the scores of
+    /// the compressed branch's probabilities (`None` before the first compressed block: only
+    /// the forced blocks are taken).
+    pub fn select(
+        &self,
+        q: Tensor<B, 4>,
+        compressed: Option<(Tensor<B, 4>, Tensor<B, 3>)>,
+        x: &Tensor<B, 3>,
+    ) -> Tensor<B, 4, Bool> {
+        let c = &self.config;
+        let [b, t, _] = x.dims();
+        let scores = match compressed {
+            Some((k, lse)) => {
+                let (q, k, lse) = (q.detach(), k.detach(), lse.detach());
+                match c.fused_kernels {
+                    true => block_scores(q, k, lse, c.l, c.d, c.l_sel),
+                    false => reference::block_scores(q, k, lse, c.l, c.d, c.l_sel),
+                }
+            }
+            None => Tensor::zeros([b, c.n_kv_heads, t, num_selection_blocks(t, c.l_sel)], (&x.device(), x.dtype())),
+        };
+        select_top_n(scores, c.l_sel, c.n)
+    }
+
+    pub fn selected_branch(&self, q: Tensor<B, 4>, x: Tensor<B, 3>, selected: Tensor<B, 4, Bool>) -> Tensor<B, 4> {
+        let blocks = selected_list(selected, self.config.n);
+        self.sparse_branch(Branch::Selected, q, x, &Keys::selected(blocks, self.config.l_sel))
+    }
+
+    pub fn window_branch(&self, q: Tensor<B, 4>, x: Tensor<B, 3>) -> Tensor<B, 4> {
+        self.sparse_branch(Branch::Window, q, x, &Keys::Window { w: self.config.w })
+    }
+
+    /// The gated sum of the branch outputs `[B, T, H_q, d_v]` through `W_o`, and the gates
+    /// `[B, T, 3, H_q]`.
+    pub fn mix(&self, x: Tensor<B, 3>, branches: [Tensor<B, 4>; 3]) -> (Tensor<B, 3>, Tensor<B, 4>) {
+        let c = &self.config;
+        let [b, t, _] = x.dims();
+        let gates = sigmoid(apply(&self.gate, x)).reshape([b, t, 3, c.n_heads]);
+        let gate_of = |branch: Branch| gates.clone().narrow(2, branch as usize, 1).reshape([b, t, c.n_heads, 1]);
+        let [o_cmp, o_slc, o_win] = branches;
         let mixed =
             o_cmp * gate_of(Branch::Compressed) + o_slc * gate_of(Branch::Selected) + o_win * gate_of(Branch::Window);
-        let out = apply(&self.output, merge_heads(mixed.reshape([b, c.n_heads, t, c.d_v])));
-        (out, NsaAux { gates, selected })
+        let out = apply(&self.output, mixed.reshape([b, t, c.n_heads * c.d_v]));
+        (out, gates)
     }
 
     fn kv(&self, branch: Branch) -> &KvProjection<B> {
         &self.kv[if self.config.shared_kv { 0 } else { branch as usize }]
     }
 
-    /// Output `[B, H_kv, g, T, d_v]` and, when a compressed block exists, its probabilities
-    /// `[B, H_kv, g, T, n_cmp]` (zero rows for queries that see no block yet).
-    fn compressed_branch(&self, q: Tensor<B, 5>, x: Tensor<B, 3>) -> (Tensor<B, 5>, Option<Tensor<B, 5>>) {
-        let c = &self.config;
-        let [b, h_kv, g, t, _] = q.dims();
-        let (k, v) = self.kv(Branch::Compressed).forward(x, &self.rope);
-        let Some((k_cmp, v_cmp)) = self.compressor.forward(k, v) else {
-            return (Tensor::zeros([b, h_kv, g, t, c.d_v], (&q.device(), q.dtype())), None);
-        };
-        let n_cmp = k_cmp.dims()[2];
-        let device = q.device();
-        let (allowed, keep) = cached::<B, _>("compressed", &[t, n_cmp, c.l, c.d], &device, || {
-            let visible = compressed_visible::<B>(t, n_cmp, c.l, c.d, &device);
-            // Queries with no visible block (t + 1 < l) attend block 0 so their softmax row is
-            // finite, and are then zeroed: exactly zero output, and no gradient through them.
-            let sees_none = visible.clone().bool_not().all_dim(1); // [T, 1]
-            let first_block = super::masks::index_row::<B>(n_cmp, &device).equal_elem(0).expand([t, n_cmp]);
-            let allowed = visible.bool_or(first_block.bool_and(sees_none.clone().expand([t, n_cmp])));
-            (allowed.reshape([1, 1, 1, t, n_cmp]), sees_none.bool_not().reshape([1, 1, 1, t, 1]))
-        });
-        let (out, probs) = masked_attention(q, k_cmp, v_cmp, allowed);
-        let keep = keep.float().cast(out.dtype());
-        (out * keep.clone(), Some(probs * keep))
-    }
-
-    fn selected_branch(&self, q: Tensor<B, 5>, x: Tensor<B, 3>, selected: Tensor<B, 4, Bool>) -> Tensor<B, 5> {
-        let blocks = selected_list(selected, self.config.n);
-        self.sparse_branch(Branch::Selected, q, x, &Keys::selected(blocks, self.config.l_sel))
-    }
-
-    fn window_branch(&self, q: Tensor<B, 5>, x: Tensor<B, 3>) -> Tensor<B, 5> {
-        self.sparse_branch(Branch::Window, q, x, &Keys::Window { w: self.config.w })
-    }
-
-    /// One branch through the sparse-attention op, whose layout is `[B, T, heads, d]`.
-    fn sparse_branch(&self, branch: Branch, q: Tensor<B, 5>, x: Tensor<B, 3>, keys: &Keys<B>) -> Tensor<B, 5> {
-        let [b, h_kv, g, t, d_k] = q.dims();
+    /// One branch's keys and values through the attention op.
+    fn sparse_branch(&self, branch: Branch, q: Tensor<B, 4>, x: Tensor<B, 3>, keys: &Keys<B>) -> Tensor<B, 4> {
         let (k, v) = self.kv(branch).forward(x, &self.rope);
-        let q = q.permute([0, 3, 1, 2, 4]).reshape([b, t, h_kv * g, d_k]);
-        let (k, v) = (k.swap_dims(1, 2), v.swap_dims(1, 2));
-        let (out, _lse) =
-            if self.config.fused_kernels { sparse_attention(q, k, v, keys) } else { reference::forward(q, k, v, keys) };
-        let d_v = out.dims()[3];
-        out.reshape([b, t, h_kv, g, d_v]).permute([0, 2, 3, 1, 4])
+        self.attend(q, k, v, keys).0
+    }
+
+    /// The fused kernels, or the reference path when `fused_kernels` is off.
+    fn attend(
+        &self,
+        q: Tensor<B, 4>,
+        k: Tensor<B, 4>,
+        v: Tensor<B, 4>,
+        keys: &Keys<B>,
+    ) -> (Tensor<B, 4>, Tensor<B, 3>) {
+        match self.config.fused_kernels {
+            true => sparse_attention(q, k, v, keys),
+            false => reference::forward(q, k, v, keys),
+        }
     }
 }

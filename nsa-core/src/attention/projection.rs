@@ -31,6 +31,12 @@ pub fn split_heads<B: Backend>(x: Tensor<B, 3>, heads: usize) -> Tensor<B, 4> {
     x.reshape([b, t, heads, hd / heads]).swap_dims(1, 2)
 }
 
+/// `[B, T, H*d]` -> `[B, T, H, d]` (a view).
+pub fn tokens_first_heads<B: Backend>(x: Tensor<B, 3>, heads: usize) -> Tensor<B, 4> {
+    let [b, t, hd] = x.dims();
+    x.reshape([b, t, heads, hd / heads])
+}
+
 /// `[B, H, T, d]` -> `[B, T, H*d]`.
 pub fn merge_heads<B: Backend>(x: Tensor<B, 4>) -> Tensor<B, 3> {
     let [b, h, t, d] = x.dims();
@@ -56,10 +62,11 @@ impl<B: Backend> KvProjection<B> {
 }
 
 impl<B: GemmBackend> KvProjection<B> {
-    /// Keys rotated at their positions `[B, H_kv, T, d_k]` and values `[B, H_kv, T, d_v]`.
+    /// Keys rotated at their positions `[B, T, H_kv, d_k]` and values `[B, T, H_kv, d_v]`
+    /// (tokens before heads: the layout the projection writes, so no copy is made).
     pub fn forward(&self, x: Tensor<B, 3>, rope: &Rope<B>) -> (Tensor<B, 4>, Tensor<B, 4>) {
-        let k = rope.apply(split_heads(apply(&self.key, x.clone()), self.kv_heads));
-        let v = split_heads(apply(&self.value, x), self.kv_heads);
+        let k = rope.apply_tokens_first(tokens_first_heads(apply(&self.key, x.clone()), self.kv_heads));
+        let v = tokens_first_heads(apply(&self.value, x), self.kv_heads);
         (k, v)
     }
 }

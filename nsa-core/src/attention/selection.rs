@@ -11,36 +11,8 @@ pub fn num_selection_blocks(t: usize, l_sel: usize) -> usize {
     t.div_ceil(l_sel)
 }
 
-/// Eq. 9 weights `[n_cmp, n_sel]`: the share of compressed block `i`'s `l` tokens that fall in
-/// selection block `j`, `|[i*d, i*d+l) ∩ [j*l_sel, (j+1)*l_sel)| / l`.
-pub fn overlap_weights<B: Backend>(
-    n_cmp: usize,
-    n_sel: usize,
-    l: usize,
-    d: usize,
-    l_sel: usize,
-    device: &B::Device,
-) -> Tensor<B, 2> {
-    let cmp_start = query_positions::<B>(n_cmp, device).mul_scalar(d as i64).expand([n_cmp, n_sel]);
-    let cmp_end = cmp_start.clone().add_scalar(l as i64);
-    let sel_start = index_row::<B>(n_sel, device).mul_scalar(l_sel as i64).expand([n_cmp, n_sel]);
-    let sel_end = sel_start.clone().add_scalar(l_sel as i64);
-    let overlap = cmp_end.min_pair(sel_end) - cmp_start.max_pair(sel_start);
-    overlap.clamp_min(0).float().div_scalar(l as f64)
-}
-
-/// Group selection scores `[B, H_kv, T, n_sel]` from the compressed branch's probabilities
-/// `p_cmp: [B, H_kv, g, T, n_cmp]` (Eq. 9 then the Eq. 10 sum over the group's heads).
-pub fn group_scores<B: Backend>(p_cmp: Tensor<B, 5>, n_sel: usize, l: usize, d: usize, l_sel: usize) -> Tensor<B, 4> {
-    let [b, h, _, t, n_cmp] = p_cmp.dims();
-    let device = p_cmp.device();
-    let weights = cached::<B, _>("overlap", &[n_cmp, n_sel, l, d, l_sel], &device, || {
-        overlap_weights::<B>(n_cmp, n_sel, l, d, l_sel, &device)
-    });
-    // Scores are ranked in the default (master) float dtype: a bf16 forward would otherwise turn
-    // near-equal block scores into ties and change which blocks are selected.
-    p_cmp.cast(weights.dtype()).sum_dim(2).reshape([b * h * t, n_cmp]).matmul(weights).reshape([b, h, t, n_sel])
-}
+/// Eq. 9 weights (the selection scores themselves are `nsa_kernels::block_scores`).
+pub use nsa_kernels::reference::overlap_weights;
 
 /// The selected blocks `[B, H_kv, T, n_sel]` for scores `[B, H_kv, T, n_sel]`.
 ///

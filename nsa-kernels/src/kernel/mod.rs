@@ -5,6 +5,7 @@
 //! Softmax statistics are f32 whatever the storage dtype.
 
 pub mod backward;
+pub mod compressed;
 pub mod flash_dq;
 pub mod flash_forward;
 pub mod flash_key;

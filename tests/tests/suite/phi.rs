@@ -53,11 +53,12 @@ fn chunked_compression_equals_the_block_gather() {
     let (l, d, d_k, d_v) = (8, 4, 6, 5);
     for (phi, t) in [(Phi::Avg, 57), (Phi::Avg, 32), (Phi::Mlp, 57), (Phi::Mlp, 40)] {
         let compressor: Compressor<A64> = randomized(Compressor::new(phi, l, d, d_k, d_v, &device), &mut rng, 0.3);
-        let k = random_input::<A64>(&mut rng, 2 * 3, t, d_k, &device).0.reshape([2, 3, t, d_k]);
-        let v = random_input::<A64>(&mut rng, 2 * 3, t, d_v, &device).0.reshape([2, 3, t, d_v]);
+        // `[B, T, H, d]`: tokens before heads, as the layer's projections write them.
+        let k = random_input::<A64>(&mut rng, 2, t, 3 * d_k, &device).0.reshape([2, t, 3, d_k]);
+        let v = random_input::<A64>(&mut rng, 2, t, 3 * d_v, &device).0.reshape([2, t, 3, d_v]);
         let n = compressor.num_blocks(t);
-        let seed_k = random_input::<A64>(&mut rng, 2 * 3, n, d_k, &device).0.reshape([2, 3, n, d_k]);
-        let seed_v = random_input::<A64>(&mut rng, 2 * 3, n, d_v, &device).0.reshape([2, 3, n, d_v]);
+        let seed_k = random_input::<A64>(&mut rng, 2, n, 3 * d_k, &device).0.reshape([2, n, 3, d_k]);
+        let seed_v = random_input::<A64>(&mut rng, 2, n, 3 * d_v, &device).0.reshape([2, n, 3, d_v]);
         let run = |chunked: bool| {
             let (k, v) = (k.clone().require_grad(), v.clone().require_grad());
             let (ck, cv) = match chunked {
