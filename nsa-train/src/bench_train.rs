@@ -111,7 +111,7 @@ pub fn bench_train<B: crate::TrainBackend>(
         0 => Vec::new(),
         iters => {
             eprintln!("breakdown: each phase of a step timed apart ({iters} runs each)");
-            profile::profile::<B>(&cfg, train, valid, device, &scratch.join("profile"), 2, iters)?
+            profile::profile::<B>(&cfg, train, valid, device, memory_of, &scratch.join("profile"), 2, iters)?
         }
     };
     Ok(TrainBench {

@@ -13,12 +13,16 @@ use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Distribution, FloatDType, Tensor};
+use nsa_core::attention::NsaAttention;
+use nsa_core::model::Attention;
 use nsa_core::{cast_params, NsaLm};
 use serde::Serialize;
 
 use crate::config::RunConfig;
 use crate::data::corpus::PackedSplit;
+use crate::metrics::MemoryProbe;
 use crate::optim::{compute_copy, StepSettings};
+use crate::parallel::MemoryOf;
 use crate::trainer::{batch, lm_loss, Trainer};
 
 #[derive(Debug, Clone, Serialize)]
@@ -30,6 +34,24 @@ pub struct Phase {
     pub share: f64,
     /// Achieved TFLOP/s, for phases whose FLOPs are known.
     pub tflops: Option<f64>,
+    /// Device memory its forward holds for the backward, GiB (whole model, or all layers of a
+    /// per-layer part), where the backend reports memory.
+    pub held_gib: Option<f64>,
+}
+
+/// Device memory in use (bytes) after a sync, where the backend reports it.
+fn in_use<B: Backend>(device: &B::Device, probe: &Option<MemoryProbe>) -> Option<u64> {
+    B::sync(device).expect("device sync");
+    probe.as_ref().and_then(|p| p()).map(|m| m.in_use)
+}
+
+/// GiB that `make`'s result holds on the device while it lives.
+fn held<B: Backend, T>(device: &B::Device, probe: &Option<MemoryProbe>, make: impl FnOnce() -> T) -> Option<f64> {
+    let before = in_use::<B>(device, probe)?;
+    let kept = make();
+    let after = in_use::<B>(device, probe)?;
+    drop(kept);
+    Some((after as f64 - before as f64) / (1u64 << 30) as f64)
 }
 
 /// Median wall time in ms of `f`, each run followed by a device sync.
@@ -89,16 +111,114 @@ fn linear_shapes<B: Backend, M: Module<B>>(module: &M) -> Vec<[usize; 2]> {
     visitor.0
 }
 
+/// The NSA layer's parts, forward + backward each (the selection has no backward), on
+/// random inputs of the real shape: milliseconds per layer.
+fn attention_parts<B: crate::TrainBackend>(
+    nsa: &NsaAttention<B>,
+    x: impl Fn() -> Tensor<B, 3>,
+    device: &B::Device,
+    probe: &Option<MemoryProbe>,
+    warmup: usize,
+    iters: usize,
+) -> Vec<(&'static str, f64, Option<f64>)> {
+    let c = &nsa.config;
+    let [b, t, _] = x().dims();
+    let dtype = x().dtype();
+    let heads = |d: usize| {
+        Tensor::<B, 4>::random([b, t, c.n_heads, d], Distribution::Normal(0.0, 1.0), device).cast(dtype).require_grad()
+    };
+    let q = || heads(c.d_k);
+    let mut parts = Vec::new();
+    parts.push((
+        "queries (W_q, RoPE)",
+        time_with::<B, _>(device, warmup, iters, &x, |x| {
+            let _ = nsa.queries(x).sum().backward();
+        }),
+        held::<B, _>(device, probe, || nsa.queries(x())),
+    ));
+    parts.push((
+        "compressed branch (K/V, phi, attention)",
+        time_with::<B, _>(
+            device,
+            warmup,
+            iters,
+            || (q(), x()),
+            |(q, x)| {
+                let _ = nsa.compressed_branch(q, x).0.sum().backward();
+            },
+        ),
+        held::<B, _>(device, probe, || nsa.compressed_branch(q(), x())),
+    ));
+    let q_fixed = q().detach();
+    let (_, p_cmp) = nsa.compressed_branch(q_fixed.clone(), x().detach());
+    parts.push((
+        "selection (scores, top-n, lists; forward only)",
+        time_with::<B, _>(
+            device,
+            warmup,
+            iters,
+            || (p_cmp.clone(), x()),
+            |(p, x)| {
+                let _ = nsa.select(q_fixed.clone(), p, &x).int().sum();
+            },
+        ),
+        None,
+    ));
+    let selected = nsa.select(q_fixed, p_cmp, &x());
+    parts.push((
+        "selected branch (K/V, kernels)",
+        time_with::<B, _>(
+            device,
+            warmup,
+            iters,
+            || (q(), x()),
+            |(q, x)| {
+                let _ = nsa.selected_branch(q, x, selected.clone()).sum().backward();
+            },
+        ),
+        held::<B, _>(device, probe, || nsa.selected_branch(q(), x(), selected.clone())),
+    ));
+    parts.push((
+        "window branch (K/V, kernels)",
+        time_with::<B, _>(
+            device,
+            warmup,
+            iters,
+            || (q(), x()),
+            |(q, x)| {
+                let _ = nsa.window_branch(q, x).sum().backward();
+            },
+        ),
+        held::<B, _>(device, probe, || nsa.window_branch(q(), x())),
+    ));
+    parts.push((
+        "gates, mix, W_o",
+        time_with::<B, _>(
+            device,
+            warmup,
+            iters,
+            || (x(), [0; 3].map(|_| heads(c.d_v))),
+            |(x, o)| {
+                let _ = nsa.mix(x, o).0.sum().backward();
+            },
+        ),
+        held::<B, _>(device, probe, || nsa.mix(x(), [0; 3].map(|_| heads(c.d_v)))),
+    ));
+    parts
+}
+
 /// Profiles `cfg` on `device`. `scratch` is an empty directory for the trainer's run files.
 pub fn profile<B: crate::TrainBackend>(
     cfg: &RunConfig,
     train: PackedSplit,
     valid: PackedSplit,
     device: &B::Device,
+    memory_of: MemoryOf<B>,
     scratch: &std::path::Path,
     warmup: usize,
     iters: usize,
 ) -> Result<Vec<Phase>, String> {
+    let probe = memory_of(device);
     let mut cfg = cfg.clone();
     cfg.train.out = scratch.display().to_string();
     cfg.train.steps = usize::MAX / 2;
@@ -115,7 +235,7 @@ pub fn profile<B: crate::TrainBackend>(
         Some(d) => cast_params(m, d),
         None => m,
     };
-    let mut phases: Vec<(String, f64, Option<f64>)> = Vec::new();
+    let mut phases: Vec<(String, f64, Option<f64>, Option<f64>)> = Vec::new();
 
     // The step as the trainer runs it, accumulation included.
     let step = time::<B>(device, warmup, iters, || trainer.step_once());
@@ -124,7 +244,7 @@ pub fn profile<B: crate::TrainBackend>(
     let data_ms = time::<B>(device, warmup, iters, || {
         let _ = batch::<B>(&data, &windows, device);
     }) * micro;
-    phases.push(("data (batch assembly + upload)".into(), data_ms, None));
+    phases.push(("data (batch assembly + upload)".into(), data_ms, None, None));
 
     let model = trainer.replica.model.clone();
     let (inputs, targets) = batch::<B>(&data, &windows, device);
@@ -153,12 +273,14 @@ pub fn profile<B: crate::TrainBackend>(
     }
     samples.sort_by(f64::total_cmp);
     let opt_ms = samples[samples.len() / 2];
-    phases.push(("optimiser (fused clip + AdamW)".into(), opt_ms, None));
+    phases.push(("optimiser (fused clip + AdamW)".into(), opt_ms, None, None));
     // Forward + backward as the rest of the step: a loop of forward + backward alone, with no
     // optimiser step between, makes Burn's fusion re-plan its op stream on every run, so it would
     // not measure what a training step spends.
     let fb = step - data_ms - opt_ms;
-    phases.insert(1, ("forward + backward (the step less data and optimiser)".into(), fb, None));
+    let forward_model = copy.clone().unwrap_or_else(|| opt_model.clone());
+    let activations = held::<B, _>(device, &probe, || lm_loss(forward_model.forward(inputs.clone()), targets.clone()));
+    phases.insert(1, ("forward + backward (the step less data and optimiser)".into(), fb, None, activations));
 
     // Inside forward + backward, per component, on random activations of the real shape.
     let block = {
@@ -177,21 +299,31 @@ pub fn profile<B: crate::TrainBackend>(
         let _ = block.attention.forward(x).sum().backward();
     }) * layers as f64
         * micro;
-    phases.push((format!("  attention ({layers} layers)"), attn, None));
+    let all_layers = |gib: Option<f64>| gib.map(|g| g * layers as f64);
+    let attn_held = all_layers(held::<B, _>(device, &probe, || block.attention.forward(x())));
+    phases.push((format!("  attention ({layers} layers)"), attn, None, attn_held));
+    if let Attention::Nsa(nsa) = &block.attention {
+        let scale = layers as f64 * micro;
+        for (name, ms, gib) in attention_parts(nsa, x, device, &probe, warmup, iters) {
+            phases.push((format!("    {name}"), ms * scale, None, all_layers(gib)));
+        }
+    }
     let mlp = time_with::<B, _>(device, warmup, iters, x, |x| {
         let _ = block.mlp.forward(x).sum().backward();
     }) * layers as f64
         * micro;
-    phases.push((format!("  MLP ({layers} layers)"), mlp, None));
+    let mlp_held = all_layers(held::<B, _>(device, &probe, || block.mlp.forward(x())));
+    phases.push((format!("  MLP ({layers} layers)"), mlp, None, mlp_held));
     let head_model = cast(model.clone());
     let head = time_with::<B, _>(device, warmup, iters, x, |x| {
         let logits = nsa_core::attention::projection::apply(&head_model.lm_head, head_model.norm.forward(x));
         let _ = lm_loss(logits, targets.clone()).backward();
     }) * micro;
-    phases.push(("  output head + loss".into(), head, None));
+    phases.push(("  output head + loss".into(), head, None, None));
     phases.push((
         "  rest of forward + backward (embedding, norms, residuals, casts)".into(),
         fb - attn - mlp - head,
+        None,
         None,
     ));
 
@@ -236,21 +368,30 @@ pub fn profile<B: crate::TrainBackend>(
         "linear-layer matmuls alone (within the above)".into(),
         matmul_ms,
         Some(matmul_flops / (matmul_ms * 1e-3) / 1e12),
+        None,
     ));
 
-    let mut out = vec![Phase { name: "whole step".into(), ms: step, share: 1.0, tflops: None }];
-    out.extend(phases.into_iter().map(|(name, ms, tflops)| Phase { name, ms, share: ms / step, tflops }));
+    let mut out = vec![Phase { name: "whole step".into(), ms: step, share: 1.0, tflops: None, held_gib: None }];
+    out.extend(phases.into_iter().map(|(name, ms, tflops, held_gib)| Phase {
+        name,
+        ms,
+        share: ms / step,
+        tflops,
+        held_gib,
+    }));
     Ok(out)
 }
 
 /// The profile as a table.
 pub fn table(phases: &[Phase], dtype: Option<FloatDType>) -> String {
     let mut s = format!("compute dtype: {}\n", dtype.map_or("f32".to_string(), |d| format!("{d:?}").to_lowercase()));
-    s += &format!("{:<70} {:>10} {:>7} {:>9}\n", "phase", "ms/step", "share", "TFLOP/s");
+    s += &format!("{:<70} {:>10} {:>7} {:>9} {:>9}\n", "phase", "ms/step", "share", "TFLOP/s", "held GiB");
     for p in phases {
         let tflops = p.tflops.map_or(String::new(), |t| format!("{t:.3}"));
-        s += &format!("{:<70} {:>10.2} {:>6.1}% {:>9}\n", p.name, p.ms, 100.0 * p.share, tflops);
+        let held = p.held_gib.map_or(String::new(), |g| format!("{g:.2}"));
+        s += &format!("{:<70} {:>10.2} {:>6.1}% {:>9} {:>9}\n", p.name, p.ms, 100.0 * p.share, tflops, held);
     }
+    s += "held GiB: device memory a forward keeps for its backward (per-layer parts times the layers)\n";
     // Components are timed apart from the step; where they overshoot it, say so rather than let
     // a negative remainder pass for a measurement.
     if phases.iter().any(|p| p.share < -0.1 || p.share > 1.1) {

@@ -61,8 +61,8 @@ pub(super) fn profile(args: ProfileArgs) -> Result<(), String> {
         args.run.config_path().display(),
         name(kind)
     );
-    let phases = with_backend!(kind, cfg.train.activation_checkpointing, &[0], |B, devices, _memory| {
-        nsa_train::profile::profile::<B>(&cfg, train_split, valid_split, &devices[0], &scratch, warmup, iters)
+    let phases = with_backend!(kind, cfg.train.activation_checkpointing, &[0], |B, devices, memory| {
+        nsa_train::profile::profile::<B>(&cfg, train_split, valid_split, &devices[0], memory, &scratch, warmup, iters)
     });
     let _ = std::fs::remove_dir_all(&scratch);
     let phases = phases?;
