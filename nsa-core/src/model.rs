@@ -11,7 +11,7 @@ use burn::config::Config;
 use burn::module::Module;
 use burn::nn::{Embedding, EmbeddingConfig, Initializer, Linear, RmsNorm, RmsNormConfig};
 use burn::tensor::{activation, backend::Backend, Int, Tensor};
-use nsa_kernels::{GemmBackend, SparseAttentionBackend};
+use nsa_kernels::{linear_matmul, GemmBackend, SparseAttentionBackend};
 use serde::{Deserialize, Serialize};
 
 use crate::attention::projection::{apply, linear};
@@ -181,6 +181,31 @@ pub struct NsaLm<B: Backend> {
     seq_len: usize,
 }
 
+/// Vocabularies up to this size are embedded as a product of one-hot rows with the table.
+pub const ONE_HOT_VOCAB: usize = 1024;
+
+/// Token embeddings `[B, T, dim]` for `tokens: [B, T]`.
+///
+/// A gather's backward is a scatter-add of every token's gradient row into its table row; with a
+/// small vocabulary (the byte model's 256 rows) tens of thousands of rows land on the same few
+/// hundred, and the atomic adds contend. So a small vocabulary is looked up as `one_hot(tokens)
+/// W`, whose backward is a product too. It is exact: each output sums one table entry times one
+/// and zeros, accumulated in f32 or wider.
+pub fn embed<B: GemmBackend>(embedding: &Embedding<B>, tokens: Tensor<B, 2, Int>) -> Tensor<B, 3> {
+    let weight = embedding.weight.val();
+    let [vocab, _] = weight.dims();
+    if vocab > ONE_HOT_VOCAB {
+        return embedding.forward(tokens);
+    }
+    let [b, t] = tokens.dims();
+    let device = tokens.device();
+    let ids = crate::attention::constants::cached::<B, _>("vocab_ids", &[vocab], &device, || {
+        Tensor::<B, 1, Int>::arange(0..vocab as i64, &device).reshape([1, 1, vocab])
+    });
+    let one_hot = tokens.reshape([b, t, 1]).expand([b, t, vocab]).equal(ids.expand([b, t, vocab]));
+    linear_matmul(one_hot.float().cast(weight.dtype()), weight)
+}
+
 impl<B: SparseAttentionBackend> NsaLm<B> {
     /// `tokens: [B, T]` -> logits `[B, T, vocab]`.
     pub fn forward(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 3> {
@@ -191,7 +216,7 @@ impl<B: SparseAttentionBackend> NsaLm<B> {
     pub fn forward_with_aux(&self, tokens: Tensor<B, 2, Int>) -> (Tensor<B, 3>, Vec<NsaAux<B>>) {
         let t = tokens.dims()[1];
         assert!(t <= self.seq_len, "input of {t} tokens is longer than the model's seq_len {}", self.seq_len);
-        let mut x = self.embedding.forward(tokens);
+        let mut x = embed(&self.embedding, tokens);
         let mut aux = Vec::new();
         for block in &self.blocks {
             let (next, layer_aux) = block.forward(x);

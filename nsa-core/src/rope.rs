@@ -5,6 +5,7 @@
 
 use burn::module::Module;
 use burn::tensor::{backend::Backend, Tensor, TensorData};
+use nsa_kernels::{linear_matmul, GemmBackend};
 
 use crate::attention::constants::cached;
 
@@ -37,7 +38,9 @@ impl<B: Backend> Rope<B> {
     pub fn max_len(&self) -> usize {
         self.cos.dims()[0]
     }
+}
 
+impl<B: GemmBackend> Rope<B> {
     /// Rotates `x: [B, H, T, d]` at positions `0..T`.
     pub fn apply(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
         self.rotate(x, 2)
@@ -65,18 +68,22 @@ impl<B: Backend> Rope<B> {
         let dtype = x.dtype();
         let cos = self.cos.clone().narrow(0, 0, t).cast(dtype).reshape(table_shape);
         let sin = self.sin.clone().narrow(0, 0, t).cast(dtype).reshape(table_shape);
-        // Each pair (e, o) -> (e cos - o sin, e sin + o cos) = (e, o) cos + (-o, e) sin: the
-        // pair swapped and signed, in broadcast products. Splitting x into its even and odd
-        // halves and stacking them back would cost slices, fills and slice-assigns, forward and
-        // backward.
+        // Each pair (e, o) -> (e cos - o sin, e sin + o cos) = (e, o) cos + (-o, e) sin. The
+        // swapped, signed pairs are `x S` for a fixed signed permutation `S` (exact in any dtype:
+        // each output is one input, negated or not), a product on the tensor cores whose
+        // backward is a product too; a flip was a copy kernel of its own, forward and backward,
+        // and splitting x into even and odd halves cost slices, fills and slice-assigns.
         let device = x.device();
-        let sign = cached::<B, _>(&format!("rope_sign_{dtype:?}"), &[], &device, || {
-            Tensor::<B, 1>::from_data(TensorData::new(vec![-1.0f64, 1.0], [2]), &device)
-                .cast(dtype)
-                .reshape([1, 1, 1, 1, 2])
+        let swap = cached::<B, _>(&format!("rope_swap_{dtype:?}"), &[d], &device, || {
+            let mut s = vec![0.0f64; d * d];
+            for i in 0..half {
+                s[(2 * i + 1) * d + 2 * i] = -1.0; // column 2i takes -x[2i + 1]
+                s[2 * i * d + 2 * i + 1] = 1.0; // column 2i + 1 takes x[2i]
+            }
+            Tensor::<B, 2>::from_data(TensorData::new(s, [d, d]), &device).cast(dtype)
         });
+        let swapped = linear_matmul(x.clone(), swap).reshape([a0, a1, a2, half, 2]);
         let pairs = x.reshape([a0, a1, a2, half, 2]);
-        let swapped = pairs.clone().flip([4]) * sign;
         (pairs * cos + swapped * sin).reshape([a0, a1, a2, d])
     }
 }

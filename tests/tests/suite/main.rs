@@ -8,6 +8,7 @@
 mod compressed;
 mod config;
 mod constants;
+mod embedding;
 mod gemm;
 mod gradients;
 mod kernels;
