@@ -10,8 +10,8 @@
 use burn::config::Config;
 use burn::module::Module;
 use burn::nn::{Embedding, EmbeddingConfig, Initializer, Linear, RmsNorm, RmsNormConfig};
-use burn::tensor::{activation, backend::Backend, Int, Tensor};
-use nsa_kernels::{linear_matmul, GemmBackend, SparseAttentionBackend};
+use burn::tensor::{backend::Backend, Int, Tensor};
+use nsa_kernels::{linear_matmul, silu, ActivationBackend, GemmBackend, SparseAttentionBackend};
 use serde::{Deserialize, Serialize};
 
 use crate::attention::projection::{apply, linear};
@@ -138,11 +138,12 @@ impl<B: Backend> Mlp<B> {
 
     pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3>
     where
-        B: GemmBackend,
+        B: GemmBackend + ActivationBackend,
     {
+        // `nsa_kernels::silu`: its backward keeps only its input, not `sigmoid(x)` beside it.
         let hidden = match &self.gate {
-            None => activation::silu(apply(&self.up, x)),
-            Some(gate) => activation::silu(apply(gate, x.clone())) * apply(&self.up, x),
+            None => silu(apply(&self.up, x)),
+            Some(gate) => silu(apply(gate, x.clone())) * apply(&self.up, x),
         };
         apply(&self.down, hidden)
     }

@@ -9,6 +9,7 @@
 //! backend runs [`reference`], masked dense attention in Burn tensor ops, which autodiff
 //! differentiates by itself.
 
+pub mod activation;
 mod api;
 mod autodiff;
 pub mod devices;
@@ -29,6 +30,7 @@ pub mod kernel;
 pub mod optim;
 pub mod tiling;
 
+pub use activation::{silu, ActivationBackend};
 pub use api::{block_scores, sparse_attention, with_block_index, BlockIndex, Keys, SparseAttentionBackend, SparseAttentionGrads};
 pub use fingerprint::KERNEL_FINGERPRINT;
 pub use gemm::{linear_matmul, GemmBackend};

@@ -5,6 +5,7 @@
 //! type, so the first of `NdArray<f32>` and `NdArray<f64>` to touch the CPU in a process fixes it
 //! for both, and every other test here runs in f64.
 
+mod activation;
 mod compressed;
 mod config;
 mod constants;
