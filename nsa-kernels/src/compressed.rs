@@ -152,10 +152,12 @@ impl<R: CubeRuntime> Problem<R> {
         let positions = (STAGED_ROW_WORDS / (self.g * width)).max(1);
         let keys = (MAX_UNITS / self.g).clamp(1, KEYS_PER_CUBE);
         let cubes = splits * b * h_kv * n.div_ceil(keys);
+        let vector = compressed::key_vector(self.d_k, self.d_v);
         compressed::compressed_backward_key::launch::<R>(
             &self.client(),
             CubeCount::new_1d(cubes as u32),
             CubeDim::new_1d((keys * self.g) as u32),
+            vector,
             self.q.clone().into_tensor_arg(),
             self.k.clone().into_tensor_arg(),
             self.v.clone().into_tensor_arg(),
@@ -172,6 +174,7 @@ impl<R: CubeRuntime> Problem<R> {
             positions,
             self.d_k,
             self.d_v,
+            vector,
             dtype.into(),
         );
 

@@ -253,21 +253,93 @@ pub fn compressed_backward_query<F: Float>(
     }
 }
 
+/// Vector width of the key side's loads: 4 (16-byte shared-memory loads) when both head dims
+/// allow it.
+pub fn key_vector(d_k: usize, d_v: usize) -> usize {
+    if d_k % 4 == 0 && d_v % 4 == 0 {
+        4
+    } else {
+        1
+    }
+}
+
+/// Stages rows `first..first + count` of head `hk` of `src [B, *, H, d]` (vectors) at rows of
+/// `stride` vectors of `tile` as f32, zero past `count`; rows of `g` heads each when `g > 1`
+/// (row `r` is position `first + r / g`, head `hk * g + r % g`).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn stage_vectors<F: Float, N: Size>(
+    src: &Tensor<Vector<F, N>>,
+    tile: &mut SharedMemory<Vector<f32, N>>,
+    b: usize,
+    first: usize,
+    rows: usize,
+    count: usize,
+    hk: usize,
+    #[comptime] g: usize,
+    #[comptime] per_row: usize,
+    #[comptime] stride: usize,
+    #[comptime] vector: usize,
+) {
+    let mut idx = UNIT_POS as usize;
+    while idx < rows * per_row {
+        let (row, c) = (idx / per_row, idx % per_row);
+        let mut value = Vector::<f32, N>::new(0.0f32);
+        if row < count {
+            let at = offset3::<Vector<F, N>>(src, b, first + row / g, hk * g + row % g);
+            value = Vector::<f32, N>::cast_from(src[at / vector + c]);
+        }
+        tile[row * stride + c] = value;
+        idx += CUBE_DIM as usize;
+    }
+}
+
+/// `a[a_at..] . b[b_at..]` over `len` vectors of two shared-memory rows, in two interleaved
+/// sums, lanes added at the end.
+#[cube]
+fn dot_vectors<N: Size>(
+    a: &SharedMemory<Vector<f32, N>>,
+    a_at: usize,
+    b: &SharedMemory<Vector<f32, N>>,
+    b_at: usize,
+    #[comptime] len: usize,
+    #[comptime] vector: usize,
+) -> f32 {
+    let mut even = Vector::<f32, N>::new(0.0f32);
+    let mut odd = Vector::<f32, N>::new(0.0f32);
+    #[unroll]
+    for c in 0..len / 2 {
+        even += a[a_at + 2 * c] * b[b_at + 2 * c];
+        odd += a[a_at + 2 * c + 1] * b[b_at + 2 * c + 1];
+    }
+    #[unroll]
+    for c in (len / 2) * 2..len {
+        even += a[a_at + c] * b[b_at + c];
+    }
+    let sum = even + odd;
+    let mut total = 0.0f32;
+    #[unroll]
+    for lane in 0..vector {
+        total += sum[lane];
+    }
+    total
+}
+
 /// dK and dV of each key over one split's query positions: `partial [splits, B, N, H_kv,
 /// d_k + d_v]` (f32), row `(split, b, i, hk)` holding dK then dV. Cube `keys * g` units, unit
 /// `head * keys + key`: with `keys` a plane, a plane walks one head's rows (its query reads are
 /// broadcasts) and the heads' sums are added in shared memory at the end. The queries are
-/// staged `positions` at a time with all `g` heads.
+/// staged `positions` at a time with all `g` heads; rows are read in vectors of `vector`.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-pub fn compressed_backward_key<F: Float>(
-    q: &Tensor<F>,
-    k: &Tensor<F>,
-    v: &Tensor<F>,
-    grad_out: &Tensor<F>,
+pub fn compressed_backward_key<F: Float, N: Size>(
+    q: &Tensor<Vector<F, N>>,
+    k: &Tensor<Vector<F, N>>,
+    v: &Tensor<Vector<F, N>>,
+    grad_out: &Tensor<Vector<F, N>>,
     lse: &Tensor<f32>,
     delta: &Tensor<f32>,
-    partial: &mut Tensor<f32>,
+    partial: &mut Tensor<Vector<f32, N>>,
     scale: f32,
     length: u32,
     stride: u32,
@@ -277,6 +349,7 @@ pub fn compressed_backward_key<F: Float>(
     #[comptime] positions: usize,
     #[comptime] d_k: usize,
     #[comptime] d_v: usize,
+    #[comptime] vector: usize,
     #[define(F)] _dtype: StorageType,
 ) {
     let (batch, t_len, n, h_kv) = (q.shape(0), q.shape(1), k.shape(1), k.shape(2));
@@ -295,20 +368,29 @@ pub fn compressed_backward_key<F: Float>(
     let i0 = tile * keys;
     let key_count = min(n - i0, keys);
     let i = i0 + key;
-    let (k_stride, v_stride) = (d_k + 1, d_v + 1);
+    let (kv, vv) = (comptime!(d_k / vector), comptime!(d_v / vector));
+    // Key rows padded by one vector, so units reading their own rows hit distinct banks.
+    let (k_stride, v_stride) = (comptime!(d_k / vector + 1), comptime!(d_v / vector + 1));
 
-    // Keys padded by one column, so units reading their own rows hit distinct banks.
-    let mut k_tile = SharedMemory::<f32>::new(keys * k_stride);
-    let mut v_tile = SharedMemory::<f32>::new(keys * v_stride);
-    stage_rows::<F, f32>(k, &mut k_tile, 0usize, b, i0, key_count, hk, keys, d_k, k_stride);
-    stage_rows::<F, f32>(v, &mut v_tile, 0usize, b, i0, key_count, hk, keys, d_v, v_stride);
-    let mut q_tile = SharedMemory::<f32>::new(positions * g * d_k);
-    let mut do_tile = SharedMemory::<f32>::new(positions * g * d_v);
+    let mut k_tile = SharedMemory::<Vector<f32, N>>::new(keys * k_stride);
+    let mut v_tile = SharedMemory::<Vector<f32, N>>::new(keys * v_stride);
+    stage_vectors::<F, N>(k, &mut k_tile, b, i0, keys, key_count, hk, 1usize, kv, k_stride, vector);
+    stage_vectors::<F, N>(v, &mut v_tile, b, i0, keys, key_count, hk, 1usize, vv, v_stride, vector);
+    let mut q_tile = SharedMemory::<Vector<f32, N>>::new(positions * g * kv);
+    let mut do_tile = SharedMemory::<Vector<f32, N>>::new(positions * g * vv);
     let mut lse_tile = SharedMemory::<f32>::new(positions * g);
     let mut delta_tile = SharedMemory::<f32>::new(positions * g);
 
-    let mut dk = zero_slice(d_k, 1usize);
-    let mut dv = zero_slice(d_v, 1usize);
+    let mut dk = Array::<Vector<f32, N>>::new(kv);
+    let mut dv = Array::<Vector<f32, N>>::new(vv);
+    #[unroll]
+    for c in 0..kv {
+        dk[c] = Vector::<f32, N>::new(0.0f32);
+    }
+    #[unroll]
+    for c in 0..vv {
+        dv[c] = Vector::<f32, N>::new(0.0f32);
+    }
     // This split's positions from the first one that sees the tile's first key.
     let end = min((split + 1) * span, t_len);
     let mut start = max(split * span, i0 * stride + length - 1);
@@ -317,28 +399,9 @@ pub fn compressed_backward_key<F: Float>(
     while start < end {
         let count = min(end - start, positions);
         let rows = count * g;
+        stage_vectors::<F, N>(q, &mut q_tile, b, start, positions * g, rows, hk, g, kv, kv, vector);
+        stage_vectors::<F, N>(grad_out, &mut do_tile, b, start, positions * g, rows, hk, g, vv, vv, vector);
         let mut idx = unit;
-        while idx < positions * g * d_k {
-            let row = idx / d_k;
-            let mut value = 0.0f32;
-            if row < rows {
-                value = f32::cast_from(q[offset3::<F>(q, b, start + row / g, hk * g + row % g) + idx % d_k]);
-            }
-            q_tile[idx] = value;
-            idx += CUBE_DIM as usize;
-        }
-        idx = unit;
-        while idx < positions * g * d_v {
-            let row = idx / d_v;
-            let mut value = 0.0f32;
-            if row < rows {
-                value =
-                    f32::cast_from(grad_out[offset3::<F>(grad_out, b, start + row / g, hk * g + row % g) + idx % d_v]);
-            }
-            do_tile[idx] = value;
-            idx += CUBE_DIM as usize;
-        }
-        idx = unit;
         while idx < positions * g {
             let mut row_lse = 0.0f32;
             let mut row_delta = 0.0f32;
@@ -359,17 +422,18 @@ pub fn compressed_backward_key<F: Float>(
             }
             for position in first..count {
                 let r = position * g + head;
-                let s = dot_tiles(&k_tile, key * k_stride, &q_tile, r * d_k, d_k);
-                let dp = dot_tiles(&v_tile, key * v_stride, &do_tile, r * d_v, d_v);
+                let s = dot_vectors::<N>(&k_tile, key * k_stride, &q_tile, r * kv, kv, vector);
+                let dp = dot_vectors::<N>(&v_tile, key * v_stride, &do_tile, r * vv, vv, vector);
                 let p = (s * scale - lse_tile[r]).exp();
-                let ds = p * (dp - delta_tile[r]);
+                let ds = Vector::<f32, N>::new(p * (dp - delta_tile[r]));
+                let pv = Vector::<f32, N>::new(p);
                 #[unroll]
-                for x in 0..d_v {
-                    dv[x] += p * do_tile[r * d_v + x];
+                for c in 0..vv {
+                    dv[c] += pv * do_tile[r * vv + c];
                 }
                 #[unroll]
-                for x in 0..d_k {
-                    dk[x] += ds * q_tile[r * d_k + x];
+                for c in 0..kv {
+                    dk[c] += ds * q_tile[r * kv + c];
                 }
             }
         }
@@ -383,27 +447,28 @@ pub fn compressed_backward_key<F: Float>(
     for h in 0..g {
         if head == h && key < key_count {
             #[unroll]
-            for x in 0..d_k {
-                let at = key * k_stride + x;
-                k_tile[at] = select(h == 0, dk[x], k_tile[at] + dk[x]);
+            for c in 0..kv {
+                let at = key * k_stride + c;
+                k_tile[at] = select(h == 0, dk[c], k_tile[at] + dk[c]);
             }
             #[unroll]
-            for x in 0..d_v {
-                let at = key * v_stride + x;
-                v_tile[at] = select(h == 0, dv[x], v_tile[at] + dv[x]);
+            for c in 0..vv {
+                let at = key * v_stride + c;
+                v_tile[at] = select(h == 0, dv[c], v_tile[at] + dv[c]);
             }
         }
         sync_cube();
     }
     if head == 0 && key < key_count {
-        let row = (((split * batch + b) * n + i) * h_kv + hk) * (d_k + d_v);
+        let row = (((split * batch + b) * n + i) * h_kv + hk) * (kv + vv);
+        let scale_v = Vector::<f32, N>::new(scale);
         #[unroll]
-        for x in 0..d_k {
-            partial[row + x] = k_tile[key * k_stride + x] * scale;
+        for c in 0..kv {
+            partial[row + c] = k_tile[key * k_stride + c] * scale_v;
         }
         #[unroll]
-        for x in 0..d_v {
-            partial[row + d_k + x] = v_tile[key * v_stride + x];
+        for c in 0..vv {
+            partial[row + kv + c] = v_tile[key * v_stride + c];
         }
     }
 }
