@@ -208,6 +208,7 @@ fn attention_parts<B: crate::TrainBackend>(
 }
 
 /// Profiles `cfg` on `device`. `scratch` is an empty directory for the trainer's run files.
+#[allow(clippy::too_many_arguments)]
 pub fn profile<B: crate::TrainBackend>(
     cfg: &RunConfig,
     train: PackedSplit,

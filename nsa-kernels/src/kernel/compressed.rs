@@ -256,7 +256,7 @@ pub fn compressed_backward_query<F: Float>(
 /// Vector width of the key side's loads: 4 (16-byte shared-memory loads) when both head dims
 /// allow it.
 pub fn key_vector(d_k: usize, d_v: usize) -> usize {
-    if d_k % 4 == 0 && d_v % 4 == 0 {
+    if d_k.is_multiple_of(4) && d_v.is_multiple_of(4) {
         4
     } else {
         1
