@@ -113,6 +113,20 @@ pub trait SparseAttentionBackend: crate::gemm::GemmBackend + crate::activation::
         reference::block_scores(f(q), f(k), lse, length, stride, block_size).into_primitive().tensor()
     }
 
+    /// The top-n selection from group scores `[B, H_kv, T, nb]` (f32): block 0 and the local
+    /// blocks `t / block_size` and `t / block_size - 1` are always taken and count towards `n`;
+    /// the rest go to the eligible blocks (`j * block_size <= t`) with the highest scores, ties
+    /// to the lower index. Returns the kernels' block lists `[B, T, H_kv, n]` (ascending, `-1` in
+    /// unused slots) and the selection as 0/1 `[B, H_kv, T, nb]`; `None` where the backend has no
+    /// kernel for it (the caller runs the tensor-op top-n).
+    fn select_blocks(
+        _scores: FloatTensor<Self>,
+        _block_size: usize,
+        _n: usize,
+    ) -> Option<(IntTensor<Self>, IntTensor<Self>)> {
+        None
+    }
+
     /// Gradients of `q`, `k`, `v` given the forward's output, its log-sum-exp and the output's
     /// gradient.
     fn sparse_attention_backward(

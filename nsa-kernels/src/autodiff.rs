@@ -72,6 +72,15 @@ impl<B: SparseAttentionBackend, C: CheckpointStrategy> SparseAttentionBackend fo
         B::block_index_shapes(blocks, block_size)
     }
 
+    fn select_blocks(
+        scores: FloatTensor<Self>,
+        block_size: usize,
+        n: usize,
+    ) -> Option<(IntTensor<Self>, IntTensor<Self>)> {
+        // Int tensors are not tracked: the inner backend's, as they are.
+        B::select_blocks(scores.primitive, block_size, n)
+    }
+
     fn block_scores(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,

@@ -48,6 +48,10 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
         Some(InvertedIndex::<R>::shapes(blocks, block_size))
     }
 
+    fn select_blocks(scores: CubeTensor<R>, block_size: usize, n: usize) -> Option<(CubeTensor<R>, CubeTensor<R>)> {
+        Some(crate::top_n::select_blocks(scores, block_size, n, I::dtype()))
+    }
+
     fn block_scores(
         q: CubeTensor<R>,
         k: CubeTensor<R>,

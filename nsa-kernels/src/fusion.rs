@@ -130,6 +130,23 @@ impl<B: FusionBackend + SparseAttentionBackend> Operation<B::FusionRuntime> for 
     }
 }
 
+#[derive(Clone, Debug)]
+struct SelectBlocksOp<B> {
+    desc: CustomOpIr,
+    block_size: usize,
+    n: usize,
+    _backend: PhantomData<B>,
+}
+
+impl<B: FusionBackend + SparseAttentionBackend> Operation<B::FusionRuntime> for SelectBlocksOp<B> {
+    fn execute(&self, handles: &mut HandleContainer<<B::FusionRuntime as FusionRuntime>::FusionHandle>) {
+        let scores = handles.get_float_tensor::<B>(&self.desc.inputs[0]);
+        let (list, taken) = B::select_blocks(scores, self.block_size, self.n).expect("the backend declared a kernel");
+        handles.register_int_tensor::<B>(&self.desc.outputs[0].id, list);
+        handles.register_int_tensor::<B>(&self.desc.outputs[1].id, taken);
+    }
+}
+
 impl<B: FusionBackend + SparseAttentionBackend> SparseAttentionBackend for Fusion<B> {
     fn has_fused_sparse_attention() -> bool {
         B::has_fused_sparse_attention()
@@ -148,6 +165,26 @@ impl<B: FusionBackend + SparseAttentionBackend> SparseAttentionBackend for Fusio
 
     fn block_index_shapes(blocks: &Shape, block_size: usize) -> Option<Vec<Shape>> {
         B::block_index_shapes(blocks, block_size)
+    }
+
+    fn select_blocks(
+        scores: FloatTensor<Self>,
+        block_size: usize,
+        n: usize,
+    ) -> Option<(IntTensor<Self>, IntTensor<Self>)> {
+        if !B::has_fused_sparse_attention() {
+            return None;
+        }
+        let client = scores.client.clone();
+        let [b, h_kv, t, nb] = scores.shape.dims::<4>();
+        let int = <B::IntElem as burn::tensor::Element>::dtype();
+        let streams = OperationStreams::with_inputs([&scores]);
+        let list = TensorIr::uninit(client.create_empty_handle(), Shape::new([b, t, h_kv, n]), int);
+        let taken = TensorIr::uninit(client.create_empty_handle(), Shape::new([b, h_kv, t, nb]), int);
+        let desc = CustomOpIr::new("nsa_select_blocks", &[scores.into_ir()], &[list, taken]);
+        let op = SelectBlocksOp::<B> { desc: desc.clone(), block_size, n, _backend: PhantomData };
+        let [list, taken] = client.register(streams, OperationIr::Custom(desc), op).outputs();
+        Some((list, taken))
     }
 
     fn block_scores(

@@ -26,6 +26,8 @@ mod fusion;
 #[cfg(feature = "cube")]
 mod inverted;
 #[cfg(feature = "cube")]
+mod top_n;
+#[cfg(feature = "cube")]
 pub mod kernel;
 pub mod optim;
 pub mod tiling;

@@ -9,7 +9,7 @@
 use burn::module::{Module, Param};
 use burn::nn::{Initializer, Linear, LinearConfig};
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::{Bool, Tensor};
+use burn::tensor::{Bool, Int, Tensor};
 use nsa_kernels::{block_scores, reference, sparse_attention, Keys, SparseAttentionBackend};
 
 use super::compress::Compressor;
@@ -104,8 +104,8 @@ impl<B: SparseAttentionBackend> NsaAttention<B> {
     pub fn forward_with_aux(&self, x: Tensor<B, 3>) -> (Tensor<B, 3>, NsaAux<B>) {
         let q = self.queries(x.clone());
         let (o_cmp, compressed) = self.compressed_branch(q.clone(), x.clone());
-        let selected = self.select(q.clone(), compressed, &x);
-        let o_slc = self.selected_branch(q.clone(), x.clone(), selected.clone());
+        let (selected, blocks) = self.select(q.clone(), compressed, &x);
+        let o_slc = self.selected_branch(q.clone(), x.clone(), blocks);
         let o_win = self.window_branch(q, x.clone());
         let (out, gates) = self.mix(x, [o_cmp, o_slc, o_win]);
         (out, NsaAux { gates, selected })
@@ -137,13 +137,14 @@ impl<B: SparseAttentionBackend> NsaAttention<B> {
 
     /// The selected blocks `[B, H_kv, T, n_sel]` for `x: [B, T, dim]`, ranked by the scores of
     /// the compressed branch's probabilities (`None` before the first compressed block: only
-    /// the forced blocks are taken).
+    /// the forced blocks are taken), and the same selection as the kernels' block lists
+    /// `[B, T, H_kv, n]`.
     pub fn select(
         &self,
         q: Tensor<B, 4>,
         compressed: Option<(Tensor<B, 4>, Tensor<B, 3>)>,
         x: &Tensor<B, 3>,
-    ) -> Tensor<B, 4, Bool> {
+    ) -> (Tensor<B, 4, Bool>, Tensor<B, 4, Int>) {
         let c = &self.config;
         let [b, t, _] = x.dims();
         let scores = match compressed {
@@ -156,11 +157,24 @@ impl<B: SparseAttentionBackend> NsaAttention<B> {
             }
             None => Tensor::zeros([b, c.n_kv_heads, t, num_selection_blocks(t, c.l_sel)], (&x.device(), x.dtype())),
         };
-        select_top_n(scores, c.l_sel, c.n)
+        // The backend's top-n kernel where it has one, else the tensor-op top-n (the same rule).
+        let kernel = match c.fused_kernels {
+            true => B::select_blocks(scores.clone().into_primitive().tensor(), c.l_sel, c.n),
+            false => None,
+        };
+        match kernel {
+            Some((list, taken)) => {
+                (Tensor::<B, 4, Int>::from_primitive(taken).equal_elem(1), Tensor::from_primitive(list))
+            }
+            None => {
+                let selected = select_top_n(scores, c.l_sel, c.n);
+                (selected.clone(), selected_list(selected, c.n))
+            }
+        }
     }
 
-    pub fn selected_branch(&self, q: Tensor<B, 4>, x: Tensor<B, 3>, selected: Tensor<B, 4, Bool>) -> Tensor<B, 4> {
-        let blocks = selected_list(selected, self.config.n);
+    /// The selected branch over block lists `[B, T, H_kv, n]`.
+    pub fn selected_branch(&self, q: Tensor<B, 4>, x: Tensor<B, 3>, blocks: Tensor<B, 4, Int>) -> Tensor<B, 4> {
         self.sparse_branch(Branch::Selected, q, x, &Keys::selected(blocks, self.config.l_sel))
     }
 

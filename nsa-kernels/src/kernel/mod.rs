@@ -20,4 +20,5 @@ pub mod mma_forward;
 pub mod mma_select;
 pub mod query;
 pub mod rows;
+pub mod top_n;
 pub mod walk;
