@@ -5,9 +5,8 @@
 
 /// FNV-1a over the kernels' sources, their launch code and the dependency lock (Burn's and
 /// CubeCL's own kernels change with their versions).
-// Hashing a megabyte of sources at compile time runs past rustc's default const-eval budget.
-#[allow(long_running_const_eval)]
-pub const KERNEL_FINGERPRINT: u64 = fnv1a_all(SOURCES);
+/// Computed on first use: hashing the sources in a `const` runs past rustc's const-eval budget.
+pub static KERNEL_FINGERPRINT: std::sync::LazyLock<u64> = std::sync::LazyLock::new(|| fnv1a_all(SOURCES));
 
 /// What the kernels are built from: every file of `kernel/` (a test holds the list to the
 /// directory), the launch code and tilings, and the lock file.

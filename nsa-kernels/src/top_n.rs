@@ -5,7 +5,6 @@ use burn_cubecl::kernel::{cast, into_contiguous};
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeRuntime;
-use cubecl::prelude::*;
 use cubecl::{calculate_cube_count_elemwise, CubeDim};
 
 use crate::kernel::top_n;

@@ -46,7 +46,7 @@ pub fn install(dir: &std::path::Path) -> Result<(), String> {
 /// [`nsa_kernels::KERNEL_FINGERPRINT`]). Autotune results stay shared: they only choose among
 /// candidates, each of which is compiled from this build.
 pub fn compiled_dir(dir: &std::path::Path) -> PathBuf {
-    dir.join("compiled").join(format!("{:016x}", nsa_kernels::KERNEL_FINGERPRINT))
+    dir.join("compiled").join(format!("{:016x}", *nsa_kernels::KERNEL_FINGERPRINT))
 }
 
 #[cfg(test)]
@@ -66,7 +66,7 @@ mod tests {
         let dir = compiled_dir(std::path::Path::new("cache"));
         let name = dir.file_name().unwrap().to_str().unwrap().to_string();
         assert_eq!(dir.parent(), Some(std::path::Path::new("cache/compiled")));
-        assert_eq!(name, format!("{:016x}", nsa_kernels::KERNEL_FINGERPRINT));
+        assert_eq!(name, format!("{:016x}", *nsa_kernels::KERNEL_FINGERPRINT));
     }
 
     #[test]
