@@ -3,8 +3,9 @@
 //! The three branches go through `nsa_kernels::sparse_attention` (the compressed one with
 //! `Keys::Compressed`, its selection scores through `nsa_kernels::block_scores`): fused CubeCL
 //! kernels on CUDA and WGPU, masked dense attention (O(T^2) memory, `B * H_q * T^2` scores per
-//! branch) on every other backend and when `fused_kernels` is off. The top-n materialises
-//! `B * H_kv * T * n_sel^2` booleans.
+//! branch) on every other backend and when `fused_kernels` is off. The top-n is
+//! `nsa_kernels`' `select_blocks` kernel where the backend has one, else a tensor-op rank that
+//! materialises `B * H_kv * T * n_sel^2` booleans.
 
 use burn::module::{Module, Param};
 use burn::nn::{Initializer, Linear, LinearConfig};
