@@ -9,7 +9,7 @@ use burn_cubecl::CubeRuntime;
 use cubecl::prelude::*;
 use cubecl::{calculate_cube_count_elemwise, CubeDim};
 
-use crate::kernel::compressed;
+use crate::kernel::{compressed, compressed_key};
 
 /// Query rows per query-side cube, at most (a whole number of positions' `g` heads).
 const ROWS_PER_CUBE: usize = 128;
@@ -152,8 +152,8 @@ impl<R: CubeRuntime> Problem<R> {
         let positions = (STAGED_ROW_WORDS / (self.g * width)).max(1);
         let keys = (MAX_UNITS / self.g).clamp(1, KEYS_PER_CUBE);
         let cubes = splits * b * h_kv * n.div_ceil(keys);
-        let vector = compressed::key_vector(self.d_k, self.d_v);
-        compressed::compressed_backward_key::launch::<R>(
+        let vector = compressed_key::key_vector(self.d_k, self.d_v);
+        compressed_key::compressed_backward_key::launch::<R>(
             &self.client(),
             CubeCount::new_1d(cubes as u32),
             CubeDim::new_1d((keys * self.g) as u32),
@@ -182,7 +182,7 @@ impl<R: CubeRuntime> Problem<R> {
         let grad_v = self.empty(self.v.meta.shape().clone(), dtype);
         let elements = b * n * h_kv * width;
         let dim = CubeDim::new_1d(256);
-        compressed::sum_splits::launch::<R>(
+        compressed_key::sum_splits::launch::<R>(
             &self.client(),
             calculate_cube_count_elemwise(&self.client(), elements, dim),
             dim,

@@ -19,18 +19,3 @@ pub fn sliding_window<B: Backend>(t: usize, w: usize, device: &B::Device) -> Ten
     let lag = query_positions::<B>(t, device) - index_row::<B>(t, device); // t - k
     lag.clone().greater_equal_elem(0).bool_and(lag.lower_elem(w as i64))
 }
-
-/// Compressed blocks visible to each query `[T, n_blocks]`: block `i` (raw `[i*d, i*d + l)`)
-/// exists once its last token `i*d + l - 1 <= t` exists.
-pub fn compressed_visible<B: Backend>(
-    t: usize,
-    n_blocks: usize,
-    l: usize,
-    d: usize,
-    device: &B::Device,
-) -> Tensor<B, 2, Bool> {
-    let last_token = index_row::<B>(n_blocks, device).mul_scalar(d as i64).add_scalar(l as i64 - 1);
-    let last_token = last_token.expand([t, n_blocks]);
-    let query = query_positions::<B>(t, device).expand([t, n_blocks]);
-    last_token.lower_equal(query)
-}

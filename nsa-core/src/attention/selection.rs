@@ -1,5 +1,6 @@
-//! Block selection: the spec's Eq. 9 score, Eq. 10 group sum, and the top-n with forced blocks
-//! and lower-index ties, all as batched tensor code (indices never leave the device).
+//! Block selection in tensor ops: the top-n with forced blocks and lower-index ties, and the
+//! kernels' block lists (indices never leave the device). The scores (Eq. 9, the Eq. 10 group
+//! sum) are `nsa_kernels::block_scores`; fused backends run `nsa_kernels`' top-n kernel instead.
 
 use burn::tensor::{backend::Backend, Bool, IndexingUpdateOp, Int, Tensor};
 
@@ -10,9 +11,6 @@ use super::masks::{index_row, query_positions};
 pub fn num_selection_blocks(t: usize, l_sel: usize) -> usize {
     t.div_ceil(l_sel)
 }
-
-/// Eq. 9 weights (the selection scores themselves are `nsa_kernels::block_scores`).
-pub use nsa_kernels::reference::overlap_weights;
 
 /// The selected blocks `[B, H_kv, T, n_sel]` for scores `[B, H_kv, T, n_sel]`.
 ///
