@@ -1,5 +1,6 @@
-//! Launches the compressed branch's kernels ([`crate::kernel::compressed`]) on `CubeBackend`:
-//! the problem (shapes, block geometry), the plan (cube sizes, chunks, splits) and the launch.
+//! The compressed branch on `CubeBackend`: the problem (shapes, block geometry), its products as
+//! batched GEMMs ([`batched_gemm`]: cuBLASLt on CUDA) around the row kernels of
+//! [`crate::kernel::compressed_rows`], and the selection scores ([`crate::kernel::compressed`]).
 
 use burn::tensor::{DType, Shape};
 use burn_cubecl::kernel::into_contiguous;
@@ -9,21 +10,19 @@ use burn_cubecl::CubeRuntime;
 use cubecl::prelude::*;
 use cubecl::{calculate_cube_count_elemwise, CubeDim};
 
-use crate::kernel::{compressed, compressed_key};
+use crate::gemm::batched_gemm;
+use crate::kernel::compressed;
+use crate::kernel::compressed_rows::{self, ROW_UNITS};
 
-/// Query rows per query-side cube, at most (a whole number of positions' `g` heads).
-const ROWS_PER_CUBE: usize = 128;
-/// Keys per key-side cube (one plane per query head of the group), and its units at most.
-const KEYS_PER_CUBE: usize = 32;
-const MAX_UNITS: usize = 1024;
-/// Query positions per split of the key side: enough work per cube, and at most
-/// [`MAX_SPLITS`] partial sums per key.
-const SPLIT_POSITIONS: usize = 256;
-const MAX_SPLITS: usize = 8;
-/// f32 words of K and V staged per chunk: 16 KiB, within every device's shared memory.
+/// Query rows per cube of the selection scores' walk, at most (a whole number of positions'
+/// `g` heads).
+const QUERY_ROWS: usize = 128;
+/// f32 words of keys staged per chunk of that walk: 16 KiB, within every device's shared memory.
 const STAGED_WORDS: usize = 4096;
-/// f32 words of staged query rows (q and dO) on the key side: 12 KiB beside its 16 KiB of keys.
-const STAGED_ROW_WORDS: usize = 3072;
+/// Rows of the score matrix per cube of the row kernels.
+const ROWS_PER_CUBE: usize = 8;
+/// The products' key width is a multiple of this: 16-byte aligned bf16 and f32 rows.
+const WIDTH_MULTIPLE: usize = 16;
 
 /// `q [B, T, H_q, d_k]` against compressed `k [B, N, H_kv, d_k]`, `v [B, N, H_kv, d_v]`, block
 /// `i` covering raw tokens `[i * stride, i * stride + length)`.
@@ -77,7 +76,7 @@ impl<R: CubeRuntime> Problem<R> {
     fn query_plan(&self) -> (usize, usize, CubeCount, CubeDim) {
         let [b, t, _] = self.dims();
         let h_kv = self.k.meta.shape()[2];
-        let queries = (ROWS_PER_CUBE / self.g).max(1);
+        let queries = (QUERY_ROWS / self.g).max(1);
         let chunk = (STAGED_WORDS / (self.d_k + self.d_v)).max(1);
         let cubes = b * h_kv * t.div_ceil(queries);
         let dim = CubeDim::new_1d((queries * self.g) as u32);
@@ -87,113 +86,116 @@ impl<R: CubeRuntime> Problem<R> {
     /// Output `[B, T, H_q, d_v]` and log-sum-exp `[B, T, H_q]` (f32).
     pub fn forward(&self) -> (CubeTensor<R>, CubeTensor<R>) {
         let [b, t, h_q] = self.dims();
-        let out = self.empty(Shape::new([b, t, h_q, self.d_v]), self.q.dtype);
+        let dtype = self.q.dtype;
+        let (q, k, v) = (heads_first(self.q.clone()), self.expand(&self.k), self.expand(&self.v));
+        let scores = batched_gemm(q, k, false, true, DType::F32);
+        let probs = self.empty(scores.meta.shape().clone(), dtype);
         let lse = self.empty(Shape::new([b, t, h_q]), DType::F32);
-        let (queries, chunk, count, dim) = self.query_plan();
-        compressed::compressed_forward::launch::<R>(
+        let (count, dim) = self.row_plan();
+        compressed_rows::compressed_probs::launch::<R>(
             &self.client(),
             count,
             dim,
-            self.q.clone().into_tensor_arg(),
-            self.k.clone().into_tensor_arg(),
-            self.v.clone().into_tensor_arg(),
-            out.clone().into_tensor_arg(),
+            scores.into_tensor_arg(),
+            probs.clone().into_tensor_arg(),
             lse.clone().into_tensor_arg(),
             self.scale,
             self.length,
             self.stride,
-            self.g,
-            queries,
-            self.d_k,
-            self.d_v,
-            chunk,
-            self.q.dtype.into(),
+            self.n(),
+            ROWS_PER_CUBE,
+            dtype.into(),
         );
-        (out, lse)
+        let out = batched_gemm(probs, v, false, false, dtype);
+        (tokens_first(out, b), lse)
     }
 
-    /// Gradients of `q`, `k`, `v` from the forward's output and log-sum-exp.
-    pub fn backward(&self, out: CubeTensor<R>, lse: CubeTensor<R>, grad_out: CubeTensor<R>) -> [CubeTensor<R>; 3] {
-        let [b, t, h_q] = self.dims();
-        let (out, lse, grad_out) = (into_contiguous(out), into_contiguous(lse), into_contiguous(grad_out));
+    /// Gradients of `q`, `k`, `v` from the forward's log-sum-exp: the scores and `dp = dO v^T`
+    /// again as products, then `dq = ds k`, `dk = ds^T q`, `dv = p^T dO` (the last two in f32
+    /// until the group's heads are added).
+    pub fn backward(&self, lse: CubeTensor<R>, grad_out: CubeTensor<R>) -> [CubeTensor<R>; 3] {
+        let [b, _, _] = self.dims();
         let dtype = self.q.dtype;
-        let grad_q = self.empty(self.q.meta.shape().clone(), dtype);
-        let delta = self.empty(Shape::new([b, t, h_q]), DType::F32);
-        let (queries, chunk, count, dim) = self.query_plan();
-        compressed::compressed_backward_query::launch::<R>(
+        let (q, k, v) = (heads_first(self.q.clone()), self.expand(&self.k), self.expand(&self.v));
+        let grad_out = heads_first(grad_out);
+        let scores = batched_gemm(q.clone(), k.clone(), false, true, DType::F32);
+        let grad_probs = batched_gemm(grad_out.clone(), v, false, true, DType::F32);
+        let grad_scores = self.empty(scores.meta.shape().clone(), dtype);
+        let probs = self.empty(scores.meta.shape().clone(), dtype);
+        let (count, dim) = self.row_plan();
+        compressed_rows::compressed_grad_scores::launch::<R>(
             &self.client(),
             count,
             dim,
-            self.q.clone().into_tensor_arg(),
-            self.k.clone().into_tensor_arg(),
-            self.v.clone().into_tensor_arg(),
-            out.into_tensor_arg(),
-            lse.clone().into_tensor_arg(),
-            grad_out.clone().into_tensor_arg(),
-            grad_q.clone().into_tensor_arg(),
-            delta.clone().into_tensor_arg(),
+            scores.into_tensor_arg(),
+            grad_probs.into_tensor_arg(),
+            into_contiguous(lse).into_tensor_arg(),
+            grad_scores.clone().into_tensor_arg(),
+            probs.clone().into_tensor_arg(),
             self.scale,
             self.length,
             self.stride,
-            self.g,
-            queries,
-            self.d_k,
-            self.d_v,
-            chunk,
+            self.n(),
+            ROWS_PER_CUBE,
             dtype.into(),
         );
-
-        let [_, n, h_kv, _] = self.k.meta.shape().dims::<4>();
-        let splits = t.div_ceil(SPLIT_POSITIONS).clamp(1, MAX_SPLITS);
-        let span = u32::try_from(t.div_ceil(splits)).expect("sequence fits in u32");
-        let width = self.d_k + self.d_v;
-        let partial = self.empty(Shape::new([splits, b, n, h_kv, width]), DType::F32);
-        // Staged query rows: as many positions' `g` heads as fit the f32 budget.
-        let positions = (STAGED_ROW_WORDS / (self.g * width)).max(1);
-        let keys = (MAX_UNITS / self.g).clamp(1, KEYS_PER_CUBE);
-        let cubes = splits * b * h_kv * n.div_ceil(keys);
-        let vector = compressed_key::key_vector(self.d_k, self.d_v);
-        compressed_key::compressed_backward_key::launch::<R>(
-            &self.client(),
-            CubeCount::new_1d(cubes as u32),
-            CubeDim::new_1d((keys * self.g) as u32),
-            vector,
-            self.q.clone().into_tensor_arg(),
-            self.k.clone().into_tensor_arg(),
-            self.v.clone().into_tensor_arg(),
-            grad_out.into_tensor_arg(),
-            lse.into_tensor_arg(),
-            delta.into_tensor_arg(),
-            partial.clone().into_tensor_arg(),
-            self.scale,
-            self.length,
-            self.stride,
-            span,
-            self.g,
-            keys,
-            positions,
-            self.d_k,
-            self.d_v,
-            vector,
-            dtype.into(),
-        );
-
-        let grad_k = self.empty(self.k.meta.shape().clone(), dtype);
-        let grad_v = self.empty(self.v.meta.shape().clone(), dtype);
-        let elements = b * n * h_kv * width;
-        let dim = CubeDim::new_1d(256);
-        compressed_key::sum_splits::launch::<R>(
-            &self.client(),
-            calculate_cube_count_elemwise(&self.client(), elements, dim),
-            dim,
-            partial.into_tensor_arg(),
-            grad_k.clone().into_tensor_arg(),
-            grad_v.clone().into_tensor_arg(),
-            self.d_k,
-            self.d_v,
-            dtype.into(),
-        );
+        let grad_q = tokens_first(batched_gemm(grad_scores.clone(), k, false, false, dtype), b);
+        let grad_k = self.sum_heads(batched_gemm(grad_scores, q, true, false, DType::F32), &self.k);
+        let grad_v = self.sum_heads(batched_gemm(probs, grad_out, true, false, DType::F32), &self.v);
         [grad_q, grad_k, grad_v]
+    }
+
+    /// Compressed blocks `N`.
+    fn n(&self) -> u32 {
+        u32::try_from(self.k.meta.shape()[1]).expect("compressed blocks fit in u32")
+    }
+
+    /// The products' key width: `N` padded to [`WIDTH_MULTIPLE`] (at least one, so that a
+    /// sequence shorter than a block still has a product to run; its rows see nothing).
+    fn width(&self) -> usize {
+        (self.n() as usize).max(1).next_multiple_of(WIDTH_MULTIPLE)
+    }
+
+    /// `x [B, N, H_kv, d]` -> `[B * H_q, width, d]`: each query head's own copy of its KV
+    /// head's rows, so that every product is one strided batch.
+    fn expand(&self, x: &CubeTensor<R>) -> CubeTensor<R> {
+        let [b, _, h_q] = self.dims();
+        let d = x.meta.shape()[3];
+        let out = self.empty(Shape::new([b * h_q, self.width(), d]), x.dtype);
+        let dim = CubeDim::new_1d(256);
+        compressed_rows::expand_heads::launch::<R>(
+            &self.client(),
+            calculate_cube_count_elemwise(&self.client(), out.meta.shape().num_elements(), dim),
+            dim,
+            x.clone().into_tensor_arg(),
+            out.clone().into_tensor_arg(),
+            self.g,
+            x.dtype.into(),
+        );
+        out
+    }
+
+    /// `[B * H_q, width, d]` (f32) -> `[B, N, H_kv, d]` like `like`: the group's heads added.
+    fn sum_heads(&self, x: CubeTensor<R>, like: &CubeTensor<R>) -> CubeTensor<R> {
+        let out = self.empty(like.meta.shape().clone(), like.dtype);
+        let dim = CubeDim::new_1d(256);
+        compressed_rows::sum_heads::launch::<R>(
+            &self.client(),
+            calculate_cube_count_elemwise(&self.client(), out.meta.shape().num_elements(), dim),
+            dim,
+            x.into_tensor_arg(),
+            out.clone().into_tensor_arg(),
+            self.g,
+            like.dtype.into(),
+        );
+        out
+    }
+
+    /// The row kernels' launch: [`ROWS_PER_CUBE`] rows of `[B * H_q, T]` per cube.
+    fn row_plan(&self) -> (CubeCount, CubeDim) {
+        let [b, t, h_q] = self.dims();
+        let dim = CubeDim::new_1d((ROWS_PER_CUBE * ROW_UNITS) as u32);
+        (calculate_cube_count_elemwise(&self.client(), b * h_q * t * ROW_UNITS, dim), dim)
     }
 
     /// Selection scores `[B, H_kv, T, ceil(T / block_size)]` (f32) from the forward's
@@ -234,4 +236,18 @@ impl<R: CubeRuntime> Problem<R> {
         );
         scores
     }
+}
+
+/// `[B, T, H, d]` -> `[B * H, T, d]` (contiguous): one matrix per head.
+fn heads_first<R: CubeRuntime>(x: CubeTensor<R>) -> CubeTensor<R> {
+    let [b, t, h, d] = x.meta.shape().dims::<4>();
+    let x = into_contiguous(burn_cubecl::ops::permute(x, &[0, 2, 1, 3]));
+    burn_cubecl::ops::reshape(x, Shape::new([b * h, t, d]))
+}
+
+/// `[B * H, T, d]` -> `[B, T, H, d]` (contiguous).
+fn tokens_first<R: CubeRuntime>(x: CubeTensor<R>, b: usize) -> CubeTensor<R> {
+    let [bh, t, d] = x.meta.shape().dims::<3>();
+    let x = burn_cubecl::ops::reshape(x, Shape::new([b, bh / b, t, d]));
+    into_contiguous(burn_cubecl::ops::permute(x, &[0, 2, 1, 3]))
 }

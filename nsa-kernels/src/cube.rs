@@ -195,7 +195,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
         keys: &Keys<Self>,
     ) -> SparseAttentionGrads<Self> {
         if let Keys::Compressed { length, stride } = keys {
-            let [q, k, v] = compressed::Problem::new(q, k, v, *length, *stride).backward(out, lse, grad_out);
+            let [q, k, v] = compressed::Problem::new(q, k, v, *length, *stride).backward(lse, grad_out);
             return SparseAttentionGrads { q, k, v };
         }
         let call = Call::new(q, k, v, keys, I::dtype());

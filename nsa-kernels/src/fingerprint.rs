@@ -14,7 +14,7 @@ const SOURCES: &[(&str, &str)] = &[
     ("kernel/mod.rs", include_str!("kernel/mod.rs")),
     ("kernel/backward.rs", include_str!("kernel/backward.rs")),
     ("kernel/compressed.rs", include_str!("kernel/compressed.rs")),
-    ("kernel/compressed_key.rs", include_str!("kernel/compressed_key.rs")),
+    ("kernel/compressed_rows.rs", include_str!("kernel/compressed_rows.rs")),
     ("kernel/flash_dq.rs", include_str!("kernel/flash_dq.rs")),
     ("kernel/flash_forward.rs", include_str!("kernel/flash_forward.rs")),
     ("kernel/flash_key.rs", include_str!("kernel/flash_key.rs")),

@@ -58,6 +58,14 @@ pub const SHAPES: [Shape; 4] = [
 pub const N: usize = 16;
 pub const L_SEL: usize = 64;
 pub const W: usize = 512;
+/// The compressed branch's blocks (the paper's `l` and `d`), checked for parity only.
+pub const L_CMP: usize = 32;
+pub const D_CMP: usize = 16;
+
+/// The compressed branch's keys: blocks of [`L_CMP`] tokens every [`D_CMP`].
+fn compressed_keys<B: Backend>() -> Keys<B> {
+    Keys::Compressed { length: L_CMP, stride: D_CMP }
+}
 
 pub struct BenchOptions {
     pub lengths: Vec<usize>,
@@ -105,6 +113,15 @@ impl<B: Backend> Inputs<B> {
     fn to<C: Backend>(&self, dtype: DType, device: &C::Device) -> Inputs<C> {
         let c = |t: &Tensor<B, 4>| Tensor::<C, 4>::from_data(t.to_data().convert::<f32>(), device).cast(dtype);
         Inputs { q: c(&self.q), k: c(&self.k), v: c(&self.v), grad_out: c(&self.grad_out) }
+    }
+
+    /// The compressed branch's inputs: the first `N = (T - l) / d + 1` key and value rows
+    /// stand for the compressed blocks (any values do for parity).
+    fn compressed(&self) -> Inputs<B> {
+        let t = self.q.dims()[1];
+        let n = if t >= L_CMP { (t - L_CMP) / D_CMP + 1 } else { 1 };
+        let rows = |x: &Tensor<B, 4>| x.clone().narrow(1, 0, n.min(t));
+        Inputs { q: self.q.clone(), k: rows(&self.k), v: rows(&self.v), grad_out: self.grad_out.clone() }
     }
 }
 
@@ -214,7 +231,7 @@ fn reference_grads<R: AutodiffBackend>(x: &Inputs<R::InnerBackend>, keys: &Keys<
     forward_backward::<R>(x, Seed::GradOut, |q, k, v| reference::forward(q, k, v, keys).0).map(host)
 }
 
-/// The parity reference, window then selection: f64 on the CPU where built with it, else the
+/// The parity reference, window, selection, then the compressed branch: f64 on the CPU where built with it, else the
 /// device's storage dtype.
 #[cfg(feature = "cpu")]
 fn parity_reference<B: AutodiffBackend>(
@@ -222,13 +239,14 @@ fn parity_reference<B: AutodiffBackend>(
     blocks: &[i64],
     dims: [usize; 4],
     _device: &B::Device,
-) -> (DType, [[Vec<f64>; 4]; 2]) {
+) -> (DType, [[Vec<f64>; 4]; 3]) {
     type Cpu = burn::backend::Autodiff<burn::backend::NdArray>;
     let device = Default::default();
     let x = x.to::<burn::backend::NdArray>(DType::F64, &device);
     let blocks = Tensor::<Cpu, 4, Int>::from_data(TensorData::new(blocks.to_vec(), dims), &device);
     let window = reference_grads::<Cpu>(&x, &Keys::Window { w: W });
-    (DType::F64, [window, reference_grads::<Cpu>(&x, &Keys::selected(blocks, L_SEL))])
+    let selected = reference_grads::<Cpu>(&x, &Keys::selected(blocks, L_SEL));
+    (DType::F64, [window, selected, reference_grads::<Cpu>(&x.compressed(), &compressed_keys())])
 }
 
 #[cfg(not(feature = "cpu"))]
@@ -237,10 +255,11 @@ fn parity_reference<B: AutodiffBackend>(
     blocks: &[i64],
     dims: [usize; 4],
     device: &B::Device,
-) -> (DType, [[Vec<f64>; 4]; 2]) {
+) -> (DType, [[Vec<f64>; 4]; 3]) {
     let blocks = Tensor::<B, 4, Int>::from_data(TensorData::new(blocks.to_vec(), dims), device);
     let window = reference_grads::<B>(x, &Keys::Window { w: W });
-    (x.q.dtype(), [window, reference_grads::<B>(x, &Keys::selected(blocks, L_SEL))])
+    let selected = reference_grads::<B>(x, &Keys::selected(blocks, L_SEL));
+    (x.q.dtype(), [window, selected, reference_grads::<B>(&x.compressed(), &compressed_keys())])
 }
 
 /// Parity tolerance (max error over max magnitude): f32 against an f64 reference 1e-4, against
@@ -261,7 +280,7 @@ pub fn bench_kernels<B: TrainBackend>(device: &B::Device, opts: &BenchOptions) -
     println!("fused: {}", <B as SparseAttentionBackend>::has_fused_sparse_attention());
     let mut ok = true;
     for shape in opts.shapes.iter().copied().filter(|_| opts.check_len > 0) {
-        // Parity on a ragged length, both key sets.
+        // Parity on a ragged length, all three key sets.
         let t = opts.check_len;
         let x = inputs::<B::InnerBackend>(shape, t, opts.dtype, device);
         let (blocks, _) = random_blocks(&mut rng, t, shape.h_kv);
@@ -269,9 +288,12 @@ pub fn bench_kernels<B: TrainBackend>(device: &B::Device, opts: &BenchOptions) -
         let (ref_dtype, wanted) = parity_reference::<B>(&x, &blocks, dims, device);
         let tol = tolerance(opts.dtype, ref_dtype);
         let blocks = Tensor::<B, 4, Int>::from_data(TensorData::new(blocks, dims), device);
-        for ((name, keys), want) in
-            [("window", Keys::Window { w: W }), ("selected", Keys::selected(blocks, L_SEL))].into_iter().zip(wanted)
-        {
+        let branches = [
+            ("window", Keys::Window { w: W }, x.clone()),
+            ("selected", Keys::selected(blocks, L_SEL), x.clone()),
+            ("compressed", compressed_keys(), x.compressed()),
+        ];
+        for ((name, keys, x), want) in branches.into_iter().zip(wanted) {
             let fused =
                 forward_backward::<B>(&x, Seed::GradOut, |q, k, v| sparse_attention(q, k, v, &keys).0).map(host);
             let errs: Vec<f64> = fused.iter().zip(&want).map(|(a, b)| rel_err(a, b)).collect();

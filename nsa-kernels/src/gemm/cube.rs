@@ -1,6 +1,9 @@
 //! `CubeBackend`: cuBLASLt on the CUDA runtime where it loads, Burn's matmul otherwise (WGPU,
 //! and CUDA without the library).
 
+use burn::tensor::DType;
+use burn_cubecl::kernel::cast;
+use burn_cubecl::kernel::matmul::{matmul, MatmulStrategy};
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{element::BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 
@@ -15,17 +18,66 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> GemmBacken
     }
 }
 
+/// `op(a_i) op(b_i)` for each matrix of `a [batch, ., .]` and `b [batch, ., .]`, as `out_dtype`
+/// (f32 keeps a bf16 product's accumulator): cuBLASLt on CUDA, else Burn's matmul, in
+/// `out_dtype` throughout when the inputs differ from it.
+pub fn batched_gemm<R: CubeRuntime>(
+    a: CubeTensor<R>,
+    b: CubeTensor<R>,
+    transpose_a: bool,
+    transpose_b: bool,
+    out_dtype: DType,
+) -> CubeTensor<R> {
+    if let Some(out) = cuda_batched_gemm(&a, &b, transpose_a, transpose_b, out_dtype) {
+        return out;
+    }
+    let a = if transpose_a { burn_cubecl::ops::permute(a, &[0, 2, 1]) } else { a };
+    let b = if transpose_b { burn_cubecl::ops::permute(b, &[0, 2, 1]) } else { b };
+    let widen = |x: CubeTensor<R>| if x.dtype == out_dtype { x } else { cast(x, out_dtype) };
+    matmul(widen(a), widen(b), None, MatmulStrategy::default(), out_dtype).expect("Burn's matmul takes these operands")
+}
+
 /// The product in cuBLASLt when `R` is the CUDA runtime and it can run it.
 #[cfg(feature = "cuda")]
 fn cuda_gemm<R: CubeRuntime>(a: &CubeTensor<R>, b: &CubeTensor<R>, ta: bool, tb: bool) -> Option<CubeTensor<R>> {
-    use cubecl::cuda::CudaRuntime;
-    use std::any::Any;
-    let (a, b) = ((a as &dyn Any).downcast_ref()?, (b as &dyn Any).downcast_ref()?);
-    let out: CubeTensor<CudaRuntime> = super::cublaslt::gemm(a, b, ta, tb)?;
-    (Box::new(out) as Box<dyn Any>).downcast().ok().map(|out| *out)
+    let (a, b) = (as_cuda(a)?, as_cuda(b)?);
+    from_cuda(super::cublaslt::gemm(a, b, ta, tb)?)
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_batched_gemm<R: CubeRuntime>(
+    a: &CubeTensor<R>,
+    b: &CubeTensor<R>,
+    ta: bool,
+    tb: bool,
+    out_dtype: DType,
+) -> Option<CubeTensor<R>> {
+    let (a, b) = (as_cuda(a)?, as_cuda(b)?);
+    from_cuda(super::cublaslt::batched_gemm(a, b, ta, tb, out_dtype)?)
+}
+
+#[cfg(feature = "cuda")]
+fn as_cuda<R: CubeRuntime>(x: &CubeTensor<R>) -> Option<&CubeTensor<cubecl::cuda::CudaRuntime>> {
+    (x as &dyn std::any::Any).downcast_ref()
+}
+
+#[cfg(feature = "cuda")]
+fn from_cuda<R: CubeRuntime>(x: CubeTensor<cubecl::cuda::CudaRuntime>) -> Option<CubeTensor<R>> {
+    (Box::new(x) as Box<dyn std::any::Any>).downcast().ok().map(|x| *x)
 }
 
 #[cfg(not(feature = "cuda"))]
 fn cuda_gemm<R: CubeRuntime>(_: &CubeTensor<R>, _: &CubeTensor<R>, _: bool, _: bool) -> Option<CubeTensor<R>> {
+    None
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_batched_gemm<R: CubeRuntime>(
+    _: &CubeTensor<R>,
+    _: &CubeTensor<R>,
+    _: bool,
+    _: bool,
+    _: DType,
+) -> Option<CubeTensor<R>> {
     None
 }

@@ -36,7 +36,10 @@ struct Problem {
     k: usize,
     transpose_a: bool,
     transpose_b: bool,
+    /// Products in one call, their matrices `m k`, `k n`, `m n` elements apart.
+    batch: usize,
     dtype: DType,
+    out_dtype: DType,
     /// The largest power of two up to 256 that divides every operand's address: cuBLASLt picks
     /// among the algorithms that need no more.
     alignment: u64,
@@ -143,9 +146,10 @@ unsafe fn make_plan(handle: ltsys::cublasLtHandle_t, p: Problem) -> Result<Plan,
     set_transpose(ltsys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSB, p.transpose_a)?;
     let (b_rows, b_cols) = if p.transpose_b { (p.n, p.k) } else { (p.k, p.n) };
     let (a_rows, a_cols) = if p.transpose_a { (p.k, p.m) } else { (p.m, p.k) };
-    let first = lt::create_matrix_layout(ty, b_cols as u64, b_rows as u64, b_cols as i64)?;
-    let second = lt::create_matrix_layout(ty, a_cols as u64, a_rows as u64, a_cols as i64)?;
-    let out = lt::create_matrix_layout(ty, p.n as u64, p.m as u64, p.n as i64)?;
+    let out_ty = data_type(p.out_dtype).expect("checked by the caller");
+    let first = matrix_layout(ty, b_cols, b_rows, p.batch)?;
+    let second = matrix_layout(ty, a_cols, a_rows, p.batch)?;
+    let out = matrix_layout(out_ty, p.n, p.m, p.batch)?;
     let pref = lt::create_matmul_pref()?;
     let workspace = WORKSPACE_BYTES as u64;
     lt::set_matmul_pref_attribute(
@@ -168,6 +172,31 @@ unsafe fn make_plan(handle: ltsys::cublasLtHandle_t, p: Problem) -> Result<Plan,
     Ok(Plan { desc, a: first, b: second, c: out, algo: heuristic?.algo })
 }
 
+/// Column-major `rows x cols` matrices, `batch` of them back to back.
+unsafe fn matrix_layout(
+    ty: ltsys::cudaDataType,
+    rows: usize,
+    cols: usize,
+    batch: usize,
+) -> Result<ltsys::cublasLtMatrixLayout_t, lt::CublasError> {
+    let layout = lt::create_matrix_layout(ty, rows as u64, cols as u64, rows as i64)?;
+    if batch > 1 {
+        let (count, offset) = (batch as i32, (rows * cols) as i64);
+        let set = |attr, value: *const c_void, size| lt::set_matrix_layout_attribute(layout, attr, value, size);
+        set(
+            ltsys::cublasLtMatrixLayoutAttribute_t::CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+            &count as *const i32 as *const c_void,
+            4,
+        )?;
+        set(
+            ltsys::cublasLtMatrixLayoutAttribute_t::CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+            &offset as *const i64 as *const c_void,
+            8,
+        )?;
+    }
+    Ok(layout)
+}
+
 /// `op(a) op(b)` in cuBLASLt, or `None` (nothing queued) when it cannot run it: the library is
 /// missing, the dtype is not bf16/f16/f32, or the dtypes differ.
 pub fn gemm(
@@ -176,16 +205,40 @@ pub fn gemm(
     transpose_a: bool,
     transpose_b: bool,
 ) -> Option<CubeTensor<CudaRuntime>> {
-    if a.dtype != b.dtype || data_type(a.dtype).is_none() {
+    let [a0, a1] = a.meta.shape().dims::<2>();
+    let [b0, b1] = b.meta.shape().dims::<2>();
+    // Contiguous first, so that the reshapes only add a unit dimension's stride.
+    let a3 = burn_cubecl::ops::reshape(into_contiguous(a.clone()), Shape::new([1, a0, a1]));
+    let b3 = burn_cubecl::ops::reshape(into_contiguous(b.clone()), Shape::new([1, b0, b1]));
+    let out = batched_gemm(&a3, &b3, transpose_a, transpose_b, a.dtype)?;
+    let [_, m, n] = out.meta.shape().dims::<3>();
+    Some(burn_cubecl::ops::reshape(out, Shape::new([m, n])))
+}
+
+/// `op(a_i) op(b_i)` for each of the `batch` matrices of `a [batch, ., .]` and `b [batch, .,
+/// .]`, written as `out_dtype` (bf16 products can be kept in f32): `None` (nothing queued) when
+/// cuBLASLt cannot run it, as [`gemm`].
+pub fn batched_gemm(
+    a: &CubeTensor<CudaRuntime>,
+    b: &CubeTensor<CudaRuntime>,
+    transpose_a: bool,
+    transpose_b: bool,
+    out_dtype: DType,
+) -> Option<CubeTensor<CudaRuntime>> {
+    if a.dtype != b.dtype || data_type(a.dtype).is_none() || data_type(out_dtype).is_none() {
         return None;
     }
     let library = library(a.device.index)?;
     let (a, b) = (into_contiguous(a.clone()), into_contiguous(b.clone()));
-    let [a0, a1] = a.meta.shape().dims::<2>();
-    let [b0, b1] = b.meta.shape().dims::<2>();
+    let [batch, a0, a1] = a.meta.shape().dims::<3>();
+    let [b_batch, b0, b1] = b.meta.shape().dims::<3>();
+    if batch != b_batch {
+        return None;
+    }
     let (m, k) = if transpose_a { (a1, a0) } else { (a0, a1) };
     let n = if transpose_b { b0 } else { b1 };
-    let out = empty_device_contiguous_dtype(a.client.clone(), a.device.clone(), Shape::new([m, n]), a.dtype);
+    let shape = Shape::new([batch, m, n]);
+    let out = empty_device_contiguous_dtype(a.client.clone(), a.device.clone(), shape, out_dtype);
     // Each `get_resource` waits until CubeCL's server has enqueued all work before it (no
     // device sync); the resources keep the buffers alive until the product is queued.
     let resource = |handle: &cubecl::server::Handle| a.client.get_resource(handle.clone()).ok();
@@ -199,7 +252,7 @@ pub fn gemm(
     let workspace = lib.workspace.as_ref().map_or(0, |(_, ptr)| *ptr);
     let ptrs = [ra.resource().ptr, rb.resource().ptr, rc.resource().ptr, workspace];
     let alignment = ptrs.iter().fold(256u64, |align, p| align.min(1 << p.trailing_zeros().min(8)));
-    let problem = Problem { m, n, k, transpose_a, transpose_b, dtype: a.dtype, alignment };
+    let problem = Problem { m, n, k, transpose_a, transpose_b, batch, dtype: a.dtype, out_dtype, alignment };
     let (alpha, beta) = (1.0f32, 0.0f32);
     unsafe {
         drv::ctx::set_current(lib.ctx).ok()?;

@@ -1,20 +1,15 @@
-//! The compressed branch: every query row against the compressed blocks complete at its
-//! position, and the selection scores those probabilities give.
+//! The selection scores from the compressed branch's probabilities (the spec's Eq. 9 and 10),
+//! and which compressed blocks a query sees. The branch's attention itself is dense products
+//! and [`super::compressed_rows`].
 //!
-//! Keys are few (one per `stride` tokens), so a unit owns a whole row in f32 registers and walks
-//! the keys staged in shared memory; no `T x N` matrix is written, forward or backward.
-//!
-//! - Query side (forward, dQ): one cube per `(b, hk, tile of queries)`, one unit per row `(t, h)`
-//!   (`h` fastest). Every row of a cube attends a prefix of the keys, so the cube stages the
-//!   prefix its last query sees and each row stops at its own.
-//! - Key side (dK, dV): [`super::compressed_key`].
-//! - Scores: one unit per `(b, hk, t, selection block)` sums `w_ij * p_t,h,i` over the group's
-//!   heads and the compressed blocks `i` overlapping block `j` (the spec's Eq. 9 and 10).
+//! Scores walk the compressed keys from the query side: one cube per `(b, hk, tile of
+//! queries)`, one unit per row `(t, h)` (`h` fastest) holding its query in f32 registers. Every
+//! row of a cube sees a prefix of the keys, so the cube stages the prefix its last query sees in
+//! shared memory and each row stops at its own; `sum_group` then adds each group's heads.
 
 use cubecl::prelude::*;
 
-use super::rows::NEG_LARGE;
-use super::rows::{add_shared, load_slice, offset3, stage_rows, store_row_result, store_slice, zero_slice};
+use super::rows::{load_slice, offset3, stage_rows};
 
 /// `row . tile[at..at + len]` for a register row: four independent sums, so consecutive
 /// multiply-adds do not wait on each other.
@@ -104,130 +99,6 @@ impl RowUnit {
             mine = min(self.own_keys - first, count);
         }
         mine
-    }
-}
-
-/// `q [B, T, H_q, d_k]`, `k [B, N, H_kv, d_k]`, `v [B, N, H_kv, d_v]` -> `out [B, T, H_q, d_v]`
-/// and `lse [B, T, H_q]` (f32; `NEG_LARGE` with a zero row for a row that attends no block).
-/// Last axes contiguous. Cube `queries * g` units.
-#[cube(launch)]
-#[allow(clippy::too_many_arguments)]
-pub fn compressed_forward<F: Float>(
-    q: &Tensor<F>,
-    k: &Tensor<F>,
-    v: &Tensor<F>,
-    out: &mut Tensor<F>,
-    lse: &mut Tensor<f32>,
-    scale: f32,
-    length: u32,
-    stride: u32,
-    #[comptime] g: usize,
-    #[comptime] queries: usize,
-    #[comptime] d_k: usize,
-    #[comptime] d_v: usize,
-    #[comptime] chunk: usize,
-    #[define(F)] _dtype: StorageType,
-) {
-    let unit = RowUnit::new::<F>(q, k, length as usize, stride as usize, g, queries);
-    if !unit.exists {
-        terminate!();
-    }
-    let (b, hk, t, h) = (unit.b, unit.hk, unit.t, unit.h);
-    let q_row = load_slice::<F>(q, offset3::<F>(q, b, t, h), 0usize, scale, d_k, 1usize);
-    let mut acc = zero_slice(d_v, 1usize);
-    let mut row_max = f32::new(NEG_LARGE);
-    let mut sum = 0.0f32;
-    let mut k_tile = SharedMemory::<f32>::new(chunk * d_k);
-    let mut v_tile = SharedMemory::<f32>::new(chunk * d_v);
-
-    let mut first = 0usize;
-    while first < unit.cube_keys {
-        let count = min(unit.cube_keys - first, chunk);
-        stage_rows::<F, f32>(k, &mut k_tile, 0usize, b, first, count, hk, chunk, d_k, d_k);
-        stage_rows::<F, f32>(v, &mut v_tile, 0usize, b, first, count, hk, chunk, d_v, d_v);
-        sync_cube();
-        for key in 0..unit.attended(first, count) {
-            let s = dot_row(&q_row, &k_tile, key * d_k, d_k);
-            if s > row_max {
-                // Rescale what was accumulated under the old maximum.
-                let correction = (row_max - s).exp();
-                sum *= correction;
-                #[unroll]
-                for i in 0..d_v {
-                    acc[i] *= correction;
-                }
-                row_max = s;
-            }
-            let p = (s - row_max).exp();
-            sum += p;
-            add_shared(&mut acc, p, &v_tile, key * d_v, 0usize, d_v, 1usize);
-        }
-        sync_cube();
-        first += count;
-    }
-    if unit.active {
-        store_row_result::<F>(out, lse, b, t, h, 0usize, &acc, row_max, sum, d_v, 1usize);
-    }
-}
-
-/// dQ, and `delta = dO . O` per row (f32, for the key side): the forward's walk with the
-/// probabilities recomputed from the saved log-sum-exp.
-#[cube(launch)]
-#[allow(clippy::too_many_arguments)]
-pub fn compressed_backward_query<F: Float>(
-    q: &Tensor<F>,
-    k: &Tensor<F>,
-    v: &Tensor<F>,
-    out: &Tensor<F>,
-    lse: &Tensor<f32>,
-    grad_out: &Tensor<F>,
-    grad_q: &mut Tensor<F>,
-    delta: &mut Tensor<f32>,
-    scale: f32,
-    length: u32,
-    stride: u32,
-    #[comptime] g: usize,
-    #[comptime] queries: usize,
-    #[comptime] d_k: usize,
-    #[comptime] d_v: usize,
-    #[comptime] chunk: usize,
-    #[define(F)] _dtype: StorageType,
-) {
-    let unit = RowUnit::new::<F>(q, k, length as usize, stride as usize, g, queries);
-    if !unit.exists {
-        terminate!();
-    }
-    let (b, hk, t, h) = (unit.b, unit.hk, unit.t, unit.h);
-    let q_row = load_slice::<F>(q, offset3::<F>(q, b, t, h), 0usize, scale, d_k, 1usize);
-    let do_row = load_slice::<F>(grad_out, offset3::<F>(grad_out, b, t, h), 0usize, 1.0f32, d_v, 1usize);
-    let o_row = load_slice::<F>(out, offset3::<F>(out, b, t, h), 0usize, 1.0f32, d_v, 1usize);
-    let mut row_delta = 0.0f32;
-    #[unroll]
-    for i in 0..d_v {
-        row_delta += do_row[i] * o_row[i];
-    }
-    let row_lse = lse[offset3::<f32>(lse, b, t, h)];
-    let mut dq = zero_slice(d_k, 1usize);
-    let mut k_tile = SharedMemory::<f32>::new(chunk * d_k);
-    let mut v_tile = SharedMemory::<f32>::new(chunk * d_v);
-
-    let mut first = 0usize;
-    while first < unit.cube_keys {
-        let count = min(unit.cube_keys - first, chunk);
-        stage_rows::<F, f32>(k, &mut k_tile, 0usize, b, first, count, hk, chunk, d_k, d_k);
-        stage_rows::<F, f32>(v, &mut v_tile, 0usize, b, first, count, hk, chunk, d_v, d_v);
-        sync_cube();
-        for key in 0..unit.attended(first, count) {
-            let p = (dot_row(&q_row, &k_tile, key * d_k, d_k) - row_lse).exp();
-            let dp = dot_row(&do_row, &v_tile, key * d_v, d_v);
-            add_shared(&mut dq, p * (dp - row_delta), &k_tile, key * d_k, 0usize, d_k, 1usize);
-        }
-        sync_cube();
-        first += count;
-    }
-    if unit.active {
-        store_slice::<F>(grad_q, offset3::<F>(grad_q, b, t, h), 0usize, &dq, scale, d_k, 1usize);
-        delta[offset3::<f32>(delta, b, t, h)] = row_delta;
     }
 }
 

@@ -6,7 +6,7 @@
 
 pub mod backward;
 pub mod compressed;
-pub mod compressed_key;
+pub mod compressed_rows;
 pub mod flash_dq;
 pub mod flash_forward;
 pub mod flash_key;

@@ -1,0 +1,232 @@
+//! The compressed branch's row kernels: the few compressed keys make its score matrix small
+//! (`T x N` per head, `N ~ T / stride`), so its products run as batched dense GEMMs on the
+//! tensor cores ([`crate::compressed`]) and these kernels do what lies between them:
+//!
+//! - [`expand_heads`] lays each query head's copy of its KV head's keys (or values) out as one
+//!   matrix of the batch, zero rows padding `N` to the products' width; [`sum_heads`] adds the
+//!   group's heads back for dK and dV.
+//! - [`compressed_probs`] turns a row of raw scores into the masked softmax (query `t` sees the
+//!   blocks complete at `t`) and its log-sum-exp; [`compressed_grad_scores`] recomputes those
+//!   probabilities from the log-sum-exp and gives the scores' gradient
+//!   `p (dp - sum_j p_j dp_j) scale`.
+//!
+//! A row is served by [`ROW_UNITS`] units, each taking every `ROW_UNITS`-th column; their
+//! partial maxima and sums meet in shared memory (no plane operations, so WGPU runs them too).
+
+use cubecl::prelude::*;
+
+use super::compressed::visible_blocks;
+use super::rows::{offset3, NEG_LARGE};
+
+/// Units per row of the row kernels.
+pub const ROW_UNITS: usize = 32;
+
+/// `src [B, N, H_kv, d]` -> `dst [B * H_q, width, d]` (contiguous): matrix `b * H_q + h` holds
+/// KV head `h / g`'s rows, then zero rows up to `width`.
+#[cube(launch)]
+pub fn expand_heads<F: Float>(
+    src: &Tensor<F>,
+    dst: &mut Tensor<F>,
+    #[comptime] g: usize,
+    #[define(F)] _dtype: StorageType,
+) {
+    let pos = ABSOLUTE_POS;
+    if pos >= dst.len() {
+        terminate!();
+    }
+    let (width, d) = (dst.shape(1), dst.shape(2));
+    let c = pos % d;
+    let i = (pos / d) % width;
+    let bh = pos / (d * width);
+    let h_q = src.shape(2) * g;
+    let (b, hk) = (bh / h_q, (bh % h_q) / g);
+    let mut value = F::new(0.0);
+    if i < src.shape(1) {
+        value = src[offset3::<F>(src, b, i, hk) + c * src.stride(3)];
+    }
+    dst[pos] = value;
+}
+
+/// `src [B * H_q, width, d]` (f32) -> `dst [B, N, H_kv, d]` (contiguous): each KV head's rows
+/// summed over its group's `g` query heads.
+#[cube(launch)]
+pub fn sum_heads<F: Float>(
+    src: &Tensor<f32>,
+    dst: &mut Tensor<F>,
+    #[comptime] g: usize,
+    #[define(F)] _dtype: StorageType,
+) {
+    let pos = ABSOLUTE_POS;
+    if pos >= dst.len() {
+        terminate!();
+    }
+    let (n, h_kv, d) = (dst.shape(1), dst.shape(2), dst.shape(3));
+    let width = src.shape(1);
+    let c = pos % d;
+    let hk = (pos / d) % h_kv;
+    let i = (pos / (d * h_kv)) % n;
+    let b = pos / (d * h_kv * n);
+    let mut total = 0.0f32;
+    #[unroll]
+    for head in 0..g {
+        total += src[((b * h_kv * g + hk * g + head) * width + i) * d + c];
+    }
+    dst[pos] = F::cast_from(total);
+}
+
+/// Which row of `[B * H_q, T, width]` a unit serves, and where that row's statistics sit in
+/// `[B, T, H_q]`. Units past the last row serve it again and write nothing.
+#[derive(CubeType)]
+struct ScoreRow {
+    active: bool,
+    lane: usize,
+    /// The row's slot in the cube's shared partials.
+    slot: usize,
+    /// First element of the row.
+    at: usize,
+    stat: usize,
+    /// Blocks the row's query sees (`p` is zero past them).
+    visible: usize,
+}
+
+#[cube]
+impl ScoreRow {
+    fn new(scores: &Tensor<f32>, lse: &Tensor<f32>, length: u32, stride: u32, n: u32) -> ScoreRow {
+        let (t_len, width, h_q) = (scores.shape(1), scores.shape(2), lse.shape(2));
+        let rows = scores.shape(0) * t_len;
+        let row = ABSOLUTE_POS / ROW_UNITS;
+        let active = row < rows;
+        let row = min(row, rows - 1);
+        let (bh, t) = (row / t_len, row % t_len);
+        let (b, h) = (bh / h_q, bh % h_q);
+        ScoreRow {
+            active,
+            lane: UNIT_POS as usize % ROW_UNITS,
+            slot: UNIT_POS as usize / ROW_UNITS,
+            at: row * width,
+            stat: offset3::<f32>(lse, b, t, h),
+            visible: visible_blocks(t, n as usize, length as usize, stride as usize),
+        }
+    }
+
+    /// The maximum (`is_max`) or the sum of the row's units' `value`s, for every unit of the
+    /// row. Every unit of the cube calls it (it synchronises the cube).
+    fn combine(&self, partials: &mut SharedMemory<f32>, value: f32, #[comptime] is_max: bool) -> f32 {
+        partials[self.slot * ROW_UNITS + self.lane] = value;
+        sync_cube();
+        let mut total = partials[self.slot * ROW_UNITS];
+        for i in 1..ROW_UNITS {
+            let other = partials[self.slot * ROW_UNITS + i];
+            if comptime!(is_max) {
+                total = max(total, other);
+            } else {
+                total += other;
+            }
+        }
+        sync_cube();
+        total
+    }
+}
+
+/// Raw scores `q . k` `[B * H_q, T, width]` (f32) -> probabilities `probs` (same shape, the
+/// storage type; zero where masked) and `lse [B, T, H_q]` (f32; `NEG_LARGE` for a row that sees
+/// no block). Query `t` sees blocks `i < n` with `i * stride + length - 1 <= t`. Cube
+/// `ROW_UNITS * rows` units.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+pub fn compressed_probs<F: Float>(
+    scores: &Tensor<f32>,
+    probs: &mut Tensor<F>,
+    lse: &mut Tensor<f32>,
+    scale: f32,
+    length: u32,
+    stride: u32,
+    n: u32,
+    #[comptime] rows: usize,
+    #[define(F)] _dtype: StorageType,
+) {
+    let row = ScoreRow::new(scores, lse, length, stride, n);
+    let mut partials = SharedMemory::<f32>::new(rows * ROW_UNITS);
+    let width = scores.shape(2);
+
+    let mut row_max = f32::new(NEG_LARGE);
+    let mut col = row.lane;
+    while col < row.visible {
+        row_max = max(row_max, scores[row.at + col] * scale);
+        col += ROW_UNITS;
+    }
+    let row_max = row.combine(&mut partials, row_max, true);
+    let mut sum = 0.0f32;
+    col = row.lane;
+    while col < row.visible {
+        sum += (scores[row.at + col] * scale - row_max).exp();
+        col += ROW_UNITS;
+    }
+    let sum = row.combine(&mut partials, sum, false);
+
+    let mut row_lse = f32::new(NEG_LARGE);
+    if row.visible > 0 {
+        row_lse = row_max + sum.ln();
+    }
+    if row.active {
+        col = row.lane;
+        while col < width {
+            let mut p = 0.0f32;
+            if col < row.visible {
+                p = (scores[row.at + col] * scale - row_lse).exp();
+            }
+            probs[row.at + col] = F::cast_from(p);
+            col += ROW_UNITS;
+        }
+        if row.lane == 0 {
+            lse[row.stat] = row_lse;
+        }
+    }
+}
+
+/// Raw scores and the probabilities' gradient `dp = dO . v` (`[B * H_q, T, width]`, f32) and
+/// the forward's `lse` -> the raw scores' gradient `p (dp - sum_j p_j dp_j) scale` and the
+/// probabilities `p` (both the storage type, zero where masked). Cube `ROW_UNITS * rows` units.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+pub fn compressed_grad_scores<F: Float>(
+    scores: &Tensor<f32>,
+    grad_probs: &Tensor<f32>,
+    lse: &Tensor<f32>,
+    grad_scores: &mut Tensor<F>,
+    probs: &mut Tensor<F>,
+    scale: f32,
+    length: u32,
+    stride: u32,
+    n: u32,
+    #[comptime] rows: usize,
+    #[define(F)] _dtype: StorageType,
+) {
+    let row = ScoreRow::new(scores, lse, length, stride, n);
+    let mut partials = SharedMemory::<f32>::new(rows * ROW_UNITS);
+    let width = scores.shape(2);
+    let row_lse = lse[row.stat];
+
+    // `sum_j p_j dp_j` is `dO . O` of the flash backward, from the f32 probabilities.
+    let mut delta = 0.0f32;
+    let mut col = row.lane;
+    while col < row.visible {
+        let p = (scores[row.at + col] * scale - row_lse).exp();
+        delta += p * grad_probs[row.at + col];
+        col += ROW_UNITS;
+    }
+    let delta = row.combine(&mut partials, delta, false);
+
+    if row.active {
+        col = row.lane;
+        while col < width {
+            let mut p = 0.0f32;
+            if col < row.visible {
+                p = (scores[row.at + col] * scale - row_lse).exp();
+            }
+            grad_scores[row.at + col] = F::cast_from(p * (grad_probs[row.at + col] - delta) * scale);
+            probs[row.at + col] = F::cast_from(p);
+            col += ROW_UNITS;
+        }
+    }
+}
