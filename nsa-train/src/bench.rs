@@ -126,9 +126,8 @@ impl<B: Backend> Inputs<B> {
 }
 
 fn inputs<B: Backend>(shape: Shape, t: usize, dtype: DType, device: &B::Device) -> Inputs<B> {
-    let draw = |h: usize, d: usize| {
-        Tensor::<B, 4>::random([1, t, h, d], Distribution::Normal(0.0, 1.0), device).cast(dtype)
-    };
+    let draw =
+        |h: usize, d: usize| Tensor::<B, 4>::random([1, t, h, d], Distribution::Normal(0.0, 1.0), device).cast(dtype);
     Inputs {
         q: draw(shape.h_q, shape.d_k),
         k: draw(shape.h_kv, shape.d_k),

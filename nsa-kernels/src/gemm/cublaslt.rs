@@ -239,8 +239,24 @@ pub fn batched_gemm(
     let n = if transpose_b { b0 } else { b1 };
     let shape = Shape::new([batch, m, n]);
     let out = empty_device_contiguous_dtype(a.client.clone(), a.device.clone(), shape, out_dtype);
-    // Each `get_resource` waits until CubeCL's server has enqueued all work before it (no
-    // device sync); the resources keep the buffers alive until the product is queued.
+    let problem = Problem { m, n, k, transpose_a, transpose_b, batch, dtype: a.dtype, out_dtype, alignment: 0 };
+    // One blocking call into CubeCL's device thread, which has by then launched all work
+    // before it: there the buffers' addresses are known without further round trips (each
+    // `get_resource` from another thread is one), and the product is queued behind that work.
+    // The resources keep the buffers alive until the product is queued.
+    let queued = a.client.exclusive(|| unsafe { enqueue(library, &a, &b, &out, problem) });
+    queued.ok().flatten()?;
+    Some(out)
+}
+
+/// Queues `problem` on `out = op(a) op(b)` from CubeCL's device thread (see [`batched_gemm`]).
+unsafe fn enqueue(
+    library: &Mutex<Library>,
+    a: &CubeTensor<CudaRuntime>,
+    b: &CubeTensor<CudaRuntime>,
+    out: &CubeTensor<CudaRuntime>,
+    problem: Problem,
+) -> Option<()> {
     let resource = |handle: &cubecl::server::Handle| a.client.get_resource(handle.clone()).ok();
     let (ra, rb, rc) = (resource(&a.handle)?, resource(&b.handle)?, resource(&out.handle)?);
     let mut lib = library.lock().unwrap_or_else(|e| e.into_inner());
@@ -252,9 +268,9 @@ pub fn batched_gemm(
     let workspace = lib.workspace.as_ref().map_or(0, |(_, ptr)| *ptr);
     let ptrs = [ra.resource().ptr, rb.resource().ptr, rc.resource().ptr, workspace];
     let alignment = ptrs.iter().fold(256u64, |align, p| align.min(1 << p.trailing_zeros().min(8)));
-    let problem = Problem { m, n, k, transpose_a, transpose_b, batch, dtype: a.dtype, out_dtype, alignment };
+    let problem = Problem { alignment, ..problem };
     let (alpha, beta) = (1.0f32, 0.0f32);
-    unsafe {
+    {
         drv::ctx::set_current(lib.ctx).ok()?;
         let (handle, ctx, stream, before, after) = (lib.handle, lib.ctx, lib.stream, lib.before, lib.after);
         let plan = lib.plan(problem).ok()?;
@@ -282,5 +298,5 @@ pub fn batched_gemm(
         dsys::cuCtxWaitEvent(ctx, after).result().ok()?;
         queued.ok()?;
     }
-    Some(out)
+    Some(())
 }
