@@ -1,9 +1,11 @@
 //! `op(A) op(B)` in cuBLASLt, in CubeCL's work order without a host sync.
 //!
 //! CubeCL does not hand out the CUDA stream it launches on, so the product is ordered against
-//! it through the context: asking CubeCL for the operands' device pointers makes its server
-//! enqueue everything before them; an event recorded on the whole (primary) context then
-//! captures that work, our stream waits for it, runs the product, and the context waits for our
+//! it through the context. The product is a task on CubeCL's device thread, queued behind the
+//! launches before it without waiting for them (a blocking call per product stalled Burn's
+//! fusion thread, which then starved the thread that records the step); there the operands'
+//! device pointers are known, an event recorded on the whole (primary) context captures the
+//! work before, our stream waits for it, runs the product, and the context waits for our
 //! stream before any later work (`cuCtxRecordEvent` / `cuCtxWaitEvent`, CUDA 12.5+ drivers).
 //! The device never idles for the host, and the host never waits for the device.
 //!
@@ -22,6 +24,11 @@ use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::cuda::CudaRuntime;
+use cubecl::server::{Binding, ComputeServer};
+use cubecl::Runtime;
+use cubecl_common::device::Device;
+use cubecl_common::device_handle::DeviceHandle;
+use cubecl_common::stream_id::StreamId;
 use cudarc::cublaslt::{result as lt, sys as ltsys};
 use cudarc::driver::{result as drv, sys as dsys};
 
@@ -62,9 +69,9 @@ struct Library {
     before: dsys::CUevent,
     after: dsys::CUevent,
     plans: HashMap<Problem, Plan>,
-    /// The products' workspace, allocated once from CubeCL's pool and held (only our stream
+    /// The products' workspace, allocated once outside CubeCL's pool and held (only our stream
     /// uses it, one product after another), with its address.
-    workspace: Option<(cubecl::server::Handle, u64)>,
+    workspace: Option<u64>,
 }
 
 // SAFETY: the raw handles are only used under the `Mutex` around `Library`, one thread at a
@@ -239,43 +246,64 @@ pub fn batched_gemm(
     let n = if transpose_b { b0 } else { b1 };
     let shape = Shape::new([batch, m, n]);
     let out = empty_device_contiguous_dtype(a.client.clone(), a.device.clone(), shape, out_dtype);
+    if let Some(why) = FAILED.get() {
+        panic!("a cuBLASLt product failed earlier in this run: {why}");
+    }
     let problem = Problem { m, n, k, transpose_a, transpose_b, batch, dtype: a.dtype, out_dtype, alignment: 0 };
-    // One blocking call into CubeCL's device thread, which has by then launched all work
-    // before it: there the buffers' addresses are known without further round trips (each
-    // `get_resource` from another thread is one), and the product is queued behind that work.
-    // The resources keep the buffers alive until the product is queued.
-    let queued = a.client.exclusive(|| unsafe { enqueue(library, &a, &b, &out, problem) });
-    queued.ok().flatten()?;
+    // Queued on CubeCL's device thread without waiting for it: there the work before it has
+    // been launched and the buffers' addresses are known. The bindings keep the buffers alive
+    // until the product is queued.
+    let (bindings, stream) = ([&a, &b, &out].map(|x| x.handle.clone().binding()), StreamId::current());
+    DeviceHandle::<<CudaRuntime as Runtime>::Server>::new(a.device.to_id()).submit(move |server| {
+        if let Err(why) = unsafe { enqueue(server, library, bindings, stream, problem) } {
+            eprintln!("error: a cuBLASLt product failed: {why}");
+            let _ = FAILED.set(why);
+        }
+    });
     Some(out)
 }
 
-/// Queues `problem` on `out = op(a) op(b)` from CubeCL's device thread (see [`batched_gemm`]).
+/// `what: error`, for a failed driver or library call.
+fn err<E: std::fmt::Debug>(what: &'static str) -> impl Fn(E) -> String {
+    move |e| format!("{what}: {e:?}")
+}
+
+/// Why a queued product failed, if one did: its output is undefined, so the next product
+/// stops the run with this message.
+static FAILED: OnceLock<String> = OnceLock::new();
+
+/// Queues `problem` on the buffers of `[a, b, out]` from CubeCL's device thread, ordered after
+/// everything CubeCL queued before it and before everything after it (see the module doc).
 unsafe fn enqueue(
+    server: &mut <CudaRuntime as Runtime>::Server,
     library: &Mutex<Library>,
-    a: &CubeTensor<CudaRuntime>,
-    b: &CubeTensor<CudaRuntime>,
-    out: &CubeTensor<CudaRuntime>,
+    bindings: [Binding; 3],
+    stream: StreamId,
     problem: Problem,
-) -> Option<()> {
-    let resource = |handle: &cubecl::server::Handle| a.client.get_resource(handle.clone()).ok();
-    let (ra, rb, rc) = (resource(&a.handle)?, resource(&b.handle)?, resource(&out.handle)?);
+) -> Result<(), String> {
+    let [ra, rb, rc] = bindings.map(|binding| server.get_resource(binding, stream));
+    let (ra, rb, rc) = (ra.map_err(err("operand"))?, rb.map_err(err("operand"))?, rc.map_err(err("output"))?);
     let mut lib = library.lock().unwrap_or_else(|e| e.into_inner());
-    if lib.workspace.is_none() {
-        let handle = a.client.empty(WORKSPACE_BYTES);
-        let ptr = resource(&handle)?.resource().ptr;
-        lib.workspace = Some((handle, ptr));
-    }
-    let workspace = lib.workspace.as_ref().map_or(0, |(_, ptr)| *ptr);
+    drv::ctx::set_current(lib.ctx).map_err(err("context"))?;
+    let workspace = match lib.workspace {
+        Some(ptr) => ptr,
+        None => {
+            let bytes = WORKSPACE_BYTES;
+            let ptr = drv::malloc_sync(bytes).map_err(err("workspace"))?;
+            lib.workspace = Some(ptr);
+            ptr
+        }
+    };
     let ptrs = [ra.resource().ptr, rb.resource().ptr, rc.resource().ptr, workspace];
     let alignment = ptrs.iter().fold(256u64, |align, p| align.min(1 << p.trailing_zeros().min(8)));
     let problem = Problem { alignment, ..problem };
     let (alpha, beta) = (1.0f32, 0.0f32);
     {
-        drv::ctx::set_current(lib.ctx).ok()?;
         let (handle, ctx, stream, before, after) = (lib.handle, lib.ctx, lib.stream, lib.before, lib.after);
-        let plan = lib.plan(problem).ok()?;
-        dsys::cuCtxRecordEvent(ctx, before).result().ok()?;
-        drv::stream::wait_event(stream, before, dsys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT).ok()?;
+        let plan = lib.plan(problem).map_err(err("plan"))?;
+        dsys::cuCtxRecordEvent(ctx, before).result().map_err(err("cuCtxRecordEvent"))?;
+        drv::stream::wait_event(stream, before, dsys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT)
+            .map_err(err("wait"))?;
         let queued = lt::matmul(
             handle,
             plan.desc,
@@ -294,9 +322,9 @@ unsafe fn enqueue(
             WORKSPACE_BYTES,
             stream as ltsys::cudaStream_t,
         );
-        drv::event::record(after, stream).ok()?;
-        dsys::cuCtxWaitEvent(ctx, after).result().ok()?;
-        queued.ok()?;
+        drv::event::record(after, stream).map_err(err("record"))?;
+        dsys::cuCtxWaitEvent(ctx, after).result().map_err(err("cuCtxWaitEvent"))?;
+        queued.map_err(err("matmul"))?;
     }
-    Some(())
+    Ok(())
 }

@@ -4,8 +4,10 @@
 //! path itself is held to the float64 loops of the spec by the layer parity tests.
 //!
 //! Shapes cover rows that see no block (every `t < l - 1`), ragged `T`, `l % d != 0`, groups of
-//! 1, 2 and 6, `d_k != d_v` (and head dims that are not multiples of 4), batch 2, several query tiles, several staged key chunks, several key
-//! tiles and query splits on the key side; one case runs through Burn's fusion.
+//! 1, 2 and 6, `d_k != d_v` (and head dims that are not multiples of 4), batch 2, block counts
+//! that pad the products' width (149 blocks) and several cubes of score rows; one case runs
+//! through Burn's fusion. The products run in Burn's matmul here (cuBLASLt on CUDA, checked by
+//! `nsa bench-kernels`).
 
 use burn::backend::wgpu::{CubeBackend, WgpuDevice, WgpuRuntime};
 use burn::backend::Autodiff;
@@ -82,9 +84,9 @@ fn cases(rng: &mut StdRng) -> Vec<Case> {
         Case::new(rng, [2, 45, 6, 1, 16, 8], [8, 4, 8]),
         // `l % d != 0`, and selection blocks smaller than a compressed block.
         Case::new(rng, [1, 50, 4, 2, 8, 12], [6, 4, 4]),
-        // Head dims off the key side's vector width (scalar loads there).
+        // Head dims that are not multiples of 4.
         Case::new(rng, [1, 40, 4, 2, 6, 10], [8, 4, 8]),
-        // Several staged key chunks, key tiles and query splits: 149 blocks.
+        // 149 blocks: the products' width padded to 160.
         Case::new(rng, [1, 600, 2, 2, 16, 16], [8, 4, 16]),
         // The production group and head dim (g = 6, d = 64, l = 32, d = 16, l' = 64), several
         // query tiles.
