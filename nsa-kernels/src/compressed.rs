@@ -14,11 +14,6 @@ use crate::gemm::batched_gemm;
 use crate::kernel::compressed;
 use crate::kernel::compressed_rows::{self, ROW_UNITS};
 
-/// Query rows per cube of the selection scores' walk, at most (a whole number of positions'
-/// `g` heads).
-const QUERY_ROWS: usize = 128;
-/// f32 words of keys staged per chunk of that walk: 16 KiB, within every device's shared memory.
-const STAGED_WORDS: usize = 4096;
 /// Rows of the score matrix per cube of the row kernels.
 const ROWS_PER_CUBE: usize = 8;
 /// The products' key width is a multiple of this: 16-byte aligned bf16 and f32 rows.
@@ -34,8 +29,6 @@ pub struct Problem<R: CubeRuntime> {
     stride: u32,
     scale: f32,
     g: usize,
-    d_k: usize,
-    d_v: usize,
 }
 
 impl<R: CubeRuntime> Problem<R> {
@@ -45,7 +38,7 @@ impl<R: CubeRuntime> Problem<R> {
         assert!(qs[0] == ks[0] && ks[..3] == vs[..3], "q, k, v disagree on batch or heads");
         assert!(qs[3] == ks[3] && ks[2] > 0 && qs[2] % ks[2] == 0, "q and k head dims or head counts disagree");
         assert!(length > 0 && stride > 0, "compressed blocks need a length and a stride");
-        let (d_k, d_v, g) = (qs[3], vs[3], qs[2] / ks[2]);
+        let (d_k, g) = (qs[3], qs[2] / ks[2]);
         Problem {
             q: into_contiguous(q),
             k: into_contiguous(k),
@@ -54,8 +47,6 @@ impl<R: CubeRuntime> Problem<R> {
             stride: u32::try_from(stride).expect("block stride fits in u32"),
             scale: 1.0 / (d_k as f32).sqrt(),
             g,
-            d_k,
-            d_v,
         }
     }
 
@@ -70,17 +61,6 @@ impl<R: CubeRuntime> Problem<R> {
 
     fn empty(&self, shape: Shape, dtype: DType) -> CubeTensor<R> {
         empty_device_contiguous_dtype::<R>(self.client(), self.q.device.clone(), shape, dtype)
-    }
-
-    /// Query-side plan: positions per cube and keys per staged chunk.
-    fn query_plan(&self) -> (usize, usize, CubeCount, CubeDim) {
-        let [b, t, _] = self.dims();
-        let h_kv = self.k.meta.shape()[2];
-        let queries = (QUERY_ROWS / self.g).max(1);
-        let chunk = (STAGED_WORDS / (self.d_k + self.d_v)).max(1);
-        let cubes = b * h_kv * t.div_ceil(queries);
-        let dim = CubeDim::new_1d((queries * self.g) as u32);
-        (queries, chunk, CubeCount::new_1d(cubes as u32), dim)
     }
 
     /// Output `[B, T, H_q, d_v]` and log-sum-exp `[B, T, H_q]` (f32).
@@ -199,42 +179,28 @@ impl<R: CubeRuntime> Problem<R> {
     }
 
     /// Selection scores `[B, H_kv, T, ceil(T / block_size)]` (f32) from the forward's
-    /// log-sum-exp: per head on the query side's walk, then summed over each group.
+    /// log-sum-exp: the raw scores again as one product, then one unit per output.
     pub fn block_scores(&self, lse: CubeTensor<R>, block_size: usize) -> CubeTensor<R> {
-        let [b, t, h_q] = self.dims();
+        let [b, t, _] = self.dims();
         let h_kv = self.k.meta.shape()[2];
-        let n_sel = t.div_ceil(block_size);
-        let head_scores = self.empty(Shape::new([b, t, h_q, n_sel]), DType::F32);
-        let (queries, chunk, count, dim) = self.query_plan();
-        compressed::compressed_head_scores::launch::<R>(
+        let scores = batched_gemm(heads_first(self.q.clone()), self.expand(&self.k), false, true, DType::F32);
+        let out = self.empty(Shape::new([b, h_kv, t, t.div_ceil(block_size)]), DType::F32);
+        let dim = CubeDim::new_1d(256);
+        compressed::compressed_block_scores::launch::<R>(
             &self.client(),
-            count,
+            calculate_cube_count_elemwise(&self.client(), out.meta.shape().num_elements(), dim),
             dim,
-            self.q.clone().into_tensor_arg(),
-            self.k.clone().into_tensor_arg(),
+            scores.into_tensor_arg(),
             into_contiguous(lse).into_tensor_arg(),
-            head_scores.clone().into_tensor_arg(),
+            out.clone().into_tensor_arg(),
             self.scale,
             self.length,
             self.stride,
             u32::try_from(block_size).expect("block size fits in u32"),
-            self.g,
-            queries,
-            self.d_k,
-            chunk,
-            self.q.dtype.into(),
-        );
-        let scores = self.empty(Shape::new([b, h_kv, t, n_sel]), DType::F32);
-        let dim = CubeDim::new_1d(256);
-        compressed::sum_group::launch::<R>(
-            &self.client(),
-            calculate_cube_count_elemwise(&self.client(), scores.meta.shape().num_elements(), dim),
-            dim,
-            head_scores.into_tensor_arg(),
-            scores.clone().into_tensor_arg(),
+            self.n(),
             self.g,
         );
-        scores
+        out
     }
 }
 
