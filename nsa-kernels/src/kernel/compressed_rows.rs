@@ -109,6 +109,16 @@ impl ScoreRow {
         }
     }
 
+    /// The probability of column `col`: `exp(s scale - shift)` where the row sees the block,
+    /// else 0.
+    fn prob(&self, scores: &Tensor<f32>, col: usize, scale: f32, shift: f32) -> f32 {
+        let mut p = 0.0f32;
+        if col < self.visible {
+            p = (scores[self.at + col] * scale - shift).exp();
+        }
+        p
+    }
+
     /// The maximum (`is_max`) or the sum of the row's units' `value`s, for every unit of the
     /// row. Every unit of the cube calls it (it synchronises the cube).
     fn combine(&self, partials: &mut SharedMemory<f32>, value: f32, #[comptime] is_max: bool) -> f32 {
@@ -171,11 +181,7 @@ pub fn compressed_probs<F: Float>(
     if row.active {
         col = row.lane;
         while col < width {
-            let mut p = 0.0f32;
-            if col < row.visible {
-                p = (scores[row.at + col] * scale - row_lse).exp();
-            }
-            probs[row.at + col] = F::cast_from(p);
+            probs[row.at + col] = F::cast_from(row.prob(scores, col, scale, row_lse));
             col += ROW_UNITS;
         }
         if row.lane == 0 {
@@ -211,8 +217,7 @@ pub fn compressed_grad_scores<F: Float>(
     let mut delta = 0.0f32;
     let mut col = row.lane;
     while col < row.visible {
-        let p = (scores[row.at + col] * scale - row_lse).exp();
-        delta += p * grad_probs[row.at + col];
+        delta += row.prob(scores, col, scale, row_lse) * grad_probs[row.at + col];
         col += ROW_UNITS;
     }
     let delta = row.combine(&mut partials, delta, false);
@@ -220,10 +225,7 @@ pub fn compressed_grad_scores<F: Float>(
     if row.active {
         col = row.lane;
         while col < width {
-            let mut p = 0.0f32;
-            if col < row.visible {
-                p = (scores[row.at + col] * scale - row_lse).exp();
-            }
+            let p = row.prob(scores, col, scale, row_lse);
             grad_scores[row.at + col] = F::cast_from(p * (grad_probs[row.at + col] - delta) * scale);
             probs[row.at + col] = F::cast_from(p);
             col += ROW_UNITS;
