@@ -1,7 +1,10 @@
 //! Rotary position embedding on interleaved pairs `(2i, 2i+1)`.
 //!
 //! The cos/sin table is computed once on the host in f64 and stored in the module, so positions
-//! stay exact whatever the compute dtype (bf16 cannot even represent position 257 exactly).
+//! stay exact whatever the compute dtype (bf16 cannot even represent position 257 exactly). It
+//! holds each pair's angle twice (`[max_len, d]`), so the rotation is an element-wise expression
+//! over whole rows: Burn fuses it with 16-byte vector loads, where a trailing pair axis of 2
+//! would leave one element per unit (about ten times slower at training sizes).
 
 use burn::module::Module;
 use burn::tensor::{backend::Backend, Tensor, TensorData};
@@ -11,9 +14,9 @@ use crate::attention::constants::cached;
 
 #[derive(Module, Debug)]
 pub struct Rope<B: Backend> {
-    /// `cos(pos * theta_i)`, `[max_len, d/2]`.
+    /// `cos(pos * theta_i)` at columns `2i` and `2i + 1`, `[max_len, d]`.
     cos: Tensor<B, 2>,
-    /// `sin(pos * theta_i)`, `[max_len, d/2]`.
+    /// `sin(pos * theta_i)` at columns `2i` and `2i + 1`, `[max_len, d]`.
     sin: Tensor<B, 2>,
 }
 
@@ -21,16 +24,16 @@ impl<B: Backend> Rope<B> {
     /// Table for positions `0..max_len` of a head dim `head_dim` (even).
     pub fn new(max_len: usize, head_dim: usize, base: f64, device: &B::Device) -> Self {
         let half = head_dim / 2;
-        let mut cos = Vec::with_capacity(max_len * half);
-        let mut sin = Vec::with_capacity(max_len * half);
+        let mut cos = Vec::with_capacity(max_len * head_dim);
+        let mut sin = Vec::with_capacity(max_len * head_dim);
         for pos in 0..max_len {
             for i in 0..half {
                 let angle = pos as f64 * base.powf(-2.0 * i as f64 / head_dim as f64);
-                cos.push(angle.cos());
-                sin.push(angle.sin());
+                cos.extend([angle.cos(); 2]);
+                sin.extend([angle.sin(); 2]);
             }
         }
-        let table = |v: Vec<f64>| Tensor::from_data(TensorData::new(v, [max_len, half]), device);
+        let table = |v: Vec<f64>| Tensor::from_data(TensorData::new(v, [max_len, head_dim]), device);
         Self { cos: table(cos), sin: table(sin) }
     }
 
@@ -53,7 +56,7 @@ impl<B: GemmBackend> Rope<B> {
 
     /// Rotates `x` whose axis `axis` is the position (1 or 2) and last axis the head dim.
     fn rotate(&self, x: Tensor<B, 4>, axis: usize) -> Tensor<B, 4> {
-        let [a0, a1, a2, d] = x.dims();
+        let d = x.dims()[3];
         let t = x.dims()[axis];
         assert!(
             t <= self.max_len(),
@@ -61,7 +64,7 @@ impl<B: GemmBackend> Rope<B> {
             self.max_len()
         );
         let half = d / 2;
-        let mut table_shape = [1, 1, 1, half, 1];
+        let mut table_shape = [1, 1, 1, d];
         table_shape[axis] = t;
         // The table is stored at the model's default dtype; a mixed-precision forward rotates in
         // its compute dtype (Burn's binary ops do not promote mismatched dtypes).
@@ -82,8 +85,6 @@ impl<B: GemmBackend> Rope<B> {
             }
             Tensor::<B, 2>::from_data(TensorData::new(s, [d, d]), &device).cast(dtype)
         });
-        let swapped = linear_matmul(x.clone(), swap).reshape([a0, a1, a2, half, 2]);
-        let pairs = x.reshape([a0, a1, a2, half, 2]);
-        (pairs * cos + swapped * sin).reshape([a0, a1, a2, d])
+        x.clone() * cos + linear_matmul(x, swap) * sin
     }
 }
