@@ -207,13 +207,34 @@ impl<R: CubeRuntime> Problem<R> {
 /// `[B, T, H, d]` -> `[B * H, T, d]` (contiguous): one matrix per head.
 fn heads_first<R: CubeRuntime>(x: CubeTensor<R>) -> CubeTensor<R> {
     let [b, t, h, d] = x.meta.shape().dims::<4>();
-    let x = into_contiguous(burn_cubecl::ops::permute(x, &[0, 2, 1, 3]));
-    burn_cubecl::ops::reshape(x, Shape::new([b * h, t, d]))
+    burn_cubecl::ops::reshape(swap_middle_axes(x), Shape::new([b * h, t, d]))
 }
 
 /// `[B * H, T, d]` -> `[B, T, H, d]` (contiguous).
 fn tokens_first<R: CubeRuntime>(x: CubeTensor<R>, b: usize) -> CubeTensor<R> {
     let [bh, t, d] = x.meta.shape().dims::<3>();
-    let x = burn_cubecl::ops::reshape(x, Shape::new([b, bh / b, t, d]));
-    into_contiguous(burn_cubecl::ops::permute(x, &[0, 2, 1, 3]))
+    swap_middle_axes(burn_cubecl::ops::reshape(x, Shape::new([b, bh / b, t, d])))
+}
+
+/// `[A, X, Y, d]` -> `[A, Y, X, d]` (contiguous), whole rows of `d` per kernel unit: Burn's
+/// permuted copy indexes every element through all four strides.
+fn swap_middle_axes<R: CubeRuntime>(x: CubeTensor<R>) -> CubeTensor<R> {
+    let x = into_contiguous(x);
+    let [a, x_len, y_len, d] = x.meta.shape().dims::<4>();
+    let client = x.client.clone();
+    let vector = client.io_optimized_vector_sizes(x.dtype.size()).find(|v| d % v == 0).unwrap_or(1);
+    let out =
+        empty_device_contiguous_dtype::<R>(client.clone(), x.device.clone(), Shape::new([a, y_len, x_len, d]), x.dtype);
+    let dim = CubeDim::new_1d(256);
+    compressed_rows::swap_middle_axes::launch::<R>(
+        &client,
+        calculate_cube_count_elemwise(&client, out.meta.shape().num_elements() / vector, dim),
+        dim,
+        vector,
+        x.clone().into_tensor_arg(),
+        out.clone().into_tensor_arg(),
+        vector,
+        x.dtype.into(),
+    );
+    out
 }

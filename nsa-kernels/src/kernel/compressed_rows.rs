@@ -2,6 +2,8 @@
 //! (`T x N` per head, `N ~ T / stride`), so its products run as batched dense GEMMs on the
 //! tensor cores ([`crate::compressed`]) and these kernels do what lies between them:
 //!
+//! - [`swap_middle_axes`] moves each head's rows between the layer's `[B, T, H, d]` and the
+//!   products' one-matrix-per-head `[B, H, T, d]`, a whole 16-byte vector per unit.
 //! - [`expand_heads`] lays each query head's copy of its KV head's keys (or values) out as one
 //!   matrix of the batch, zero rows padding `N` to the products' width; [`sum_heads`] adds the
 //!   group's heads back for dK and dV.
@@ -20,6 +22,29 @@ use super::rows::{offset3, NEG_LARGE};
 
 /// Units per row of the row kernels.
 pub const ROW_UNITS: usize = 32;
+
+/// `src [A, X, Y, d]` -> `dst [A, Y, X, d]`, both contiguous, indexed in vectors of `vector`
+/// elements (`vector` divides `d`).
+#[cube(launch)]
+pub fn swap_middle_axes<F: Float, N: Size>(
+    src: &Tensor<Vector<F, N>>,
+    dst: &mut Tensor<Vector<F, N>>,
+    #[comptime] vector: usize,
+    #[define(F)] _dtype: StorageType,
+) {
+    let pos = ABSOLUTE_POS;
+    if pos >= dst.len() {
+        terminate!();
+    }
+    let per_row = dst.shape(3) / vector;
+    let (y_len, x_len) = (dst.shape(1), dst.shape(2));
+    let c = pos % per_row;
+    let row = pos / per_row;
+    let x = row % x_len;
+    let y = (row / x_len) % y_len;
+    let a = row / (x_len * y_len);
+    dst[pos] = src[((a * x_len + x) * y_len + y) * per_row + c];
+}
 
 /// `src [B, N, H_kv, d]` -> `dst [B * H_q, width, d]` (contiguous): matrix `b * H_q + h` holds
 /// KV head `h / g`'s rows, then zero rows up to `width`.
