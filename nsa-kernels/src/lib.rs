@@ -15,6 +15,7 @@ mod autodiff;
 pub mod devices;
 mod fingerprint;
 pub mod gemm;
+pub mod mix;
 pub mod reference;
 
 #[cfg(feature = "cube")]
@@ -36,4 +37,5 @@ pub use activation::{silu, ActivationBackend};
 pub use api::{block_scores, sparse_attention, with_block_index, BlockIndex, Keys, SparseAttentionBackend, SparseAttentionGrads};
 pub use fingerprint::KERNEL_FINGERPRINT;
 pub use gemm::{linear_matmul, GemmBackend};
+pub use mix::{gated_mix, gated_mix_reference, GatedMixBackend};
 pub use optim::{AdamWHyper, AdamWSlot, AdamWUpdate, FusedAdamWBackend};

@@ -11,7 +11,9 @@ use burn::module::{Module, Param};
 use burn::nn::{Initializer, Linear, LinearConfig};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Bool, Int, Tensor};
-use nsa_kernels::{block_scores, reference, sparse_attention, Keys, SparseAttentionBackend};
+use nsa_kernels::{
+    block_scores, gated_mix, gated_mix_reference, reference, sparse_attention, Keys, SparseAttentionBackend,
+};
 
 use super::compress::Compressor;
 use super::projection::{apply, linear, tokens_first_heads, KvProjection};
@@ -189,10 +191,10 @@ impl<B: SparseAttentionBackend> NsaAttention<B> {
         let c = &self.config;
         let [b, t, _] = x.dims();
         let gates = sigmoid(apply(&self.gate, x)).reshape([b, t, 3, c.n_heads]);
-        let gate_of = |branch: Branch| gates.clone().narrow(2, branch as usize, 1).reshape([b, t, c.n_heads, 1]);
-        let [o_cmp, o_slc, o_win] = branches;
-        let mixed =
-            o_cmp * gate_of(Branch::Compressed) + o_slc * gate_of(Branch::Selected) + o_win * gate_of(Branch::Window);
+        let mixed = match c.fused_kernels {
+            true => gated_mix(branches, gates.clone()),
+            false => gated_mix_reference(branches, gates.clone()),
+        };
         let out = apply(&self.output, mixed.reshape([b, t, c.n_heads * c.d_v]));
         (out, gates)
     }

@@ -15,6 +15,7 @@ pub mod forward;
 pub mod fragments;
 pub mod inverse;
 pub mod key;
+pub mod mix;
 pub mod mma_backward;
 pub mod mma_dq;
 pub mod mma_forward;

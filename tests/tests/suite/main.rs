@@ -18,6 +18,7 @@ mod optimizer;
 /// On a CUDA device only (`--features cuda`).
 #[cfg(feature = "cuda")]
 mod manual_mma;
+mod mix;
 mod parity;
 mod phi;
 mod selection;
