@@ -11,7 +11,7 @@ use burn::config::Config;
 use burn::module::Module;
 use burn::nn::{Embedding, EmbeddingConfig, Initializer, Linear, RmsNorm, RmsNormConfig};
 use burn::tensor::{backend::Backend, Int, Tensor};
-use nsa_kernels::{linear_matmul, silu, ActivationBackend, GemmBackend, SparseAttentionBackend};
+use nsa_kernels::{linear_matmul, rms_norm, silu, ActivationBackend, GemmBackend, SparseAttentionBackend};
 use serde::{Deserialize, Serialize};
 
 use crate::attention::projection::{apply, linear};
@@ -159,7 +159,7 @@ pub struct Block<B: Backend> {
 
 impl<B: SparseAttentionBackend> Block<B> {
     fn forward(&self, x: Tensor<B, 3>) -> (Tensor<B, 3>, Option<NsaAux<B>>) {
-        let normed = self.attention_norm.forward(x.clone());
+        let normed = norm(&self.attention_norm, x.clone());
         let (attended, aux) = match &self.attention {
             Attention::Nsa(nsa) => {
                 let (out, aux) = nsa.forward_with_aux(normed);
@@ -168,9 +168,15 @@ impl<B: SparseAttentionBackend> Block<B> {
             Attention::Dense(dense) => (dense.forward(normed), None),
         };
         let x = x + attended;
-        let x = x.clone() + self.mlp.forward(self.mlp_norm.forward(x));
+        let x = x.clone() + self.mlp.forward(norm(&self.mlp_norm, x));
         (x, aux)
     }
+}
+
+/// A Burn `RmsNorm`'s function through `nsa_kernels::rms_norm`, whose forward keeps only its
+/// input and one statistic per row for the backward (Burn's keeps about three activations).
+fn norm<B: SparseAttentionBackend>(layer: &RmsNorm<B>, x: Tensor<B, 3>) -> Tensor<B, 3> {
+    rms_norm(x, layer.gamma.val(), layer.epsilon)
 }
 
 #[derive(Module, Debug)]
@@ -224,7 +230,7 @@ impl<B: SparseAttentionBackend> NsaLm<B> {
             x = next;
             aux.extend(layer_aux);
         }
-        (apply(&self.lm_head, self.norm.forward(x)), aux)
+        (apply(&self.lm_head, norm(&self.norm, x)), aux)
     }
 }
 

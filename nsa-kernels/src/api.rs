@@ -65,7 +65,10 @@ pub struct SparseAttentionGrads<B: Backend> {
 /// rows in place of `T` for [`Keys::Compressed`]) with `H_q = g * H_kv`; query head `h` reads KV head `h / g`. Output `[B, T, H_q, d_v]` in the
 /// storage dtype and log-sum-exp `[B, T, H_q]` in f32 (f64 when the storage is f64).
 pub trait SparseAttentionBackend:
-    crate::gemm::GemmBackend + crate::activation::ActivationBackend + crate::mix::GatedMixBackend
+    crate::gemm::GemmBackend
+    + crate::activation::ActivationBackend
+    + crate::mix::GatedMixBackend
+    + crate::norm::RmsNormBackend
 {
     /// Whether [`Self::sparse_attention`] is a fused kernel with a matching fused backward.
     /// When false, autodiff differentiates the reference's tensor ops instead.

@@ -16,6 +16,7 @@ pub mod devices;
 mod fingerprint;
 pub mod gemm;
 pub mod mix;
+pub mod norm;
 pub mod reference;
 
 #[cfg(feature = "cube")]
@@ -38,4 +39,5 @@ pub use api::{block_scores, sparse_attention, with_block_index, BlockIndex, Keys
 pub use fingerprint::KERNEL_FINGERPRINT;
 pub use gemm::{linear_matmul, GemmBackend};
 pub use mix::{gated_mix, gated_mix_reference, GatedMixBackend};
+pub use norm::{rms_norm, RmsNormBackend};
 pub use optim::{AdamWHyper, AdamWSlot, AdamWUpdate, FusedAdamWBackend};

@@ -3,6 +3,8 @@
 
 use cubecl::prelude::*;
 
+use super::vectors::dot;
+
 /// `out[b, t, h, :] = sum_i gates[b, t, i, h] o_i[b, t, h, :]`.
 #[cube(launch)]
 pub fn gated_mix<F: Float, N: Size>(
@@ -98,16 +100,4 @@ fn gate_offset(row: usize, h_len: usize) -> usize {
 #[cube]
 fn weighted<F: Float, N: Size>(x: Vector<F, N>, gate: F) -> Vector<f32, N> {
     Vector::<f32, N>::cast_from(x) * Vector::<f32, N>::new(f32::cast_from(gate))
-}
-
-/// `sum_e a[e] b[e]` in f32.
-#[cube]
-fn dot<F: Float, N: Size>(a: Vector<F, N>, b: Vector<F, N>, #[comptime] vector: usize) -> f32 {
-    let product = Vector::<f32, N>::cast_from(a) * Vector::<f32, N>::cast_from(b);
-    let mut sum = 0.0f32;
-    #[unroll]
-    for e in 0..vector {
-        sum += product[e];
-    }
-    sum
 }

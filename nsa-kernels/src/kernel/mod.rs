@@ -21,6 +21,8 @@ pub mod mma_dq;
 pub mod mma_forward;
 pub mod mma_select;
 pub mod query;
+pub mod rms_norm;
 pub mod rows;
 pub mod top_n;
+pub mod vectors;
 pub mod walk;

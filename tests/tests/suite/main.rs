@@ -19,6 +19,7 @@ mod optimizer;
 #[cfg(feature = "cuda")]
 mod manual_mma;
 mod mix;
+mod norm;
 mod parity;
 mod phi;
 mod selection;
