@@ -15,7 +15,7 @@ use crate::kernel::compressed;
 use crate::kernel::compressed_rows::{self, ROW_UNITS};
 
 /// Rows of the score matrix per cube of the row kernels.
-const ROWS_PER_CUBE: usize = 8;
+const ROWS_PER_CUBE: usize = 32;
 /// The products' key width is a multiple of this: 16-byte aligned bf16 and f32 rows.
 const WIDTH_MULTIPLE: usize = 16;
 

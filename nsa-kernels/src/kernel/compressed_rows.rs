@@ -20,8 +20,10 @@ use cubecl::prelude::*;
 use super::compressed::visible_blocks;
 use super::rows::{offset3, NEG_LARGE};
 
-/// Units per row of the row kernels.
-pub const ROW_UNITS: usize = 32;
+/// Units per row of the row kernels. A row is short (`N` padded to 16: 128 columns at T = 2048),
+/// so few units each take several columns: fewer partial sums to combine, more independent loads
+/// per unit.
+pub const ROW_UNITS: usize = 8;
 
 /// `src [A, X, Y, d]` -> `dst [A, Y, X, d]`, both contiguous, indexed in vectors of `vector`
 /// elements (`vector` divides `d`).
@@ -150,6 +152,7 @@ impl ScoreRow {
         partials[self.slot * ROW_UNITS + self.lane] = value;
         sync_cube();
         let mut total = partials[self.slot * ROW_UNITS];
+        #[unroll]
         for i in 1..ROW_UNITS {
             let other = partials[self.slot * ROW_UNITS + i];
             if comptime!(is_max) {

@@ -88,7 +88,8 @@ pub fn rms_norm_forward<F: Float, N: Size>(
 }
 
 /// `dx = r (gamma dy - xhat mean(gamma dy xhat))`, `xhat = x r`, and the cube's share of
-/// `dgamma = sum_rows dy xhat` in `partial[cube, :]` (f32). A cube serves `passes` groups of
+/// `dgamma = sum_rows dy xhat` in `partial[:, cube]` (f32; column-major, so that the shares of
+/// one column are one contiguous row to sum). A cube serves `passes` groups of
 /// `rows` consecutive rows; each row slot adds its rows' shares in its own shared-memory row of
 /// `d`, and the slots are summed once at the end.
 #[cube(launch)]
@@ -143,14 +144,15 @@ pub fn rms_norm_backward<F: Float, N: Size>(
         }
     }
     sync_cube();
+    let cubes = partial.shape(1);
     let mut c = UNIT_POS as usize;
-    while c < d {
+    while c < d && CUBE_POS < cubes {
         let mut total = 0.0f32;
         #[unroll]
         for s in 0..rows {
             total += shares[s * d + c];
         }
-        partial[CUBE_POS * d + c] = total;
+        partial[c * cubes + CUBE_POS] = total;
         c += CUBE_DIM as usize;
     }
 }

@@ -76,7 +76,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> RmsNormBac
         let vector = vector_for(&x, d);
         let grad_x = empty(&x, x.meta.shape().clone(), x.dtype);
         let cubes = rows.div_ceil(slots * PASSES);
-        let partial = empty(&x, Shape::new([cubes, d]), DType::F32);
+        let partial = empty(&x, Shape::new([d, cubes]), DType::F32);
         let client = x.client.clone();
         let dim = CubeDim::new_1d((slots * NORM_UNITS) as u32);
         kernel::rms_norm_backward::launch::<R>(
@@ -96,7 +96,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> RmsNormBac
             d,
             x.dtype.into(),
         );
-        let grad_gamma = Self::float_reshape(Self::float_sum_dim(partial, 0), Shape::new([d]));
+        let grad_gamma = Self::float_reshape(Self::float_sum_dim(partial, 1), Shape::new([d]));
         (grad_x, Self::float_cast(grad_gamma, gamma.dtype.into()))
     }
 
