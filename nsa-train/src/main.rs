@@ -33,7 +33,7 @@ struct RunArgs {
     #[arg(long)]
     config: Option<PathBuf>,
     #[arg(long, value_enum)]
-    backend: Option<BackendArg>,
+    backend: Option<BackendKind>,
     /// Training data (files or directories); repeatable. Overrides `data.paths`.
     #[arg(long)]
     data: Vec<PathBuf>,
@@ -64,7 +64,7 @@ impl RunArgs {
     /// Applies the flags to `cfg` (loaded from `--config`, or from a run being resumed).
     fn apply(&self, cfg: &mut RunConfig) {
         if let Some(b) = self.backend {
-            cfg.train.backend = b.into();
+            cfg.train.backend = b;
         }
         if !self.data.is_empty() {
             cfg.data.paths = self.data.iter().map(|p| p.display().to_string()).collect();
@@ -154,7 +154,7 @@ enum Command {
     /// forward and gradients, then TFLOP/s of ours and Burn's.
     BenchGemm {
         #[arg(long, value_enum)]
-        backend: Option<BackendArg>,
+        backend: Option<BackendKind>,
         /// Rows of the activations (batch x sequence length).
         #[arg(long, default_value_t = 32768)]
         rows: usize,
@@ -168,7 +168,7 @@ enum Command {
     /// at the benchmark shapes, after a parity check against the reference on the same device.
     BenchKernels {
         #[arg(long, value_enum)]
-        backend: Option<BackendArg>,
+        backend: Option<BackendKind>,
         /// Sequence lengths to time.
         #[arg(long, value_delimiter = ',', default_value = "2048,8192,16384,32768,65536")]
         lengths: Vec<usize>,
@@ -204,27 +204,8 @@ enum Command {
         #[arg(long, default_value_t = 0)]
         seed: u64,
         #[arg(long, value_enum)]
-        backend: Option<BackendArg>,
+        backend: Option<BackendKind>,
     },
-}
-
-#[derive(Clone, Copy, clap::ValueEnum)]
-enum BackendArg {
-    Auto,
-    Cuda,
-    Wgpu,
-    Cpu,
-}
-
-impl From<BackendArg> for BackendKind {
-    fn from(b: BackendArg) -> Self {
-        match b {
-            BackendArg::Auto => BackendKind::Auto,
-            BackendArg::Cuda => BackendKind::Cuda,
-            BackendArg::Wgpu => BackendKind::Wgpu,
-            BackendArg::Cpu => BackendKind::Cpu,
-        }
-    }
 }
 
 fn main() -> ExitCode {
@@ -372,7 +353,7 @@ fn run<B: nsa_train::TrainBackend>(
     Ok(())
 }
 
-fn generate(path: PathBuf, prompt: String, opts: SampleOptions, backend: Option<BackendArg>) -> Result<(), String> {
+fn generate(path: PathBuf, prompt: String, opts: SampleOptions, backend: Option<BackendKind>) -> Result<(), String> {
     if prompt.is_empty() {
         return Err("--prompt is empty: give the text to continue (at least one character)".into());
     }
@@ -401,8 +382,9 @@ fn generate(path: PathBuf, prompt: String, opts: SampleOptions, backend: Option<
         p => Tokenizer::load(Some(std::path::Path::new(p))).map_err(|e| e.to_string())?,
     };
     let _ = use_kernel_cache(&cfg.train.kernel_cache)?;
-    let kind = resolve(backend.map(Into::into).unwrap_or(cfg.train.backend))?;
+    let kind = resolve(backend.unwrap_or(cfg.train.backend))?;
     with_backend!(kind, false, &[0], |B, devices, _memory| {
+        #[allow(clippy::clone_on_copy)] // `Copy` on the CPU backend's device only.
         let device = devices[0].clone();
         let model: NsaLm<<B as AutodiffBackend>::InnerBackend> = cfg.model.init(&device);
         let model = checkpoint::load_model(&ckpt, model, &device)?;

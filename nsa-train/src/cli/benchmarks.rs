@@ -13,14 +13,14 @@ pub(super) enum BenchShape {
 }
 
 pub(super) fn bench_kernels(
-    backend: Option<BackendArg>,
+    backend: Option<BackendKind>,
     lengths: Vec<usize>,
     iters: usize,
     precision: Precision,
     check_len: usize,
     shapes: Vec<BenchShape>,
 ) -> Result<(), String> {
-    let kind = resolve(backend.map(Into::into).unwrap_or(BackendKind::Auto))?;
+    let kind = resolve(backend.unwrap_or(BackendKind::Auto))?;
     if precision == Precision::Bf16 && kind != BackendKind::Cuda {
         return Err(format!("--precision bf16 needs the cuda backend (this run resolved to {})", name(kind)));
     }
@@ -76,12 +76,12 @@ pub(super) fn profile(args: ProfileArgs) -> Result<(), String> {
 }
 
 pub(super) fn bench_gemm(
-    backend: Option<BackendArg>,
+    backend: Option<BackendKind>,
     rows: usize,
     precision: Precision,
     iters: usize,
 ) -> Result<(), String> {
-    let kind = resolve(backend.map(Into::into).unwrap_or(BackendKind::Auto))?;
+    let kind = resolve(backend.unwrap_or(BackendKind::Auto))?;
     if precision == Precision::Bf16 && kind != BackendKind::Cuda {
         return Err(format!("--precision bf16 needs the cuda backend (this run resolved to {})", name(kind)));
     }
@@ -94,6 +94,7 @@ pub(super) fn bench_gemm(
     let cases: Vec<_> =
         layers.iter().flat_map(|&(d_in, d_out)| nsa_train::bench_gemm::linear_cases(rows, d_in, d_out)).collect();
     let ok = with_backend!(kind, false, &[0], |B, devices, _memory| {
+        #[allow(clippy::clone_on_copy)] // `Copy` on the CPU backend's device only.
         let device = devices[0].clone();
         let grad_error = nsa_train::bench_gemm::linear_grad_error::<B>(&device, 1000, 200, 300, dtype);
         println!("gradients of a linear layer against Burn's autodiff matmul: error {grad_error:.2e}");
