@@ -128,10 +128,10 @@ impl NsaConfig {
         ConfigError::ensure(self.dim >= 1, "dim", || format!("must be >= 1, got {}", self.dim))?;
         ConfigError::ensure(self.n_heads >= 1, "n_heads", || format!("must be >= 1, got {}", self.n_heads))?;
         ConfigError::ensure(self.n_kv_heads >= 1, "n_kv_heads", || format!("must be >= 1, got {}", self.n_kv_heads))?;
-        ConfigError::ensure(self.n_heads % self.n_kv_heads == 0, "n_heads", || {
+        ConfigError::ensure(self.n_heads.is_multiple_of(self.n_kv_heads), "n_heads", || {
             format!("{} must be a multiple of n_kv_heads = {}", self.n_heads, self.n_kv_heads)
         })?;
-        ConfigError::ensure(self.d_k >= 2 && self.d_k % 2 == 0, "d_k", || {
+        ConfigError::ensure(self.d_k >= 2 && self.d_k.is_multiple_of(2), "d_k", || {
             format!("must be even and >= 2 (RoPE rotates pairs), got {}", self.d_k)
         })?;
         ConfigError::ensure(self.d_v >= 1, "d_v", || format!("must be >= 1, got {}", self.d_v))?;
@@ -146,9 +146,11 @@ impl NsaConfig {
         }
         ConfigError::ensure(self.d >= 1, "d", || format!("must be >= 1, got {}", self.d))?;
         ConfigError::ensure(self.l >= self.d, "l", || format!("{} must be >= d = {}", self.l, self.d))?;
-        ConfigError::ensure(self.l % self.d == 0, "l", || format!("{} must be a multiple of d = {}", self.l, self.d))?;
+        ConfigError::ensure(self.l.is_multiple_of(self.d), "l", || {
+            format!("{} must be a multiple of d = {}", self.l, self.d)
+        })?;
         ConfigError::ensure(self.l_sel >= 1, "l_sel", || format!("must be >= 1, got {}", self.l_sel))?;
-        ConfigError::ensure(self.l_sel % self.d == 0, "l_sel", || {
+        ConfigError::ensure(self.l_sel.is_multiple_of(self.d), "l_sel", || {
             format!("{} must be a multiple of d = {}", self.l_sel, self.d)
         })?;
         ConfigError::ensure(self.n >= 3, "n", || {

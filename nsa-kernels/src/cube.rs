@@ -788,7 +788,7 @@ impl<R: CubeRuntime> Call<R> {
         let tile = mma_forward::TILE;
         let strides_fit =
             [&self.q, &self.k, &self.v].iter().all(|x| x.meta.strides()[..3].iter().all(|s| s % tile == 0));
-        let rows_fit = self.d_k % tile == 0 && self.d_v % tile == 0;
+        let rows_fit = self.d_k.is_multiple_of(tile) && self.d_v.is_multiple_of(tile);
         if !strides_fit
             || !rows_fit
             || !self.client().properties().memory.alignment.is_multiple_of(mma_forward::ALIGN as u64)

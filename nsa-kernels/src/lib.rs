@@ -28,14 +28,16 @@ mod fusion;
 #[cfg(feature = "cube")]
 mod inverted;
 #[cfg(feature = "cube")]
-mod top_n;
-#[cfg(feature = "cube")]
 pub mod kernel;
 pub mod optim;
 pub mod tiling;
+#[cfg(feature = "cube")]
+mod top_n;
 
 pub use activation::{silu, ActivationBackend};
-pub use api::{block_scores, sparse_attention, with_block_index, BlockIndex, Keys, SparseAttentionBackend, SparseAttentionGrads};
+pub use api::{
+    block_scores, sparse_attention, with_block_index, BlockIndex, Keys, SparseAttentionBackend, SparseAttentionGrads,
+};
 pub use fingerprint::KERNEL_FINGERPRINT;
 pub use gemm::{linear_matmul, GemmBackend};
 pub use mix::{gated_mix, gated_mix_reference, GatedMixBackend};

@@ -153,12 +153,12 @@ impl MmaTiling {
         elem_bytes: usize,
         shared_bytes: usize,
     ) -> Option<Self> {
-        if d_k % MMA_TILE != 0 || d_v % MMA_TILE != 0 {
+        if !d_k.is_multiple_of(MMA_TILE) || !d_v.is_multiple_of(MMA_TILE) {
             return None;
         }
         let queries = (MMA_ROWS / g).max(1);
         let rows = queries * g;
-        let pv_cols = [64, 32, 16].into_iter().find(|c| d_v % c == 0)?;
+        let pv_cols = [64, 32, 16].into_iter().find(|c| d_v.is_multiple_of(*c))?;
         let mut tiling = MmaTiling { rows, key_tile: 64, pv_cols };
         while tiling.shared_bytes(pass, d_k, d_v, elem_bytes) > shared_bytes && tiling.key_tile > MMA_TILE {
             tiling.key_tile /= 2;
@@ -208,7 +208,7 @@ impl FlashTiling {
     /// `key_tile / 4` score and `d_v / 4` output registers, the dQ pass `(d_k + d_v) / 4` query
     /// and dO, `key_tile / 2` score and `dp`, and `d_k / 4` dQ registers.
     pub fn plan(pass: QueryPass, g: usize, d_k: usize, d_v: usize) -> Option<Self> {
-        if d_k % MMA_TILE != 0 || d_v % MMA_TILE != 0 {
+        if !d_k.is_multiple_of(MMA_TILE) || !d_v.is_multiple_of(MMA_TILE) {
             return None;
         }
         let wide = match pass {
@@ -260,14 +260,14 @@ impl FlashKeyTiling {
     /// `atomics`: the device adds f32 to global memory atomically; `shared`: the bytes of
     /// shared memory a cube may have.
     pub fn plan(window: bool, d_k: usize, d_v: usize, atomics: bool, shared: usize) -> Option<Self> {
-        if d_k % MMA_TILE != 0 || d_v % MMA_TILE != 0 {
+        if !d_k.is_multiple_of(MMA_TILE) || !d_v.is_multiple_of(MMA_TILE) {
             return None;
         }
         let narrow = d_k + d_v <= 128;
         let q_rows = if narrow { 64 } else { 32 };
         let fold_dq = narrow && atomics;
         // A 128-key window cube splits d_k in two halves of whole MMA tiles.
-        let halves = !fold_dq || d_k % (2 * MMA_TILE) == 0;
+        let halves = !fold_dq || d_k.is_multiple_of(2 * MMA_TILE);
         let planes = if window && halves { 8 } else { 4 };
         let tiling = FlashKeyTiling { planes, q_rows, fold_dq };
         // A folding window cube of 8 planes runs alone on its SM (~170 registers a unit), so
@@ -313,7 +313,7 @@ impl FlashSelectTiling {
     /// bytes.
     pub fn plan(span: usize, d_k: usize, d_v: usize, shared: usize) -> Option<Self> {
         let longest = if d_k + d_v <= 128 { 128 } else { 64 };
-        let fits = d_k % MMA_TILE == 0 && d_v % MMA_TILE == 0 && span % MMA_TILE == 0;
+        let fits = d_k.is_multiple_of(MMA_TILE) && d_v.is_multiple_of(MMA_TILE) && span.is_multiple_of(MMA_TILE);
         if !fits || !(MMA_TILE..=longest).contains(&span) {
             return None;
         }
@@ -395,7 +395,7 @@ impl KeyMmaTiling {
         elem_bytes: usize,
         shared_bytes: usize,
     ) -> Option<Self> {
-        if d_k % MMA_TILE != 0 || d_v % MMA_TILE != 0 {
+        if !d_k.is_multiple_of(MMA_TILE) || !d_v.is_multiple_of(MMA_TILE) {
             return None;
         }
         let wide: &[(usize, usize)] = if window { &[(8, 64), (8, 32)] } else { &[] };
@@ -469,10 +469,10 @@ impl SelectMmaTiling {
     /// block of the paper's `l_sel`) where they fit, else 32; then fewer planes. `None` when the
     /// head dims are not multiples of the MMA tile or nothing fits.
     pub fn plan(d_k: usize, d_v: usize, elem_bytes: usize, shared_bytes: usize) -> Option<Self> {
-        if d_k % MMA_TILE != 0 || d_v % MMA_TILE != 0 {
+        if !d_k.is_multiple_of(MMA_TILE) || !d_v.is_multiple_of(MMA_TILE) {
             return None;
         }
-        let pv_cols = [64, 32, 16].into_iter().find(|c| d_v % c == 0)?;
+        let pv_cols = [64, 32, 16].into_iter().find(|c| d_v.is_multiple_of(*c))?;
         [(4, 64), (4, 32), (2, 32), (1, 32), (1, 16)]
             .into_iter()
             .map(|(planes, key_tile)| SelectMmaTiling { planes, key_tile, pv_cols })
@@ -504,7 +504,7 @@ fn fitting_parts(floats: usize, d_k: usize, d_v: usize) -> usize {
 }
 
 fn divides(parts: usize, d_k: usize, d_v: usize) -> bool {
-    d_k % parts == 0 && d_v % parts == 0
+    d_k.is_multiple_of(parts) && d_v.is_multiple_of(parts)
 }
 
 #[cfg(test)]
@@ -539,7 +539,7 @@ mod tests {
             for (g, d_k, d_v) in [(6, 64, 64), (16, 128, 128), (16, 192, 128), (1, 64, 64), (64, 128, 128)] {
                 let t = MmaTiling::plan(pass, g, d_k, d_v, 2, MMA_SHARED).unwrap();
                 assert!(t.shared_bytes(pass, d_k, d_v, 2) <= MMA_SHARED, "{t:?}");
-                assert!(t.rows <= 16 * t.planes() && d_v % t.pv_cols == 0 && t.key_tile % 16 == 0, "{t:?}");
+                assert!(t.rows <= 16 * t.planes() && d_v % t.pv_cols == 0 && t.key_tile.is_multiple_of(16), "{t:?}");
             }
         }
         assert_eq!(MmaTiling::plan(QueryPass::Forward, 6, 72, 64, 2, MMA_SHARED), None);
@@ -547,7 +547,8 @@ mod tests {
 
     #[test]
     fn narrow_heads_fold_dq_into_the_key_kernel_where_atomics_add() {
-        let fold = |window, d_k, d_v, atomics| FlashKeyTiling::plan(window, d_k, d_v, atomics, MMA_SHARED).unwrap().fold_dq;
+        let fold =
+            |window, d_k, d_v, atomics| FlashKeyTiling::plan(window, d_k, d_v, atomics, MMA_SHARED).unwrap().fold_dq;
         assert!(fold(false, 64, 64, true));
         assert!(fold(true, 64, 64, true));
         assert!(!fold(true, 64, 64, false), "no atomics: a window keeps its query-side dQ");
@@ -557,9 +558,16 @@ mod tests {
         for (window, d) in [(false, 64), (true, 64), (false, 48), (true, 48), (true, 32)] {
             let narrow = FlashKeyTiling::plan(window, d, d, true, MMA_SHARED).unwrap();
             let row_tiles = narrow.q_rows / MMA_TILE;
-            assert!(narrow.planes % row_tiles == 0 && (d / (narrow.planes / row_tiles)) % MMA_TILE == 0, "{d}");
+            assert!(
+                narrow.planes.is_multiple_of(row_tiles) && (d / (narrow.planes / row_tiles)).is_multiple_of(MMA_TILE),
+                "{d}"
+            );
         }
-        assert_eq!(FlashKeyTiling::plan(true, 64, 64, true, MMA_SHARED).unwrap().keys(), 128, "a window cube takes 128 keys");
+        assert_eq!(
+            FlashKeyTiling::plan(true, 64, 64, true, MMA_SHARED).unwrap().keys(),
+            128,
+            "a window cube takes 128 keys"
+        );
         // Alone on its SM, a folding window cube walks 128-row chunks where the SM's shared
         // memory holds them (an H100's 227 KiB), else 64.
         let h100 = FlashKeyTiling::plan(true, 64, 64, true, 227 * 1024).unwrap();
@@ -593,7 +601,7 @@ mod tests {
         for (d_k, d_v) in [(64, 64), (128, 128), (192, 128), (16, 16)] {
             for (window, fold_dq) in [(true, false), (false, false), (true, true), (false, true)] {
                 let t = KeyMmaTiling::plan(window, fold_dq, d_k, d_v, 2, MMA_SHARED).unwrap();
-                assert!(t.shared_bytes(d_k, d_v, 2) <= MMA_SHARED && t.q_rows % 32 == 0, "{t:?}");
+                assert!(t.shared_bytes(d_k, d_v, 2) <= MMA_SHARED && t.q_rows.is_multiple_of(32), "{t:?}");
             }
         }
         for fold_dq in [false, true] {

@@ -92,8 +92,11 @@ pub fn set_aside(dir: &Path) -> Result<PathBuf, String> {
     Ok(target)
 }
 
+/// Checkpoint directories that failed [`verify`], each with why.
+pub type Damaged = Vec<(PathBuf, String)>;
+
 /// The newest checkpoint that passes [`verify`], and each newer one that did not, with why.
-pub fn newest_intact(run_dir: &Path) -> (Option<(usize, PathBuf)>, Vec<(PathBuf, String)>) {
+pub fn newest_intact(run_dir: &Path) -> (Option<(usize, PathBuf)>, Damaged) {
     let mut damaged = Vec::new();
     for (step, dir) in list(run_dir).into_iter().rev() {
         match verify(&dir) {

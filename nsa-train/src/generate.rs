@@ -13,7 +13,12 @@ pub struct SampleOptions {
 }
 
 /// Continues `prompt` by `opts.tokens` tokens. The context is the last `seq_len` tokens.
-pub fn sample<B: SparseAttentionBackend>(model: &NsaLm<B>, prompt: &[u32], opts: &SampleOptions, device: &B::Device) -> Vec<u32> {
+pub fn sample<B: SparseAttentionBackend>(
+    model: &NsaLm<B>,
+    prompt: &[u32],
+    opts: &SampleOptions,
+    device: &B::Device,
+) -> Vec<u32> {
     let mut rng = StdRng::seed_from_u64(opts.seed);
     let mut tokens = prompt.to_vec();
     for _ in 0..opts.tokens {

@@ -55,6 +55,7 @@ fn mean_forced_blocks(model: &NsaLmConfig) -> f64 {
 }
 
 impl StepMetrics {
+    #[allow(clippy::too_many_arguments)] // One value per logged field.
     pub fn new(
         step: usize,
         loss: f64,

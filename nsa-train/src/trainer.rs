@@ -353,9 +353,9 @@ impl<B: TrainBackend> Trainer<B> {
         while self.step < until {
             let step = self.step + 1;
             let interrupted = reporter.stop_requested();
-            let is_log = step % t.log_every == 0 || step == until;
-            let is_checkpoint = step % t.checkpoint_every == 0 || step == until || interrupted;
-            let is_valid = t.valid_every > 0 && step % t.valid_every == 0;
+            let is_log = step.is_multiple_of(t.log_every) || step == until;
+            let is_checkpoint = step.is_multiple_of(t.checkpoint_every) || step == until || interrupted;
+            let is_valid = t.valid_every > 0 && step.is_multiple_of(t.valid_every);
             let pending = self.try_queue_step(is_log)?;
             steps_since_log += 1;
             if let Some(prev) = previous.take() {

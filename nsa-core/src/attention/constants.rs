@@ -42,4 +42,3 @@ pub fn cached<B: Backend, T: Clone + Send + Sync + 'static>(
     map.insert(key, Box::new(value.clone()));
     value
 }
-

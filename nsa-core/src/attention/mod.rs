@@ -1,8 +1,8 @@
 //! Attention layers: NSA (three gated branches) and dense causal GQA.
 
 pub mod compress;
-pub mod dense;
 pub mod constants;
+pub mod dense;
 pub mod masks;
 pub mod nsa;
 pub mod projection;

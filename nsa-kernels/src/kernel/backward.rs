@@ -14,8 +14,8 @@ use cubecl::prelude::*;
 use super::key::{segment_row, KeyCube};
 use super::query::QueryCube;
 use super::rows::{
-    add_shared, attends, chunk_dots, dot_shared, dot_slices, load_slice, offset3, stage_listed_rows, stage_rows, store_slice,
-    zero_slice,
+    add_shared, attends, chunk_dots, dot_shared, dot_slices, load_slice, offset3, stage_listed_rows, stage_rows,
+    store_slice, zero_slice,
 };
 
 /// Query cubes: `dq` and `delta = dO . O` (written for the key pass). Tiled as the forward.
@@ -81,7 +81,8 @@ pub fn attention_backward_query<F: Float, I: Int>(
             stage_rows::<F, f32>(v, &mut v_tile, 0usize, b, first, count, hk, chunk, d_v, d_v);
             sync_cube();
 
-            let scores = chunk_dots(&q_slice, &k_tile, &mut score_partials, &mut score_totals, row, part, d_k, chunk, parts);
+            let scores =
+                chunk_dots(&q_slice, &k_tile, &mut score_partials, &mut score_totals, row, part, d_k, chunk, parts);
             let dps = chunk_dots(&do_slice, &v_tile, &mut dp_partials, &mut dp_totals, row, part, d_v, chunk, parts);
 
             #[unroll]
@@ -136,7 +137,19 @@ pub fn attention_backward_key<F: Float>(
 ) {
     let span = span as usize;
     let cube = KeyCube::new::<F>(
-        q, k, offsets, counts, entries, segment_base, segment_block, segment_total, span, segment as usize, window, keys, g,
+        q,
+        k,
+        offsets,
+        counts,
+        entries,
+        segment_base,
+        segment_block,
+        segment_total,
+        span,
+        segment as usize,
+        window,
+        keys,
+        g,
     );
     if !cube.exists {
         terminate!();
@@ -185,7 +198,20 @@ pub fn attention_backward_key<F: Float>(
         }
         sync_cube();
         stage_listed_rows::<F, f32>(q, &mut q_tile, 0usize, &t_tile, b, hk, g, row_first, count, chunk, d_k, d_k);
-        stage_listed_rows::<F, f32>(grad_out, &mut do_tile, 0usize, &t_tile, b, hk, g, row_first, count, chunk, d_v, d_v);
+        stage_listed_rows::<F, f32>(
+            grad_out,
+            &mut do_tile,
+            0usize,
+            &t_tile,
+            b,
+            hk,
+            g,
+            row_first,
+            count,
+            chunk,
+            d_v,
+            d_v,
+        );
         sync_cube();
 
         let mut scores = Array::<f32>::new(chunk);
@@ -312,4 +338,3 @@ pub fn sum_segments_vector(d_k: usize, d_v: usize) -> usize {
         1
     }
 }
-

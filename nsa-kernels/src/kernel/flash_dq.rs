@@ -9,7 +9,9 @@
 
 use cubecl::prelude::*;
 
-use super::flash_forward::{mask_and_scale, store_row_tiles, tile_needs_mask, issue_tile, walk_start, LaneRows, TileBarriers};
+use super::flash_forward::{
+    issue_tile, mask_and_scale, store_row_tiles, tile_needs_mask, walk_start, LaneRows, TileBarriers,
+};
 use super::forward::MASKED;
 use super::fragments::{accumulate_with_rows, mma, products_with_rows, row_fragments, zero_pairs, Pair, MMA_M, MMA_N};
 use super::mma_forward::{max_usize, stage_query_rows, VECTOR};
@@ -85,10 +87,24 @@ pub fn window_dq_flash<F: Float, N: Size>(
     issue_tile::<F, N>(k, v, &mut staged, &cube, first, count, 0usize, &barriers, d_k, d_v, key_tile, planes);
     while first < cube.t_end {
         let next_first = first + count;
-        let next_count = select(next_first < cube.t_end, min(cube.t_end - min(next_first, cube.t_end), key_tile), 0usize);
+        let next_count =
+            select(next_first < cube.t_end, min(cube.t_end - min(next_first, cube.t_end), key_tile), 0usize);
         let next_at = buffer - buffer_at;
         if next_first < cube.t_end {
-            issue_tile::<F, N>(k, v, &mut staged, &cube, next_first, next_count, next_at, &barriers, d_k, d_v, key_tile, planes);
+            issue_tile::<F, N>(
+                k,
+                v,
+                &mut staged,
+                &cube,
+                next_first,
+                next_count,
+                next_at,
+                &barriers,
+                d_k,
+                d_v,
+                key_tile,
+                planes,
+            );
         }
         barriers.wait(buffer_at);
         let at = buffer_at;

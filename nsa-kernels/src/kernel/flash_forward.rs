@@ -14,8 +14,8 @@ use cubecl::prelude::*;
 
 use super::forward::MASKED;
 use super::fragments::{
-    accumulate_with_rows, mma, products_with_rows, row_fragments, scale_rows, store_rows_whole, store_tiles, zero_pairs,
-    Pair, MMA_M, MMA_N,
+    accumulate_with_rows, mma, products_with_rows, row_fragments, scale_rows, store_rows_whole, store_tiles,
+    zero_pairs, Pair, MMA_M, MMA_N,
 };
 use super::mma_forward::{max_usize, stage_query_rows, VECTOR};
 use super::query::QueryCube;
@@ -80,10 +80,24 @@ pub fn window_forward_flash<F: Float, N: Size>(
     issue_tile::<F, N>(k, v, &mut staged, &cube, first, count, 0usize, &barriers, d_k, d_v, key_tile, planes);
     while first < cube.t_end {
         let next_first = first + count;
-        let next_count = select(next_first < cube.t_end, min(cube.t_end - min(next_first, cube.t_end), key_tile), 0usize);
+        let next_count =
+            select(next_first < cube.t_end, min(cube.t_end - min(next_first, cube.t_end), key_tile), 0usize);
         let next_at = buffer - buffer_at;
         if next_first < cube.t_end {
-            issue_tile::<F, N>(k, v, &mut staged, &cube, next_first, next_count, next_at, &barriers, d_k, d_v, key_tile, planes);
+            issue_tile::<F, N>(
+                k,
+                v,
+                &mut staged,
+                &cube,
+                next_first,
+                next_count,
+                next_at,
+                &barriers,
+                d_k,
+                d_v,
+                key_tile,
+                planes,
+            );
         }
         barriers.wait(buffer_at);
         let at = buffer_at;
@@ -118,7 +132,14 @@ pub struct LaneRows {
 
 #[cube]
 impl LaneRows {
-    pub fn new(cube: &QueryCube, plane: usize, lane: usize, g: usize, #[comptime] rows: usize, t_len: usize) -> LaneRows {
+    pub fn new(
+        cube: &QueryCube,
+        plane: usize,
+        lane: usize,
+        g: usize,
+        #[comptime] rows: usize,
+        t_len: usize,
+    ) -> LaneRows {
         let mut t = Array::<usize>::new(2usize);
         let mut h = Array::<usize>::new(2usize);
         let mut active = Array::<bool>::new(2usize);
@@ -168,7 +189,20 @@ pub fn issue_tile<F: Float, N: Size>(
     let vs = comptime!(storage_stride(d_v));
     let units = comptime!(planes * 32);
     copy_rows_async::<F, N>(k, staged, at, cube.b, first, count, cube.hk, key_tile, d_k, ks, VECTOR, units);
-    copy_rows_async::<F, N>(v, staged, at + key_tile * ks, cube.b, first, count, cube.hk, key_tile, d_v, vs, VECTOR, units);
+    copy_rows_async::<F, N>(
+        v,
+        staged,
+        at + key_tile * ks,
+        cube.b,
+        first,
+        count,
+        cube.hk,
+        key_tile,
+        d_v,
+        vs,
+        VECTOR,
+        units,
+    );
     barriers.commit(at);
 }
 
@@ -342,7 +376,14 @@ pub fn mask_and_scale(
 /// `t0..t_end` does not attend: a partial tile, a key past `t0`, or a key before the last
 /// query's window. The same for the whole cube, so the branch does not diverge.
 #[cube]
-pub fn tile_needs_mask(first: usize, count: usize, t0: usize, t_end: usize, span: usize, #[comptime] key_tile: usize) -> bool {
+pub fn tile_needs_mask(
+    first: usize,
+    count: usize,
+    t0: usize,
+    t_end: usize,
+    span: usize,
+    #[comptime] key_tile: usize,
+) -> bool {
     count < key_tile || first + key_tile > t0 + 1 || first + span < t_end
 }
 

@@ -108,7 +108,8 @@ pub fn attention_key_flash<F: Float, N: Size, A: Size>(
     // With `fold_dq`, the chunk's `ds^T` (keys as rows) in the storage type, read back
     // transposed as `ds`'s A fragments.
     let ds_stride = comptime!(storage_stride(q_rows) / 2);
-    let mut ds_tile = SharedMemory::<Pair<F>>::new_aligned(comptime!(if fold_dq { keys * ds_stride } else { 4 }), 16usize);
+    let mut ds_tile =
+        SharedMemory::<Pair<F>>::new_aligned(comptime!(if fold_dq { keys * ds_stride } else { 4 }), 16usize);
     let units = CUBE_DIM as usize;
     stage_vector_rows::<F, N>(
         k,
@@ -232,20 +233,78 @@ pub fn attention_key_flash<F: Float, N: Size, A: Size>(
         // branch (a branch per score pair kept the compiler from scheduling across them).
         if needs_mask {
             chunk_gradients::<F, N>(
-                def, &k_frags, &v_frags, &staged, &mut ds_tile, &positions, &stats, &mut dk, &mut dv, at, slot, &key,
-                &real, count, span, scale, plane, lane, true, window, fold_dq, q_rows, d_k, d_v,
+                def,
+                &k_frags,
+                &v_frags,
+                &staged,
+                &mut ds_tile,
+                &positions,
+                &stats,
+                &mut dk,
+                &mut dv,
+                at,
+                slot,
+                &key,
+                &real,
+                count,
+                span,
+                scale,
+                plane,
+                lane,
+                true,
+                window,
+                fold_dq,
+                q_rows,
+                d_k,
+                d_v,
             );
         } else if comptime!(window) {
             chunk_gradients::<F, N>(
-                def, &k_frags, &v_frags, &staged, &mut ds_tile, &positions, &stats, &mut dk, &mut dv, at, slot, &key,
-                &real, count, span, scale, plane, lane, false, window, fold_dq, q_rows, d_k, d_v,
+                def,
+                &k_frags,
+                &v_frags,
+                &staged,
+                &mut ds_tile,
+                &positions,
+                &stats,
+                &mut dk,
+                &mut dv,
+                at,
+                slot,
+                &key,
+                &real,
+                count,
+                span,
+                scale,
+                plane,
+                lane,
+                false,
+                window,
+                fold_dq,
+                q_rows,
+                d_k,
+                d_v,
             );
         }
         if fold_dq {
             sync_cube();
             fold_query_gradient::<F, N, A>(
-                def, &ds_tile, &staged, &positions, grad_q, &cube, slot, row_first, count, scale, plane, lane, d_k, keys,
-                q_rows, atomic_width,
+                def,
+                &ds_tile,
+                &staged,
+                &positions,
+                grad_q,
+                &cube,
+                slot,
+                row_first,
+                count,
+                scale,
+                plane,
+                lane,
+                d_k,
+                keys,
+                q_rows,
+                atomic_width,
             );
         }
         // The chunk after next overwrites this buffer and its statistics.

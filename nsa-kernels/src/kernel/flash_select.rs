@@ -17,8 +17,8 @@ use cubecl::prelude::*;
 use super::flash_forward::{RowStats, TileBarriers};
 use super::forward::MASKED;
 use super::fragments::{
-    accumulate_with_rows, mma, products_with_rows, row_fragments, scale_rows, store_rows_whole, zero_pairs, Pair, MMA_M,
-    MMA_N,
+    accumulate_with_rows, mma, products_with_rows, row_fragments, scale_rows, store_rows_whole, zero_pairs, Pair,
+    MMA_M, MMA_N,
 };
 use super::key::KeyCube;
 use super::mma_forward::VECTOR;
@@ -100,8 +100,22 @@ pub fn selection_partials_flash<F: Float, N: Size, P: Size>(
     let mut slot = 0usize;
     if count > 0 {
         issue_query_rows::<F, N>(
-            q, entries, slots, &cube, &mut staged, &mut positions, &mut block_slots, &barriers, first, count, slot, base,
-            narrow, q_rows, d_k, planes,
+            q,
+            entries,
+            slots,
+            &cube,
+            &mut staged,
+            &mut positions,
+            &mut block_slots,
+            &barriers,
+            first,
+            count,
+            slot,
+            base,
+            narrow,
+            q_rows,
+            d_k,
+            planes,
         );
     }
     while first < cube.n_rows {
@@ -111,8 +125,22 @@ pub fn selection_partials_flash<F: Float, N: Size, P: Size>(
         let next_slot = 1 - slot;
         if next_first < cube.n_rows {
             issue_query_rows::<F, N>(
-                q, entries, slots, &cube, &mut staged, &mut positions, &mut block_slots, &barriers, next_first,
-                next_count, next_slot, base, narrow, q_rows, d_k, planes,
+                q,
+                entries,
+                slots,
+                &cube,
+                &mut staged,
+                &mut positions,
+                &mut block_slots,
+                &barriers,
+                next_first,
+                next_count,
+                next_slot,
+                base,
+                narrow,
+                q_rows,
+                d_k,
+                planes,
             );
         }
         // Also the block's K and V rows, the first time.

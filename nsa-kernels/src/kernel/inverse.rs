@@ -30,7 +30,11 @@ fn slot_of<I: Int>(blocks: &Tensor<I>, pos: usize) -> (usize, usize, usize, i32)
 /// `(start, end)` and how many of each KV head's first blocks the cube tallies in shared
 /// memory (`hot_bins / H_kv`).
 #[cube]
-fn cube_slots<I: Int>(blocks: &Tensor<I>, #[comptime] rows: usize, #[comptime] hot_bins: usize) -> (usize, usize, usize) {
+fn cube_slots<I: Int>(
+    blocks: &Tensor<I>,
+    #[comptime] rows: usize,
+    #[comptime] hot_bins: usize,
+) -> (usize, usize, usize) {
     let (t_len, h_kv, n) = (blocks.shape(1), blocks.shape(2), blocks.shape(3));
     let (b, t0) = (CUBE_POS_Y as usize, CUBE_POS_X as usize * rows);
     let per_row = h_kv * n;

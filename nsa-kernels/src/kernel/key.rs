@@ -123,4 +123,3 @@ impl KeyCube {
 pub fn segment_row(b: usize, hk: usize, h_kv: usize, segments: usize, item: usize, key: usize, span: usize) -> usize {
     ((b * h_kv + hk) * segments + item) * span + key
 }
-

@@ -353,7 +353,19 @@ fn stage_query_chunk<F: Float, N: Size>(
     let ks = comptime!(storage_stride(d_k));
     let vs = comptime!(storage_stride(d_v));
     stage_listed_vector_rows::<F, N>(
-        q, staged, rows_at, positions, cube.b, cube.hk, comptime!(cube.g), row_first, count, q_rows, d_k, ks, VECTOR,
+        q,
+        staged,
+        rows_at,
+        positions,
+        cube.b,
+        cube.hk,
+        comptime!(cube.g),
+        row_first,
+        count,
+        q_rows,
+        d_k,
+        ks,
+        VECTOR,
     );
     stage_listed_vector_rows::<F, N>(
         grad_out,
@@ -409,7 +421,8 @@ fn fold_query_gradient<F: Float, N: Size>(
             #[unroll]
             for p in 0..planes {
                 // Plane `p`'s ds^T tile `[16 keys, q_rows]` sits after its p^T tile.
-                let ds = storage_fragment::<F>(weights, (2 * p + 1) * TILE * wst + m * TILE, MatrixLayout::ColMajor, wst);
+                let ds =
+                    storage_fragment::<F>(weights, (2 * p + 1) * TILE * wst + m * TILE, MatrixLayout::ColMajor, wst);
                 let kb =
                     tile_fragment::<F, N>(staged, p * TILE * ks + n * TILE, MatrixIdent::B, MatrixLayout::RowMajor, ks);
                 cmma::execute::<F, F, f32, f32>(&ds, &kb, &acc, &acc);

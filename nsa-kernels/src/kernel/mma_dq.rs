@@ -11,7 +11,8 @@ use cubecl::cmma::{self, Matrix, MatrixIdent, MatrixLayout};
 use cubecl::prelude::*;
 
 use super::mma_forward::{
-    max_usize, stage_query_rows, storage_fragment, tile_fragment, tile_row_fragments, tile_span, zero_accumulators, zero_tile, ALIGN, TILE, VECTOR,
+    max_usize, stage_query_rows, storage_fragment, tile_fragment, tile_row_fragments, tile_span, zero_accumulators,
+    zero_tile, ALIGN, TILE, VECTOR,
 };
 use super::query::QueryCube;
 use super::rows::{attends, offset3, stage_vector_rows};
@@ -95,12 +96,53 @@ pub fn attention_backward_query_mma<F: Float, I: Int, N: Size>(
         let mut first = start;
         while first < end {
             let count = min(end - first, key_tile);
-            stage_vector_rows::<F, N>(k, &mut staged, 0usize, b, first, count, cube.hk, key_tile, d_k, ks, VECTOR, UNIT_POS as usize, CUBE_DIM as usize);
-            stage_vector_rows::<F, N>(v, &mut staged, v_at, b, first, count, cube.hk, key_tile, d_v, vs, VECTOR, UNIT_POS as usize, CUBE_DIM as usize);
+            stage_vector_rows::<F, N>(
+                k,
+                &mut staged,
+                0usize,
+                b,
+                first,
+                count,
+                cube.hk,
+                key_tile,
+                d_k,
+                ks,
+                VECTOR,
+                UNIT_POS as usize,
+                CUBE_DIM as usize,
+            );
+            stage_vector_rows::<F, N>(
+                v,
+                &mut staged,
+                v_at,
+                b,
+                first,
+                count,
+                cube.hk,
+                key_tile,
+                d_v,
+                vs,
+                VECTOR,
+                UNIT_POS as usize,
+                CUBE_DIM as usize,
+            );
             sync_cube();
 
             let all = comptime!(key_tile / TILE);
-            score_and_dp_tiles::<F, N>(&staged, 0usize, v_at, &q_frags, &do_frags, &mut scores, s_region, dp_region, all, d_k, d_v, key_tile);
+            score_and_dp_tiles::<F, N>(
+                &staged,
+                0usize,
+                v_at,
+                &q_frags,
+                &do_frags,
+                &mut scores,
+                s_region,
+                dp_region,
+                all,
+                d_k,
+                d_v,
+                key_tile,
+            );
             sync_plane();
             ds_weights::<F>(
                 &scores,
@@ -153,13 +195,19 @@ pub fn store_dq_rows<F: Float>(
     let ost = comptime!(f32_stride(TILE));
     #[unroll]
     for n in 0..d_k / TILE {
-        cmma::store(&mut scores.slice_mut(region, region + comptime!(tile_span(ost))), dq.index(n), ost as u32, MatrixLayout::RowMajor);
+        cmma::store(
+            &mut scores.slice_mut(region, region + comptime!(tile_span(ost))),
+            dq.index(n),
+            ost as u32,
+            MatrixLayout::RowMajor,
+        );
         sync_plane();
         if active {
             #[unroll]
             for c in 0..TILE / 2 {
                 let col = 2 * c + half;
-                grad_q[offset3::<F>(grad_q, b, t, h) + n * TILE + col] = F::cast_from(scores[region + local * ost + col] * scale);
+                grad_q[offset3::<F>(grad_q, b, t, h) + n * TILE + col] =
+                    F::cast_from(scores[region + local * ost + col] * scale);
             }
         }
         sync_plane();
@@ -222,19 +270,41 @@ pub fn score_and_dp_tiles<F: Float, N: Size>(
             let s = zero_tile();
             #[unroll]
             for kk in 0..d_k / TILE {
-                let kt = tile_fragment::<F, N>(staged, k_at + n * TILE * ks + kk * TILE, MatrixIdent::B, MatrixLayout::ColMajor, ks);
+                let kt = tile_fragment::<F, N>(
+                    staged,
+                    k_at + n * TILE * ks + kk * TILE,
+                    MatrixIdent::B,
+                    MatrixLayout::ColMajor,
+                    ks,
+                );
                 cmma::execute::<F, F, f32, f32>(q_frags.index(kk), &kt, &s, &s);
             }
             let at = s_region + n * TILE;
-            cmma::store(&mut scores.slice_mut(at, at + comptime!(tile_span(sst))), &s, sst as u32, MatrixLayout::RowMajor);
+            cmma::store(
+                &mut scores.slice_mut(at, at + comptime!(tile_span(sst))),
+                &s,
+                sst as u32,
+                MatrixLayout::RowMajor,
+            );
             let dp = zero_tile();
             #[unroll]
             for kk in 0..d_v / TILE {
-                let vt = tile_fragment::<F, N>(staged, v_at + n * TILE * vs + kk * TILE, MatrixIdent::B, MatrixLayout::ColMajor, vs);
+                let vt = tile_fragment::<F, N>(
+                    staged,
+                    v_at + n * TILE * vs + kk * TILE,
+                    MatrixIdent::B,
+                    MatrixLayout::ColMajor,
+                    vs,
+                );
                 cmma::execute::<F, F, f32, f32>(do_frags.index(kk), &vt, &dp, &dp);
             }
             let at = dp_region + n * TILE;
-            cmma::store(&mut scores.slice_mut(at, at + comptime!(tile_span(sst))), &dp, sst as u32, MatrixLayout::RowMajor);
+            cmma::store(
+                &mut scores.slice_mut(at, at + comptime!(tile_span(sst))),
+                &dp,
+                sst as u32,
+                MatrixLayout::RowMajor,
+            );
         }
     }
 }
@@ -296,7 +366,13 @@ pub fn accumulate_dq<F: Float, N: Size>(
             let ds = storage_fragment::<F>(weights, ds_region + kk * TILE, MatrixLayout::RowMajor, pst);
             #[unroll]
             for n in 0..d_k / TILE {
-                let kb = tile_fragment::<F, N>(staged, k_at + kk * TILE * ks + n * TILE, MatrixIdent::B, MatrixLayout::RowMajor, ks);
+                let kb = tile_fragment::<F, N>(
+                    staged,
+                    k_at + kk * TILE * ks + n * TILE,
+                    MatrixIdent::B,
+                    MatrixLayout::RowMajor,
+                    ks,
+                );
                 cmma::execute::<F, F, f32, f32>(&ds, &kb, dq.index(n), dq.index(n));
             }
         }

@@ -90,8 +90,36 @@ pub fn attention_forward_mma<F: Float, I: Int, N: Size>(
         let mut first = start;
         while first < end {
             let count = min(end - first, key_tile);
-            stage_vector_rows::<F, N>(k, &mut staged, 0usize, cube.b, first, count, cube.hk, key_tile, d_k, ks, VECTOR, UNIT_POS as usize, CUBE_DIM as usize);
-            stage_vector_rows::<F, N>(v, &mut staged, v_at, cube.b, first, count, cube.hk, key_tile, d_v, vs, VECTOR, UNIT_POS as usize, CUBE_DIM as usize);
+            stage_vector_rows::<F, N>(
+                k,
+                &mut staged,
+                0usize,
+                cube.b,
+                first,
+                count,
+                cube.hk,
+                key_tile,
+                d_k,
+                ks,
+                VECTOR,
+                UNIT_POS as usize,
+                CUBE_DIM as usize,
+            );
+            stage_vector_rows::<F, N>(
+                v,
+                &mut staged,
+                v_at,
+                cube.b,
+                first,
+                count,
+                cube.hk,
+                key_tile,
+                d_v,
+                vs,
+                VECTOR,
+                UNIT_POS as usize,
+                CUBE_DIM as usize,
+            );
             sync_cube();
 
             // Scores of the plane's 16 rows against the tile's keys (K read column-major: k^T).
@@ -100,11 +128,22 @@ pub fn attention_forward_mma<F: Float, I: Int, N: Size>(
                 let s = zero_tile();
                 #[unroll]
                 for kk in 0..d_k / TILE {
-                    let kt = tile_fragment::<F, N>(&staged, n * TILE * ks + kk * TILE, MatrixIdent::B, MatrixLayout::ColMajor, ks);
+                    let kt = tile_fragment::<F, N>(
+                        &staged,
+                        n * TILE * ks + kk * TILE,
+                        MatrixIdent::B,
+                        MatrixLayout::ColMajor,
+                        ks,
+                    );
                     cmma::execute::<F, F, f32, f32>(q_frags.index(kk), &kt, &s, &s);
                 }
                 let at = region + n * TILE;
-                cmma::store(&mut scores.slice_mut(at, at + comptime!(tile_span(sst))), &s, sst as u32, MatrixLayout::RowMajor);
+                cmma::store(
+                    &mut scores.slice_mut(at, at + comptime!(tile_span(sst))),
+                    &s,
+                    sst as u32,
+                    MatrixLayout::RowMajor,
+                );
             }
             sync_plane();
 
@@ -133,7 +172,20 @@ pub fn attention_forward_mma<F: Float, I: Int, N: Size>(
             }
             sync_plane();
 
-            accumulate_values::<F, N>(&staged, v_at, &probs, p_region, &mut scores, region, &mut acc, local, half, d_v, key_tile, pv_cols);
+            accumulate_values::<F, N>(
+                &staged,
+                v_at,
+                &probs,
+                p_region,
+                &mut scores,
+                region,
+                &mut acc,
+                local,
+                half,
+                d_v,
+                key_tile,
+                pv_cols,
+            );
             // The next tile overwrites K and V.
             sync_cube();
             first += count;
@@ -223,11 +275,22 @@ fn accumulate_values<F: Float, N: Size>(
             let o = zero_tile();
             #[unroll]
             for kk in 0..key_tile / TILE {
-                let vt = tile_fragment::<F, N>(staged, v_at + kk * TILE * vs + j * pv_cols + n * TILE, MatrixIdent::B, MatrixLayout::RowMajor, vs);
+                let vt = tile_fragment::<F, N>(
+                    staged,
+                    v_at + kk * TILE * vs + j * pv_cols + n * TILE,
+                    MatrixIdent::B,
+                    MatrixLayout::RowMajor,
+                    vs,
+                );
                 cmma::execute::<F, F, f32, f32>(p_frags.index(kk), &vt, &o, &o);
             }
             let at = region + n * TILE;
-            cmma::store(&mut scores.slice_mut(at, at + comptime!(tile_span(pvs))), &o, pvs as u32, MatrixLayout::RowMajor);
+            cmma::store(
+                &mut scores.slice_mut(at, at + comptime!(tile_span(pvs))),
+                &o,
+                pvs as u32,
+                MatrixLayout::RowMajor,
+            );
         }
         sync_plane();
         #[unroll]

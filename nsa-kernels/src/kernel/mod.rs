@@ -3,6 +3,17 @@
 //! Keys, values and query rows are staged in shared memory once per cube and read by all of
 //! its units, which is NSA's group sharing: a K/V row is fetched once for the whole group.
 //! Softmax statistics are f32 whatever the storage dtype.
+//!
+//! Kernel code is CubeCL's frontend language, a subset of Rust that `#[cube]` expands: clippy's
+//! rewrites into methods the frontend may not know (`is_multiple_of`, `div_ceil`), `Default`
+//! impls for cube types and compound assignment on vector lanes are not applied here.
+#![allow(
+    clippy::manual_is_multiple_of,
+    clippy::manual_div_ceil,
+    clippy::new_without_default,
+    clippy::assign_op_pattern,
+    clippy::needless_borrow
+)]
 
 pub mod backward;
 pub mod compressed;

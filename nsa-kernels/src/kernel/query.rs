@@ -29,7 +29,12 @@ pub struct QueryCube {
 
 #[cube]
 impl QueryCube {
-    pub fn new<E: CubePrimitive>(q: &Tensor<E>, k: &Tensor<E>, #[comptime] rows: usize, #[comptime] parts: usize) -> QueryCube {
+    pub fn new<E: CubePrimitive>(
+        q: &Tensor<E>,
+        k: &Tensor<E>,
+        #[comptime] rows: usize,
+        #[comptime] parts: usize,
+    ) -> QueryCube {
         let (t_len, h_q, h_kv) = (q.shape(1), q.shape(2), k.shape(2));
         let g = h_q / h_kv;
         let queries = rows / g;
@@ -62,7 +67,13 @@ impl QueryCube {
     }
 
     /// Range `r` as `[start, end)`; the same for every unit of the cube.
-    pub fn key_range<I: Int>(&self, blocks: &Tensor<I>, r: usize, span: usize, #[comptime] window: bool) -> (usize, usize) {
+    pub fn key_range<I: Int>(
+        &self,
+        blocks: &Tensor<I>,
+        r: usize,
+        span: usize,
+        #[comptime] window: bool,
+    ) -> (usize, usize) {
         let mut start = 0usize;
         let mut end = self.t_end;
         if window {

@@ -22,7 +22,7 @@ const PASSES: usize = 8;
 
 /// The widest vector that divides `d`.
 fn vector_for<R: CubeRuntime>(x: &CubeTensor<R>, d: usize) -> usize {
-    x.client.io_optimized_vector_sizes(x.dtype.size()).find(|v| d % v == 0).unwrap_or(1)
+    x.client.io_optimized_vector_sizes(x.dtype.size()).find(|v| d.is_multiple_of(*v)).unwrap_or(1)
 }
 
 fn empty<R: CubeRuntime>(like: &CubeTensor<R>, shape: Shape, dtype: DType) -> CubeTensor<R> {

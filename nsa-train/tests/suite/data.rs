@@ -31,7 +31,7 @@ fn txt_jsonl_and_parquet_documents_are_read() {
     assert_eq!(read_file(&dir.join("b.jsonl")).unwrap(), vec!["json one", "json two"]);
     assert_eq!(read_file(&dir.join("c.parquet")).unwrap(), vec!["pq one", "pq two", "pq three"]);
     // A directory: its supported files in name order.
-    let all = read_documents(&[dir.clone()]).unwrap();
+    let all = read_documents(std::slice::from_ref(&dir)).unwrap();
     assert_eq!(all.docs.len(), 7);
     assert_eq!(all.docs[2], "json one");
     // The file that is not data is named, not dropped silently.

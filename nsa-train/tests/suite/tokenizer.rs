@@ -53,7 +53,7 @@ fn trained_bpe_round_trips_and_packs_training_windows() {
     std::fs::write(&text_file, "In the beginning.\n\n\nAnd the earth was without form.\n\n\n".repeat(50)).unwrap();
     let mut cfg = common::tiny_run(&dir.join("run"), 1)
         .with_data(DataConfig::new().with_tokenizer(path.display().to_string()).with_valid_permille(0));
-    let small_vocab = load_splits(&cfg, &[text_file.clone()]).err().expect("vocab 256 < tokenizer");
+    let small_vocab = load_splits(&cfg, std::slice::from_ref(&text_file)).err().expect("vocab 256 < tokenizer");
     assert!(small_vocab.to_string().contains("model.vocab_size"), "{small_vocab}");
     cfg.model.vocab_size = 320;
     let (train, _, _) = load_splits(&cfg, &[text_file]).unwrap();

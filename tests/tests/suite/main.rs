@@ -14,12 +14,12 @@ mod gemm;
 mod gradients;
 mod kernels;
 mod limits;
-mod optimizer;
 /// On a CUDA device only (`--features cuda`).
 #[cfg(feature = "cuda")]
 mod manual_mma;
 mod mix;
 mod norm;
+mod optimizer;
 mod parity;
 mod phi;
 mod selection;
