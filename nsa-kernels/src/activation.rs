@@ -84,14 +84,3 @@ impl<
 
 #[cfg(feature = "fusion")]
 impl<B: burn_fusion::FusionBackend + ActivationBackend> ActivationBackend for burn_fusion::Fusion<B> {}
-
-#[cfg(feature = "ndarray")]
-impl<E, I, Q> ActivationBackend for burn::backend::NdArray<E, I, Q>
-where
-    E: burn::backend::ndarray::FloatNdArrayElement,
-    I: burn::backend::ndarray::IntNdArrayElement,
-    Q: burn::backend::ndarray::QuantElement,
-    burn::backend::ndarray::NdArrayTensor:
-        From<burn::backend::ndarray::SharedArray<E>> + From<burn::backend::ndarray::SharedArray<I>>,
-{
-}

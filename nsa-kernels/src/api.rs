@@ -182,15 +182,3 @@ pub fn block_scores<B: SparseAttentionBackend>(
     let [q, k, lse] = [q.into_primitive().tensor(), k.into_primitive().tensor(), lse.into_primitive().tensor()];
     Tensor::from_primitive(TensorPrimitive::Float(B::block_scores(q, k, lse, length, stride, block_size)))
 }
-
-// Backends without fused kernels run the reference.
-#[cfg(feature = "ndarray")]
-impl<E, I, Q> SparseAttentionBackend for burn::backend::NdArray<E, I, Q>
-where
-    E: burn::backend::ndarray::FloatNdArrayElement,
-    I: burn::backend::ndarray::IntNdArrayElement,
-    Q: burn::backend::ndarray::QuantElement,
-    burn::backend::ndarray::NdArrayTensor:
-        From<burn::backend::ndarray::SharedArray<E>> + From<burn::backend::ndarray::SharedArray<I>>,
-{
-}

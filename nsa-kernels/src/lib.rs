@@ -16,6 +16,8 @@ pub mod devices;
 mod fingerprint;
 pub mod gemm;
 pub mod mix;
+#[cfg(feature = "ndarray")]
+mod ndarray;
 pub mod norm;
 pub mod reference;
 

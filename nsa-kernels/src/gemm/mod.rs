@@ -54,14 +54,3 @@ pub fn linear_matmul<B: GemmBackend, const D: usize>(x: Tensor<B, D>, w: Tensor<
     out_dims[D - 1] = n;
     Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(out)).reshape(out_dims)
 }
-
-#[cfg(feature = "ndarray")]
-impl<E, I, Q> GemmBackend for burn::backend::NdArray<E, I, Q>
-where
-    E: burn::backend::ndarray::FloatNdArrayElement,
-    I: burn::backend::ndarray::IntNdArrayElement,
-    Q: burn::backend::ndarray::QuantElement,
-    burn::backend::ndarray::NdArrayTensor:
-        From<burn::backend::ndarray::SharedArray<E>> + From<burn::backend::ndarray::SharedArray<I>>,
-{
-}

@@ -60,14 +60,3 @@ pub fn gated_mix<B: GatedMixBackend>(branches: [Tensor<B, 4>; 3], gates: Tensor<
     let branches = branches.map(|o| o.into_primitive().tensor());
     float(B::gated_mix(branches, gates.into_primitive().tensor()))
 }
-
-#[cfg(feature = "ndarray")]
-impl<E, I, Q> GatedMixBackend for burn::backend::NdArray<E, I, Q>
-where
-    E: burn::backend::ndarray::FloatNdArrayElement,
-    I: burn::backend::ndarray::IntNdArrayElement,
-    Q: burn::backend::ndarray::QuantElement,
-    burn::backend::ndarray::NdArrayTensor:
-        From<burn::backend::ndarray::SharedArray<E>> + From<burn::backend::ndarray::SharedArray<I>>,
-{
-}

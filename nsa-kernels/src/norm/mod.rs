@@ -99,14 +99,3 @@ pub fn rms_norm<B: RmsNormBackend, const D: usize>(x: Tensor<B, D>, gamma: Tenso
     let (y, _) = B::rms_norm(x, gamma.into_primitive().tensor(), epsilon);
     float::<B, 2>(y).reshape(dims)
 }
-
-#[cfg(feature = "ndarray")]
-impl<E, I, Q> RmsNormBackend for burn::backend::NdArray<E, I, Q>
-where
-    E: burn::backend::ndarray::FloatNdArrayElement,
-    I: burn::backend::ndarray::IntNdArrayElement,
-    Q: burn::backend::ndarray::QuantElement,
-    burn::backend::ndarray::NdArrayTensor:
-        From<burn::backend::ndarray::SharedArray<E>> + From<burn::backend::ndarray::SharedArray<I>>,
-{
-}

@@ -106,14 +106,3 @@ pub trait FusedAdamWBackend: Backend {
         reference::adamw_step::<Self>(slots, hyper, compute, device)
     }
 }
-
-#[cfg(feature = "ndarray")]
-impl<E, I, Q> FusedAdamWBackend for burn::backend::NdArray<E, I, Q>
-where
-    E: burn::backend::ndarray::FloatNdArrayElement,
-    I: burn::backend::ndarray::IntNdArrayElement,
-    Q: burn::backend::ndarray::QuantElement,
-    burn::backend::ndarray::NdArrayTensor:
-        From<burn::backend::ndarray::SharedArray<E>> + From<burn::backend::ndarray::SharedArray<I>>,
-{
-}

@@ -1,0 +1,25 @@
+//! Burn's CPU backend (`NdArray`) takes every extension's tensor-op defaults: the reference
+//! attention, Burn's matmul, the tensor-op SiLU, mix, RMSNorm and AdamW.
+
+macro_rules! with_defaults {
+    ($($extension:path),* $(,)?) => {$(
+        impl<E, I, Q> $extension for burn::backend::NdArray<E, I, Q>
+        where
+            E: burn::backend::ndarray::FloatNdArrayElement,
+            I: burn::backend::ndarray::IntNdArrayElement,
+            Q: burn::backend::ndarray::QuantElement,
+            burn::backend::ndarray::NdArrayTensor:
+                From<burn::backend::ndarray::SharedArray<E>> + From<burn::backend::ndarray::SharedArray<I>>,
+        {
+        }
+    )*};
+}
+
+with_defaults!(
+    crate::activation::ActivationBackend,
+    crate::api::SparseAttentionBackend,
+    crate::gemm::GemmBackend,
+    crate::mix::GatedMixBackend,
+    crate::norm::RmsNormBackend,
+    crate::optim::FusedAdamWBackend,
+);
