@@ -4,7 +4,7 @@
 //! stay exact whatever the compute dtype (bf16 cannot even represent position 257 exactly). It
 //! holds each pair's angle twice (`[max_len, d]`), so the rotation is an element-wise expression
 //! over whole rows: Burn fuses it with 16-byte vector loads, where a trailing pair axis of 2
-//! would leave one element per unit (about ten times slower at training sizes).
+//! would leave one element per unit.
 
 use burn::module::Module;
 use burn::tensor::{backend::Backend, Tensor, TensorData};
