@@ -1,43 +1,10 @@
 //! The backend extension: what a backend must provide, with the reference as the default.
 
 use burn::tensor::ops::{FloatTensor, IntTensor};
-use burn::tensor::{backend::Backend, Int, Shape, Tensor, TensorPrimitive};
+use burn::tensor::{backend::Backend, Shape, Tensor, TensorPrimitive};
 
+use crate::keys::{BlockIndex, Keys};
 use crate::reference;
-
-/// Which keys each query row `t` attends. A window or a selection must give every row at least
-/// one key (its own position is always among them in NSA).
-#[derive(Clone, Debug)]
-pub enum Keys<B: Backend> {
-    /// The causal window `[t + 1 - w, t]`.
-    Window { w: usize },
-    /// The union of blocks `[j * block_size, (j + 1) * block_size)` listed for the row, clamped
-    /// causally to `t`. `blocks: [B, T, H_kv, n]`, shared by the query heads of a KV head;
-    /// negative entries are unused slots. Listed blocks must be distinct. `index` is the
-    /// backend's inverted index of `blocks` ([`SparseAttentionBackend::block_index`]), when
-    /// one was built for them.
-    Selected { blocks: IntTensor<B>, block_size: usize, index: Option<BlockIndex<B>> },
-    /// The compressed branch's keys: `k` and `v` hold one row per compressed block
-    /// (`[B, N, H_kv, d]`), block `i` summarising raw tokens `[i * stride, i * stride + length)`,
-    /// and row `t` attends the blocks complete at `t` (`i * stride + length - 1 <= t`). A row
-    /// that attends none outputs zeros and has no gradient; its log-sum-exp is `-1e30`.
-    Compressed { length: usize, stride: usize },
-}
-
-impl<B: Backend> Keys<B> {
-    /// Selected blocks from a tensor `[B, T, H_kv, n]`.
-    pub fn selected(blocks: Tensor<B, 4, Int>, block_size: usize) -> Self {
-        Keys::Selected { blocks: blocks.into_primitive(), block_size, index: None }
-    }
-}
-
-/// Which query rows listed each block of a selection, in whatever layout the backend's kernels
-/// walk (the fused backends': u32 tensors in a fixed order). Built once per key set, so the
-/// forward and the backward share it instead of each building its own.
-#[derive(Clone, Debug)]
-pub struct BlockIndex<B: Backend> {
-    pub tensors: Vec<IntTensor<B>>,
-}
 
 /// `keys` with the backend's inverted block index attached, if it builds one and `keys` is a
 /// selection without one.

@@ -10,7 +10,8 @@ use burn::backend::autodiff::{
 use burn::tensor::ops::{FloatTensor, IntTensor};
 use burn::tensor::Shape;
 
-use crate::api::{with_block_index, BlockIndex, Keys, SparseAttentionBackend};
+use crate::api::{with_block_index, SparseAttentionBackend};
+use crate::keys::{BlockIndex, Keys};
 
 /// What the backward needs: the inputs (through the checkpointer), the output, its
 /// log-sum-exp and the key set.

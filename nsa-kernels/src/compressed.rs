@@ -1,6 +1,6 @@
 //! The compressed branch on `CubeBackend`: the problem (shapes, block geometry), its products as
 //! batched GEMMs ([`batched_gemm`]: cuBLASLt on CUDA) around the row kernels of
-//! [`crate::kernel::compressed_rows`], and the selection scores ([`crate::kernel::compressed`]).
+//! [`crate::kernel::compression::rows`], and the selection scores ([`crate::kernel::compression::scores`]).
 
 use burn::tensor::{DType, Shape};
 use burn_cubecl::kernel::into_contiguous;
@@ -11,8 +11,8 @@ use cubecl::prelude::*;
 use cubecl::{calculate_cube_count_elemwise, CubeDim};
 
 use crate::gemm::batched_gemm;
-use crate::kernel::compressed;
-use crate::kernel::compressed_rows::{self, ROW_UNITS};
+use crate::kernel::compression::rows::{self as compressed_rows, ROW_UNITS};
+use crate::kernel::compression::scores as compressed;
 
 /// Rows of the score matrix per cube of the row kernels.
 const ROWS_PER_CUBE: usize = 32;

@@ -11,32 +11,47 @@ pub static KERNEL_FINGERPRINT: std::sync::LazyLock<u64> = std::sync::LazyLock::n
 /// What the kernels are built from: every file of `kernel/` (a test holds the list to the
 /// directory), the launch code and tilings, and the lock file.
 const SOURCES: &[(&str, &str)] = &[
-    ("kernel/mod.rs", include_str!("kernel/mod.rs")),
-    ("kernel/backward.rs", include_str!("kernel/backward.rs")),
-    ("kernel/compressed.rs", include_str!("kernel/compressed.rs")),
-    ("kernel/compressed_rows.rs", include_str!("kernel/compressed_rows.rs")),
-    ("kernel/flash_dq.rs", include_str!("kernel/flash_dq.rs")),
-    ("kernel/flash_forward.rs", include_str!("kernel/flash_forward.rs")),
-    ("kernel/flash_key.rs", include_str!("kernel/flash_key.rs")),
-    ("kernel/flash_select.rs", include_str!("kernel/flash_select.rs")),
-    ("kernel/forward.rs", include_str!("kernel/forward.rs")),
-    ("kernel/fragments.rs", include_str!("kernel/fragments.rs")),
-    ("kernel/inverse.rs", include_str!("kernel/inverse.rs")),
-    ("kernel/key.rs", include_str!("kernel/key.rs")),
+    ("kernel/compression/mod.rs", include_str!("kernel/compression/mod.rs")),
+    ("kernel/compression/rows.rs", include_str!("kernel/compression/rows.rs")),
+    ("kernel/compression/scores.rs", include_str!("kernel/compression/scores.rs")),
+    ("kernel/key_gradients/chunk.rs", include_str!("kernel/key_gradients/chunk.rs")),
+    ("kernel/key_gradients/mod.rs", include_str!("kernel/key_gradients/mod.rs")),
     ("kernel/mix.rs", include_str!("kernel/mix.rs")),
-    ("kernel/mma_backward.rs", include_str!("kernel/mma_backward.rs")),
-    ("kernel/mma_dq.rs", include_str!("kernel/mma_dq.rs")),
-    ("kernel/mma_forward.rs", include_str!("kernel/mma_forward.rs")),
-    ("kernel/mma_select.rs", include_str!("kernel/mma_select.rs")),
-    ("kernel/query.rs", include_str!("kernel/query.rs")),
+    ("kernel/mod.rs", include_str!("kernel/mod.rs")),
+    ("kernel/portable/backward.rs", include_str!("kernel/portable/backward.rs")),
+    ("kernel/portable/forward.rs", include_str!("kernel/portable/forward.rs")),
+    ("kernel/portable/mod.rs", include_str!("kernel/portable/mod.rs")),
+    ("kernel/primitives/atomic_rows.rs", include_str!("kernel/primitives/atomic_rows.rs")),
+    ("kernel/primitives/fragments.rs", include_str!("kernel/primitives/fragments.rs")),
+    ("kernel/primitives/key_cube.rs", include_str!("kernel/primitives/key_cube.rs")),
+    ("kernel/primitives/layout.rs", include_str!("kernel/primitives/layout.rs")),
+    ("kernel/primitives/mod.rs", include_str!("kernel/primitives/mod.rs")),
+    ("kernel/primitives/query_cube.rs", include_str!("kernel/primitives/query_cube.rs")),
+    ("kernel/primitives/rows.rs", include_str!("kernel/primitives/rows.rs")),
+    ("kernel/primitives/softmax.rs", include_str!("kernel/primitives/softmax.rs")),
+    ("kernel/primitives/staging.rs", include_str!("kernel/primitives/staging.rs")),
+    ("kernel/primitives/vectors.rs", include_str!("kernel/primitives/vectors.rs")),
+    ("kernel/primitives/walk.rs", include_str!("kernel/primitives/walk.rs")),
     ("kernel/rms_norm.rs", include_str!("kernel/rms_norm.rs")),
-    ("kernel/rows.rs", include_str!("kernel/rows.rs")),
+    ("kernel/row_delta.rs", include_str!("kernel/row_delta.rs")),
+    ("kernel/selection/dq.rs", include_str!("kernel/selection/dq.rs")),
+    ("kernel/selection/index.rs", include_str!("kernel/selection/index.rs")),
+    ("kernel/selection/merge.rs", include_str!("kernel/selection/merge.rs")),
+    ("kernel/selection/mod.rs", include_str!("kernel/selection/mod.rs")),
+    ("kernel/selection/partials.rs", include_str!("kernel/selection/partials.rs")),
+    ("kernel/selection/segments.rs", include_str!("kernel/selection/segments.rs")),
     ("kernel/top_n.rs", include_str!("kernel/top_n.rs")),
-    ("kernel/vectors.rs", include_str!("kernel/vectors.rs")),
-    ("kernel/walk.rs", include_str!("kernel/walk.rs")),
+    ("kernel/window/dq.rs", include_str!("kernel/window/dq.rs")),
+    ("kernel/window/forward.rs", include_str!("kernel/window/forward.rs")),
+    ("kernel/window/mod.rs", include_str!("kernel/window/mod.rs")),
+    ("keys.rs", include_str!("keys.rs")),
+    ("plan.rs", include_str!("plan.rs")),
+    ("launch/mod.rs", include_str!("launch/mod.rs")),
+    ("launch/forward.rs", include_str!("launch/forward.rs")),
+    ("launch/backward.rs", include_str!("launch/backward.rs")),
     ("compressed.rs", include_str!("compressed.rs")),
     ("cube.rs", include_str!("cube.rs")),
-    ("inverted.rs", include_str!("inverted.rs")),
+    ("launch/index.rs", include_str!("launch/index.rs")),
     ("mix/cube.rs", include_str!("mix/cube.rs")),
     ("norm/cube.rs", include_str!("norm/cube.rs")),
     ("optim/kernel.rs", include_str!("optim/kernel.rs")),
@@ -93,12 +108,18 @@ mod tests {
     #[test]
     fn every_kernel_file_is_in_the_fingerprint() {
         // A kernel file left out would let a cache filled by an older build serve its kernels.
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/kernel");
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
         let listed: Vec<&str> = SOURCES.iter().map(|(name, _)| *name).collect();
-        for entry in std::fs::read_dir(&dir).unwrap() {
-            let name = format!("kernel/{}", entry.unwrap().file_name().to_string_lossy());
-            if name.ends_with(".rs") {
-                assert!(listed.contains(&name.as_str()), "{name} is missing from the kernel fingerprint");
+        let mut dirs = vec![src.join("kernel")];
+        while let Some(dir) = dirs.pop() {
+            for entry in std::fs::read_dir(&dir).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    dirs.push(path);
+                } else if path.extension().is_some_and(|e| e == "rs") {
+                    let name = path.strip_prefix(&src).unwrap().to_string_lossy().replace('\\', "/");
+                    assert!(listed.contains(&name.as_str()), "{name} is missing from the kernel fingerprint");
+                }
             }
         }
     }

@@ -11,7 +11,8 @@ use burn_fusion::stream::{Operation, OperationStreams};
 use burn_fusion::{Fusion, FusionBackend, FusionRuntime};
 use burn_ir::{CustomOpIr, HandleContainer, OperationIr, OperationOutput, TensorIr};
 
-use crate::api::{BlockIndex, Keys, SparseAttentionBackend, SparseAttentionGrads};
+use crate::api::{SparseAttentionBackend, SparseAttentionGrads};
+use crate::keys::{BlockIndex, Keys};
 use crate::reference::stats_dtype;
 
 /// The key set without its tensors: the block list and its inverted index, when there are

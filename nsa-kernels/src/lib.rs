@@ -15,6 +15,7 @@ mod autodiff;
 pub mod devices;
 mod fingerprint;
 pub mod gemm;
+mod keys;
 pub mod mix;
 #[cfg(feature = "ndarray")]
 mod ndarray;
@@ -28,20 +29,20 @@ mod cube;
 #[cfg(feature = "fusion")]
 mod fusion;
 #[cfg(feature = "cube")]
-mod inverted;
-#[cfg(feature = "cube")]
 pub mod kernel;
+#[cfg(feature = "cube")]
+pub mod launch;
 pub mod optim;
+pub mod plan;
 pub mod tiling;
 #[cfg(feature = "cube")]
 mod top_n;
 
 pub use activation::{silu, ActivationBackend};
-pub use api::{
-    block_scores, sparse_attention, with_block_index, BlockIndex, Keys, SparseAttentionBackend, SparseAttentionGrads,
-};
+pub use api::{block_scores, sparse_attention, with_block_index, SparseAttentionBackend, SparseAttentionGrads};
 pub use fingerprint::KERNEL_FINGERPRINT;
 pub use gemm::{linear_matmul, GemmBackend};
+pub use keys::{BlockIndex, Keys};
 pub use mix::{gated_mix, gated_mix_reference, GatedMixBackend};
 pub use norm::{rms_norm, RmsNormBackend};
 pub use optim::{AdamWHyper, AdamWSlot, AdamWUpdate, FusedAdamWBackend};

@@ -7,7 +7,7 @@
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{backend::Backend, Bool, DType, Int, Tensor, TensorPrimitive};
 
-use crate::api::Keys;
+use crate::keys::Keys;
 
 /// The dtype softmax statistics are kept in: f32 for 16-bit storage, else the storage dtype.
 pub fn stats_dtype(storage: DType) -> DType {

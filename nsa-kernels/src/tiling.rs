@@ -70,7 +70,7 @@ impl QueryTiling {
         self.rows * self.parts
     }
 
-    /// Shared memory the kernel declares (see `kernel::forward` / `kernel::backward`).
+    /// Shared memory the kernel declares (see `kernel::portable`).
     pub fn shared_floats(&self, pass: QueryPass, d_k: usize, d_v: usize) -> usize {
         let keys = self.chunk * (d_k + d_v);
         let exchanged = match pass {
@@ -97,7 +97,7 @@ impl KeyTiling {
         self.keys * self.parts
     }
 
-    /// Shared memory the kernel declares (see `kernel::backward`).
+    /// Shared memory the kernel declares (see `kernel::portable::backward`).
     pub fn shared_floats(&self, d_k: usize, d_v: usize) -> usize {
         let rows = self.chunk * (d_k + d_v + 3);
         let partials = if self.parts > 1 { 2 * self.keys * self.chunk * self.parts } else { 0 };
@@ -105,25 +105,12 @@ impl KeyTiling {
     }
 }
 
-/// Tensor-core forward of a window (see `kernel::mma_forward`): a cube of `planes` planes of 32
-/// units holds `rows` real rows (the `g` heads of `rows / g` consecutive queries) padded to
-/// `16 * planes`, and stages `key_tile` keys per step. A selection takes [`SelectMmaTiling`]:
-/// with one query per cube (`g` rows, 6 of a 16-row tile at the production shape) this layout
-/// measured 2.5x slower than the plain kernel (H100, 64k, docs/benchmarks.md).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct MmaTiling {
-    pub rows: usize,
-    pub key_tile: usize,
-    /// Output columns per pass of `p . v` through the plane's score tile.
-    pub pv_cols: usize,
-}
-
 /// Rows a tensor-core window cube aims for: more rows share each staged K/V tile (a window cube
 /// stages `w + queries` keys for its `queries` positions). 128 rows with 96 KiB measured 1.17x
 /// (production) and 1.08x (paper) faster than 64 rows with 48 KiB (H100, 64k, same call).
 pub const MMA_ROWS: usize = 128;
 /// The MMA tile edge.
-const MMA_TILE: usize = 16;
+pub const MMA_TILE: usize = 16;
 /// Shared memory a tensor-core cube may use (above 48 KiB is dynamic shared memory, which
 /// CubeCL's CUDA runtime opts into per kernel; tensor-core GPUs have 100-228 KiB per SM).
 pub const MMA_SHARED: usize = 96 * 1024;
@@ -142,57 +129,7 @@ pub const fn f32_stride(n: usize) -> usize {
     n + 4
 }
 
-impl MmaTiling {
-    /// `None` when the head dims are not multiples of the MMA tile or no key tile fits the
-    /// shared memory; `elem_bytes` is the storage type's size.
-    pub fn plan(
-        pass: QueryPass,
-        g: usize,
-        d_k: usize,
-        d_v: usize,
-        elem_bytes: usize,
-        shared_bytes: usize,
-    ) -> Option<Self> {
-        if !d_k.is_multiple_of(MMA_TILE) || !d_v.is_multiple_of(MMA_TILE) {
-            return None;
-        }
-        let queries = (MMA_ROWS / g).max(1);
-        let rows = queries * g;
-        let pv_cols = [64, 32, 16].into_iter().find(|c| d_v.is_multiple_of(*c))?;
-        let mut tiling = MmaTiling { rows, key_tile: 64, pv_cols };
-        while tiling.shared_bytes(pass, d_k, d_v, elem_bytes) > shared_bytes && tiling.key_tile > MMA_TILE {
-            tiling.key_tile /= 2;
-        }
-        (tiling.shared_bytes(pass, d_k, d_v, elem_bytes) <= shared_bytes).then_some(tiling)
-    }
-
-    /// Planes of 16 rows: `rows` rounded up.
-    pub fn planes(&self) -> usize {
-        self.rows.div_ceil(MMA_TILE)
-    }
-
-    /// Positions per cube.
-    pub fn queries(&self, g: usize) -> usize {
-        self.rows / g
-    }
-
-    /// Shared memory the kernel declares: query rows or K and V tiles (one buffer), the f32
-    /// tiles (scores, or scores and `dp`) and the storage-type tiles (probabilities, or `ds`).
-    pub fn shared_bytes(&self, pass: QueryPass, d_k: usize, d_v: usize, elem_bytes: usize) -> usize {
-        let padded = self.planes() * MMA_TILE;
-        let (ks, vs) = (storage_stride(d_k), storage_stride(d_v));
-        let keys = self.key_tile * (ks + vs);
-        let (staged, f32_tiles) = match pass {
-            QueryPass::Forward => {
-                ((padded * ks).max(keys), padded * f32_stride(self.key_tile).max(f32_stride(self.pv_cols)))
-            }
-            QueryPass::Gradient => ((padded * ks.max(vs)).max(keys), 2 * padded * f32_stride(self.key_tile)),
-        };
-        staged * elem_bytes + f32_tiles * 4 + padded * storage_stride(self.key_tile) * elem_bytes
-    }
-}
-
-/// Register-resident window forward (see `kernel::flash_forward`): a cube of `planes` planes of
+/// Register-resident window forward (see `kernel::window::forward`): a cube of `planes` planes of
 /// 32 lanes holds `rows` real rows (the `g` heads of `rows / g` consecutive queries) padded to
 /// `16 * planes`, and stages `key_tile` keys per step. Its scores and output live in registers,
 /// so shared memory holds only the K and V tiles.
@@ -237,7 +174,7 @@ impl FlashTiling {
     }
 }
 
-/// Register-resident dK/dV (see `kernel::flash_key`): `planes` planes own 16 keys each and walk
+/// Register-resident dK/dV (see `kernel::key_gradients`): `planes` planes own 16 keys each and walk
 /// the query rows that attend them `q_rows` at a time. A lane keeps `(d_k + d_v) / 4` K and V, as
 /// many dK and dV, and one 16-row group's score and `dp` (8 registers each; the chunk is
 /// computed a group at a time): wide heads walk 32 rows at a time.
@@ -294,7 +231,7 @@ impl FlashKeyTiling {
     }
 }
 
-/// Key-major selection (see `kernel::flash_select`): a cube stages one selected block's `keys`
+/// Key-major selection (see `kernel::selection`): a cube stages one selected block's `keys`
 /// keys (the whole block) and walks the block's listed query rows a chunk of `16 * planes`
 /// at a time, copied asynchronously into two buffers, each plane taking 16 rows of a chunk
 /// (`planes` for the forward, `dq_planes` for dQ, as many as the shared memory holds). A lane
@@ -366,131 +303,10 @@ impl FlashSelectTiling {
     }
 }
 
-/// Query rows per cube of `kernel::mma_backward::row_delta` at head dim `d_v`: as many as fill
+/// Query rows per cube of `kernel::row_delta` at head dim `d_v`: as many as fill
 /// about 128 units, one per 16-byte vector of a row (`d_v / 8` at 16-bit storage).
 pub fn delta_rows(d_v: usize, vector: usize) -> usize {
     (128 / (d_v / vector).max(1)).max(1)
-}
-
-/// Tensor-core dK/dV (see `kernel::mma_backward`): `planes` planes own 16 keys each and walk
-/// the query rows that attend them `q_rows` at a time; with `fold_dq` they also add the rows'
-/// dQ shares by atomics.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct KeyMmaTiling {
-    pub planes: usize,
-    pub q_rows: usize,
-    pub fold_dq: bool,
-}
-
-impl KeyMmaTiling {
-    /// The first of the candidate tilings that fits, or `None` when the head dims are not
-    /// multiples of the MMA tile or nothing fits. A window cube takes 128 keys where they fit
-    /// (each staged query row then serves twice the keys); a selection's stays at 64, its
-    /// block size (a larger cube would leave planes idle past the block's end).
-    pub fn plan(
-        window: bool,
-        fold_dq: bool,
-        d_k: usize,
-        d_v: usize,
-        elem_bytes: usize,
-        shared_bytes: usize,
-    ) -> Option<Self> {
-        if !d_k.is_multiple_of(MMA_TILE) || !d_v.is_multiple_of(MMA_TILE) {
-            return None;
-        }
-        let wide: &[(usize, usize)] = if window { &[(8, 64), (8, 32)] } else { &[] };
-        wide.iter()
-            .chain(&[(4, 64), (4, 32)])
-            .map(|&(planes, q_rows)| KeyMmaTiling { planes, q_rows, fold_dq })
-            .find(|t| t.shared_bytes(d_k, d_v, elem_bytes) <= shared_bytes)
-    }
-
-    pub fn keys(&self) -> usize {
-        self.planes * MMA_TILE
-    }
-
-    /// Whether the key cubes should fold dQ in (given f32 atomics): for a selection, yes: its
-    /// query-side dQ kernel re-read each query's `n` blocks from memory and recomputed `s` and
-    /// `dp`, and folding took the production shape's selected fwd+bwd at 64k from 42.6 to 27.3
-    /// ms (H100). A window's query cubes share each staged K/V tile among ~21 queries, and
-    /// folding measured no faster (fwd+bwd at 64k, folded vs not, two calls: production 9.18
-    /// vs 9.17 ms, paper 95.4 vs 86.9; docs/benchmarks.md), so a window keeps its dQ kernel.
-    pub fn folds_dq(window: bool) -> bool {
-        !window
-    }
-
-    /// Storage-type elements of the staging buffer (row strides `ks`, `vs`): the cube's K and V
-    /// rows while their fragments load, then each chunk's q and dO rows, which with `fold_dq`
-    /// come after the K rows (kept for `ds K`).
-    pub fn staged_elems(keys: usize, q_rows: usize, ks: usize, vs: usize, fold_dq: bool) -> usize {
-        if fold_dq {
-            keys * ks + (keys * vs).max(q_rows * (ks + vs))
-        } else {
-            keys.max(q_rows) * (ks + vs)
-        }
-    }
-
-    /// f32 elements of the score tiles: `s^T` and `dp^T` per plane, and with `fold_dq` room
-    /// for the chunk's `[q_rows, d_k]` dQ in the same buffer.
-    pub fn score_elems(planes: usize, q_rows: usize, d_k: usize, fold_dq: bool) -> usize {
-        let tiles = 2 * planes * MMA_TILE * f32_stride(q_rows);
-        if fold_dq {
-            tiles.max(q_rows * f32_stride(d_k))
-        } else {
-            tiles
-        }
-    }
-
-    /// The staging buffer; the score tiles and storage-type `p^T`, `ds^T` tiles; the rows'
-    /// statistics and positions.
-    pub fn shared_bytes(&self, d_k: usize, d_v: usize, elem_bytes: usize) -> usize {
-        let staged =
-            Self::staged_elems(self.keys(), self.q_rows, storage_stride(d_k), storage_stride(d_v), self.fold_dq)
-                * elem_bytes;
-        let scores = Self::score_elems(self.planes, self.q_rows, d_k, self.fold_dq) * 4;
-        let weights = 2 * self.keys() * storage_stride(self.q_rows) * elem_bytes;
-        staged + scores + weights + 3 * self.q_rows * 4
-    }
-}
-
-/// Tensor-core selected attention forward (see `kernel::mma_select`): each of a cube's
-/// `planes` planes takes one query's 16-row head tile on its own (no cube-wide barrier) and
-/// walks its selected blocks `key_tile` keys at a time, reading fragments from global memory;
-/// `pv_cols` as in [`MmaTiling`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SelectMmaTiling {
-    pub planes: usize,
-    pub key_tile: usize,
-    pub pv_cols: usize,
-}
-
-impl SelectMmaTiling {
-    /// The first candidate that fits: four planes (a cube of 128 units), 64-key steps (one
-    /// block of the paper's `l_sel`) where they fit, else 32; then fewer planes. `None` when the
-    /// head dims are not multiples of the MMA tile or nothing fits.
-    pub fn plan(d_k: usize, d_v: usize, elem_bytes: usize, shared_bytes: usize) -> Option<Self> {
-        if !d_k.is_multiple_of(MMA_TILE) || !d_v.is_multiple_of(MMA_TILE) {
-            return None;
-        }
-        let pv_cols = [64, 32, 16].into_iter().find(|c| d_v.is_multiple_of(*c))?;
-        [(4, 64), (4, 32), (2, 32), (1, 32), (1, 16)]
-            .into_iter()
-            .map(|(planes, key_tile)| SelectMmaTiling { planes, key_tile, pv_cols })
-            .find(|t| t.shared_bytes(d_k, d_v, elem_bytes) <= shared_bytes)
-    }
-
-    /// Row tiles of 16 heads per query: `g` rounded up.
-    pub fn head_tiles(g: usize) -> usize {
-        g.div_ceil(MMA_TILE)
-    }
-
-    /// Per plane: the staged rows (16 query rows, later the 16 K and 16 V rows of a spilled
-    /// sub-tile); the f32 tile (scores, or the `p . v` slice); the probabilities.
-    pub fn shared_bytes(&self, d_k: usize, d_v: usize, elem_bytes: usize) -> usize {
-        let staged = MMA_TILE * (storage_stride(d_k) + storage_stride(d_v)) * elem_bytes;
-        let f32_tile = MMA_TILE * f32_stride(self.key_tile).max(f32_stride(self.pv_cols));
-        self.planes * (staged + f32_tile * 4 + MMA_TILE * storage_stride(self.key_tile) * elem_bytes)
-    }
 }
 
 /// The smallest power-of-two split that keeps `floats / parts` within the register budget and
@@ -529,20 +345,6 @@ mod tests {
         assert_eq!(KeyTiling::plan(128, 128, H100).parts, 4);
         // d_k = 192, d_v = 128.
         assert_eq!(QueryTiling::plan(QueryPass::Forward, true, 16, 192, 128, H100).parts, 4);
-    }
-
-    #[test]
-    fn tensor_core_tiles_fit_the_shared_memory_at_every_head_dim() {
-        let prod = MmaTiling::plan(QueryPass::Forward, 6, 64, 64, 2, MMA_SHARED).unwrap();
-        assert_eq!(prod.rows, MMA_ROWS / 6 * 6);
-        for pass in [QueryPass::Forward, QueryPass::Gradient] {
-            for (g, d_k, d_v) in [(6, 64, 64), (16, 128, 128), (16, 192, 128), (1, 64, 64), (64, 128, 128)] {
-                let t = MmaTiling::plan(pass, g, d_k, d_v, 2, MMA_SHARED).unwrap();
-                assert!(t.shared_bytes(pass, d_k, d_v, 2) <= MMA_SHARED, "{t:?}");
-                assert!(t.rows <= 16 * t.planes() && d_v % t.pv_cols == 0 && t.key_tile.is_multiple_of(16), "{t:?}");
-            }
-        }
-        assert_eq!(MmaTiling::plan(QueryPass::Forward, 6, 72, 64, 2, MMA_SHARED), None);
     }
 
     #[test]
@@ -594,46 +396,6 @@ mod tests {
         assert_eq!(FlashSelectTiling::plan(128, 128, 128, MMA_SHARED), None);
         assert_eq!(FlashSelectTiling::plan(24, 64, 64, MMA_SHARED), None);
         assert_eq!(FlashSelectTiling::plan(64, 72, 64, MMA_SHARED), None);
-    }
-
-    #[test]
-    fn tensor_core_key_tiles_fit_the_shared_memory_at_every_head_dim() {
-        for (d_k, d_v) in [(64, 64), (128, 128), (192, 128), (16, 16)] {
-            for (window, fold_dq) in [(true, false), (false, false), (true, true), (false, true)] {
-                let t = KeyMmaTiling::plan(window, fold_dq, d_k, d_v, 2, MMA_SHARED).unwrap();
-                assert!(t.shared_bytes(d_k, d_v, 2) <= MMA_SHARED && t.q_rows.is_multiple_of(32), "{t:?}");
-            }
-        }
-        for fold_dq in [false, true] {
-            let window = KeyMmaTiling::plan(true, fold_dq, 64, 64, 2, MMA_SHARED);
-            assert_eq!(window, Some(KeyMmaTiling { planes: 8, q_rows: 32, fold_dq }));
-            let selection = KeyMmaTiling::plan(false, fold_dq, 64, 64, 2, MMA_SHARED);
-            assert_eq!(selection, Some(KeyMmaTiling { planes: 4, q_rows: 64, fold_dq }));
-        }
-        // Folding dQ keeps the K rows staged: the paper's window cube takes shorter steps.
-        assert_eq!(
-            KeyMmaTiling::plan(true, true, 128, 128, 2, MMA_SHARED),
-            Some(KeyMmaTiling { planes: 4, q_rows: 32, fold_dq: true })
-        );
-        assert_eq!(KeyMmaTiling::plan(true, false, 64, 72, 2, MMA_SHARED), None);
-    }
-
-    #[test]
-    fn tensor_core_selection_tiles_fit_the_shared_memory_at_every_head_dim() {
-        for (d_k, d_v) in [(64, 64), (128, 128), (192, 128), (16, 16)] {
-            let t = SelectMmaTiling::plan(d_k, d_v, 2, MMA_SHARED).unwrap();
-            assert!(t.shared_bytes(d_k, d_v, 2) <= MMA_SHARED && d_v % t.pv_cols == 0, "{t:?}");
-        }
-        let prod = SelectMmaTiling::plan(64, 64, 2, MMA_SHARED);
-        assert_eq!(prod, Some(SelectMmaTiling { planes: 4, key_tile: 64, pv_cols: 64 }));
-        // A small shared memory takes shorter steps, then fewer planes.
-        let small = SelectMmaTiling::plan(128, 128, 2, 24 * 1024).unwrap();
-        assert_eq!((small.planes, small.key_tile), (1, 32));
-        assert_eq!(SelectMmaTiling::plan(64, 72, 2, MMA_SHARED), None);
-        assert_eq!(
-            (SelectMmaTiling::head_tiles(6), SelectMmaTiling::head_tiles(16), SelectMmaTiling::head_tiles(17)),
-            (1, 1, 2)
-        );
     }
 
     #[test]

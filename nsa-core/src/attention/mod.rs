@@ -7,7 +7,6 @@ pub mod masks;
 pub mod nsa;
 pub mod projection;
 pub mod selection;
-pub mod softmax;
 
 pub use dense::DenseAttention;
 pub use nsa::{Branch, NsaAttention, NsaAux};

@@ -3,7 +3,7 @@
 
 use cubecl::prelude::*;
 
-use super::vectors::dot;
+use crate::kernel::primitives::vectors::dot;
 
 /// `out[b, t, h, :] = sum_i gates[b, t, i, h] o_i[b, t, h, :]`.
 #[cube(launch)]

@@ -15,25 +15,13 @@
     clippy::needless_borrow
 )]
 
-pub mod backward;
-pub mod compressed;
-pub mod compressed_rows;
-pub mod flash_dq;
-pub mod flash_forward;
-pub mod flash_key;
-pub mod flash_select;
-pub mod forward;
-pub mod fragments;
-pub mod inverse;
-pub mod key;
+pub mod compression;
+pub mod key_gradients;
 pub mod mix;
-pub mod mma_backward;
-pub mod mma_dq;
-pub mod mma_forward;
-pub mod mma_select;
-pub mod query;
+pub mod portable;
+pub mod primitives;
 pub mod rms_norm;
-pub mod rows;
+pub mod row_delta;
+pub mod selection;
 pub mod top_n;
-pub mod vectors;
-pub mod walk;
+pub mod window;

@@ -5,7 +5,7 @@
 
 use cubecl::prelude::*;
 
-use super::vectors::{dot, widen};
+use crate::kernel::primitives::vectors::{dot, widen};
 
 /// Units per row.
 pub const NORM_UNITS: usize = 32;

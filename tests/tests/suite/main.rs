@@ -1,6 +1,6 @@
 //! The cross-crate tests, as one binary: each test file is a module, so Burn's generic code is
 //! compiled once for all of them instead of once per file (most of a cold test build).
-//! Binaries of their own: `mma_expand` (it installs a process-wide panic hook), and `model` and
+//! Binaries of their own: `tensor_core_expand` (it installs a process-wide panic hook), and `model` and
 //! `precision`, which run `NdArray<f32>`: Burn keys a device's default float dtype by device
 //! type, so the first of `NdArray<f32>` and `NdArray<f64>` to touch the CPU in a process fixes it
 //! for both, and every other test here runs in f64.
@@ -12,6 +12,7 @@ mod constants;
 mod embedding;
 mod gemm;
 mod gradients;
+mod kernel_parts;
 mod kernels;
 mod limits;
 /// On a CUDA device only (`--features cuda`).

@@ -17,8 +17,8 @@
 
 use cubecl::prelude::*;
 
-use super::compressed::visible_blocks;
-use super::rows::{offset3, NEG_LARGE};
+use super::scores::visible_blocks;
+use crate::kernel::primitives::rows::{offset3, NEG_LARGE};
 
 /// Units per row of the row kernels. A row is short (`N` padded to 16: 128 columns at T = 2048),
 /// so few units each take several columns: fewer partial sums to combine, more independent loads

@@ -16,7 +16,7 @@
 use cubecl::cmma::{MatrixIdent, MmaDefinition};
 use cubecl::prelude::*;
 
-use super::mma_forward::VECTOR;
+use super::layout::VECTOR;
 
 /// Two elements of one 32-bit register: the unit of every MMA operand here.
 pub type Pair<E> = Vector<E, Const<2>>;

@@ -9,14 +9,16 @@
 
 use cubecl::prelude::*;
 
-use super::flash_forward::{
-    issue_tile, mask_and_scale, store_row_tiles, tile_needs_mask, walk_start, LaneRows, TileBarriers,
+use super::forward::store_row_tiles;
+use crate::kernel::primitives::fragments::{
+    accumulate_with_rows, mma, products_with_rows, row_fragments, zero_pairs, Pair, MMA_M, MMA_N,
 };
-use super::forward::MASKED;
-use super::fragments::{accumulate_with_rows, mma, products_with_rows, row_fragments, zero_pairs, Pair, MMA_M, MMA_N};
-use super::mma_forward::{max_usize, stage_query_rows, VECTOR};
-use super::query::QueryCube;
-use super::rows::offset3;
+use crate::kernel::primitives::layout::{max_usize, MASKED, VECTOR};
+use crate::kernel::primitives::query_cube::{walk_start, LaneRows, QueryCube};
+use crate::kernel::primitives::rows::offset3;
+use crate::kernel::primitives::softmax::{mask_and_scale, tile_needs_mask};
+use crate::kernel::primitives::staging::stage_query_rows;
+use crate::kernel::primitives::walk::{issue_tile, TileBarriers};
 use crate::tiling::storage_stride;
 
 /// `q`, `k`, `v`, `dO` as the forward's inputs and output, `lse` and `delta` `[B, T, H_q]`

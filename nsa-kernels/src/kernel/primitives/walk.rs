@@ -7,12 +7,14 @@
 //! reading.
 
 use cubecl::prelude::barrier::copy_async;
+use cubecl::prelude::barrier::Barrier;
 use cubecl::prelude::*;
 
-use super::flash_forward::TileBarriers;
-use super::key::KeyCube;
-use super::mma_forward::VECTOR;
+use super::key_cube::KeyCube;
+use super::layout::VECTOR;
+use super::query_cube::QueryCube;
 use super::rows::offset3;
+use super::staging::copy_rows_async;
 use crate::tiling::storage_stride;
 
 /// Starts the copies of the chunk's rows of `src` (q or dO, `[B, T, H_q, d]`) to element `at`
@@ -208,4 +210,82 @@ pub fn issue_query_rows<F: Float, N: Size>(
         copy_walked_slots(slots, cube, block_slots, first, count, slot, rows, planes);
     }
     barriers.commit(slot);
+}
+
+/// One barrier per staging buffer: a unit commits its copies into a buffer to that buffer's
+/// barrier, and every unit waits on it before reading the buffer.
+#[derive(CubeType)]
+pub struct TileBarriers {
+    pub first: Shared<Barrier>,
+    pub second: Shared<Barrier>,
+}
+
+#[cube]
+impl TileBarriers {
+    pub fn new() -> TileBarriers {
+        TileBarriers {
+            first: Barrier::shared(CUBE_DIM, UNIT_POS == 0),
+            second: Barrier::shared(CUBE_DIM, UNIT_POS == 0),
+        }
+    }
+
+    /// Commits this unit's copies into the buffer at element `at` (0: the first; a buffer's
+    /// slot, 0 or 1, names it as well).
+    pub fn commit(&self, at: usize) {
+        if at == 0 {
+            self.first.commit_copy_async();
+        } else {
+            self.second.commit_copy_async();
+        }
+    }
+
+    /// Waits until every unit's copies into the buffer at element `at` (or of slot `at`, as
+    /// [`Self::commit`]) have landed.
+    pub fn wait(&self, at: usize) {
+        if at == 0 {
+            self.first.arrive_and_wait();
+        } else {
+            self.second.arrive_and_wait();
+        }
+    }
+}
+
+/// Starts the copies of the key tile `first..first + count` (K rows at element `at`, V rows
+/// after `key_tile` K rows) and commits them to the barrier of the buffer at `at` (0: the
+/// first).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub fn issue_tile<F: Float, N: Size>(
+    k: &Tensor<Vector<F, N>>,
+    v: &Tensor<Vector<F, N>>,
+    staged: &mut SharedMemory<Vector<F, N>>,
+    cube: &QueryCube,
+    first: usize,
+    count: usize,
+    at: usize,
+    barriers: &TileBarriers,
+    #[comptime] d_k: usize,
+    #[comptime] d_v: usize,
+    #[comptime] key_tile: usize,
+    #[comptime] planes: usize,
+) {
+    let ks = comptime!(storage_stride(d_k));
+    let vs = comptime!(storage_stride(d_v));
+    let units = comptime!(planes * 32);
+    copy_rows_async::<F, N>(k, staged, at, cube.b, first, count, cube.hk, key_tile, d_k, ks, VECTOR, units);
+    copy_rows_async::<F, N>(
+        v,
+        staged,
+        at + key_tile * ks,
+        cube.b,
+        first,
+        count,
+        cube.hk,
+        key_tile,
+        d_v,
+        vs,
+        VECTOR,
+        units,
+    );
+    barriers.commit(at);
 }

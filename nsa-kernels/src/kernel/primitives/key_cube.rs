@@ -123,3 +123,42 @@ impl KeyCube {
 pub fn segment_row(b: usize, hk: usize, h_kv: usize, segments: usize, item: usize, key: usize, span: usize) -> usize {
     ((b * h_kv + hk) * segments + item) * span + key
 }
+
+/// The two walked rows a lane holds (`l / 4` and `l / 4 + 8` of its plane's tile): query
+/// position, head, and whether the row exists.
+#[derive(CubeType)]
+pub struct ListedRows {
+    pub t: Array<usize>,
+    pub h: Array<usize>,
+    pub real: Array<bool>,
+}
+
+#[cube]
+impl ListedRows {
+    /// The lane's rows of the plane's tile at row `tile` of the chunk of walked rows
+    /// `first..first + count`, whose positions stand at `positions[at..]`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn in_chunk(
+        positions: &SharedMemory<u32>,
+        cube: &KeyCube,
+        at: usize,
+        first: usize,
+        tile: usize,
+        count: usize,
+        lane: usize,
+    ) -> ListedRows {
+        let mut t = Array::<usize>::new(2usize);
+        let mut h = Array::<usize>::new(2usize);
+        let mut real = Array::<bool>::new(2usize);
+        #[unroll]
+        for half in 0..2usize {
+            let local = tile + lane / 4 + 8 * half;
+            let is_real = local < count;
+            let row = first + select(is_real, local, 0usize);
+            t[half] = positions[at + local] as usize;
+            h[half] = cube.head_of(row);
+            real[half] = is_real;
+        }
+        ListedRows { t, h, real }
+    }
+}

@@ -4,7 +4,7 @@
 
 use cubecl::prelude::*;
 
-use super::rows::offset3;
+use crate::kernel::primitives::rows::offset3;
 
 /// Compressed blocks complete at position `t` (`i * stride + length - 1 <= t`), at most `n`.
 #[cube]

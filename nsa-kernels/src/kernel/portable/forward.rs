@@ -8,11 +8,12 @@
 
 use cubecl::prelude::*;
 
-use super::query::QueryCube;
-use super::rows::{add_shared, chunk_dots, load_slice, offset3, stage_rows, store_row_result, zero_slice, NEG_LARGE};
-
-/// Scores at or below this are masked keys.
-pub const MASKED: f32 = -1.0e29;
+use crate::kernel::primitives::layout::MASKED;
+use crate::kernel::primitives::query_cube::QueryCube;
+use crate::kernel::primitives::rows::{
+    add_shared, chunk_dots, load_slice, offset3, store_row_result, zero_slice, NEG_LARGE,
+};
+use crate::kernel::primitives::staging::stage_rows;
 
 /// `q [B, T, H_q, d_k]`, `k [B, T, H_kv, d_k]`, `v [B, T, H_kv, d_v]`, `blocks [B, T, H_kv, n]`
 /// (ignored for a window) -> `out [B, T, H_q, d_v]`, `lse [B, T, H_q]` (f32).

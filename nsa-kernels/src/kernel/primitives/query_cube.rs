@@ -7,6 +7,7 @@
 
 use cubecl::prelude::*;
 
+use super::fragments::MMA_M;
 use super::rows::{attends, block_range, offset3, range_count};
 
 #[derive(CubeType)]
@@ -93,4 +94,50 @@ impl QueryCube {
     pub fn attends(&self, s: usize, span: usize, #[comptime] window: bool) -> bool {
         attends(self.t, s, span, window) && self.active
     }
+}
+
+/// The two rows a lane holds: `l / 4` and `l / 4 + 8` of its plane's tile.
+#[derive(CubeType)]
+pub struct LaneRows {
+    /// Query position (clamped into the sequence when inactive) and head of each row.
+    pub t: Array<usize>,
+    pub h: Array<usize>,
+    /// The row is a real query.
+    pub active: Array<bool>,
+}
+
+#[cube]
+impl LaneRows {
+    pub fn new(
+        cube: &QueryCube,
+        plane: usize,
+        lane: usize,
+        g: usize,
+        #[comptime] rows: usize,
+        t_len: usize,
+    ) -> LaneRows {
+        let mut t = Array::<usize>::new(2usize);
+        let mut h = Array::<usize>::new(2usize);
+        let mut active = Array::<bool>::new(2usize);
+        #[unroll]
+        for half in 0..2usize {
+            let row = plane * MMA_M + lane / 4 + 8 * half;
+            let pos = cube.t0 + row / g;
+            let real = row < rows && pos < t_len;
+            t[half] = select(real, pos, t_len - 1);
+            h[half] = cube.hk * g + row % g;
+            active[half] = real;
+        }
+        LaneRows { t, h, active }
+    }
+}
+
+/// The first key of a query cube's walk: the start of its first query's window.
+#[cube]
+pub fn walk_start(cube: &QueryCube, span: usize) -> usize {
+    let mut first = 0usize;
+    if cube.t0 + 1 > span {
+        first = cube.t0 + 1 - span;
+    }
+    first
 }

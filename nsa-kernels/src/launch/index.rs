@@ -1,5 +1,5 @@
 //! The inverted block index of a selection on `CubeBackend`: for each `(b, h_kv, block)` the
-//! query rows that listed it ([`crate::kernel::inverse`] builds it). The key-major kernels walk
+//! query rows that listed it ([`crate::kernel::selection::index`] builds it). The key-major kernels walk
 //! it, the forward's and the backward's alike, so it is built once per key set and carried in
 //! [`crate::Keys::Selected`] as a [`crate::BlockIndex`] (its tensors in [`InvertedIndex`]'s
 //! field order).
@@ -12,7 +12,7 @@ use burn_cubecl::CubeRuntime;
 use cubecl::prelude::*;
 use cubecl::CubeDim;
 
-use crate::kernel::inverse;
+use crate::kernel::selection::index as inverse;
 
 /// Units per cube of the inverted-index kernels.
 pub(crate) const UNITS_PER_CUBE: u32 = 128;

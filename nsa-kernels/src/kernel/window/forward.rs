@@ -1,0 +1,183 @@
+//! Window forward with scores, probabilities and the output in registers (flash attention 2's
+//! layout), built on [`super::fragments`]' manual-MMA products (CUDA tensor cores, f16/bf16).
+//!
+//! A cube has `planes` planes of 32 lanes; plane `p` owns rows `16p..16p + 16` of the cube (row
+//! `r` is query `t0 + r / g`, head `hk * g + r % g`, as [`super::query`] lays them out; padding
+//! rows past `rows` are zero queries that write nothing). Lane `l` holds rows `l / 4` and
+//! `l / 4 + 8` of its plane's tile, so a row's softmax statistics need only the 4 lanes of a
+//! quad (two shuffles), and the probabilities are the `p . v` product's A operand as they
+//! stand: scores never leave registers. The CMMA forward ([`super::mma_forward`]) wrote every
+//! score tile to shared memory and read it back twice, and measured 4.6x flex_attention's time.
+
+use cubecl::prelude::*;
+
+use crate::kernel::primitives::fragments::{
+    accumulate_with_rows, mma, products_with_rows, row_fragments, scale_rows, store_rows_whole, store_tiles,
+    zero_pairs, Pair, MMA_M, MMA_N,
+};
+use crate::kernel::primitives::layout::{max_usize, VECTOR};
+use crate::kernel::primitives::query_cube::{walk_start, LaneRows, QueryCube};
+use crate::kernel::primitives::rows::{offset3, NEG_LARGE};
+use crate::kernel::primitives::softmax::{mask_scores, tile_needs_mask, RowStats};
+use crate::kernel::primitives::staging::stage_query_rows;
+use crate::kernel::primitives::walk::{issue_tile, TileBarriers};
+use crate::tiling::storage_stride;
+
+/// `q [B, T, H_q, d_k]`, `k [B, T, H_kv, d_k]`, `v [B, T, H_kv, d_v]` -> `out [B, T, H_q, d_v]`,
+/// `lse [B, T, H_q]` (f32) for a causal window of `span` keys, as
+/// [`super::forward::attention_forward`]. Cube `(32, planes)` units; `rows <= 16 * planes`
+/// real rows; `d_k`, `d_v` and `key_tile` multiples of 16.
+#[cube(launch, launch_unchecked, fast_math = FastMath::all())]
+pub fn window_forward_flash<F: Float, N: Size>(
+    q: &Tensor<Vector<F, N>>,
+    k: &Tensor<Vector<F, N>>,
+    v: &Tensor<Vector<F, N>>,
+    out: &mut Tensor<Vector<F, N>>,
+    lse: &mut Tensor<f32>,
+    scale: f32,
+    span: u32,
+    #[comptime] d_k: usize,
+    #[comptime] d_v: usize,
+    #[comptime] rows: usize,
+    #[comptime] planes: usize,
+    #[comptime] key_tile: usize,
+    #[define(F)] _dtype: StorageType,
+) {
+    let cube = QueryCube::new::<Vector<F, N>>(q, k, rows, 1usize);
+    if !cube.exists {
+        terminate!();
+    }
+    let def = mma::<F>();
+    let span = span as usize;
+    let lane = UNIT_POS_X as usize;
+    let plane = UNIT_POS_Y as usize;
+    let g = q.shape(2) / k.shape(2);
+    let lanes = LaneRows::new(&cube, plane, lane, g, rows, q.shape(1));
+
+    // The query rows while their fragments load, then two buffers of K and V tiles: the next
+    // tile's copies fly while the current one is computed.
+    let ks = comptime!(storage_stride(d_k));
+    let vs = comptime!(storage_stride(d_v));
+    let buffer = comptime!(key_tile * (ks + vs));
+    let mut staged = SharedMemory::<Vector<F, N>>::new_aligned(
+        comptime!(max_usize(planes * MMA_M * ks, 2 * buffer) / VECTOR),
+        16usize,
+    );
+    stage_query_rows::<F, N>(q, &mut staged, cube.b, cube.t0, cube.hk, g, rows, planes, d_k, ks);
+    sync_cube();
+    let q_frags = row_fragments::<F, N>(def, &staged, 0usize, plane * MMA_M, lane, d_k, ks);
+    sync_cube();
+
+    // Output tiles `[16, 8]`: element `2j + half` is tile j's register for row `half`.
+    let mut acc = zero_pairs(comptime!(2 * d_v / MMA_N));
+    let mut stats = RowStats::new();
+
+    // Scalars, not a struct's fields, for the tile being computed: the next tile's values are
+    // computed into fresh variables, so nothing the compute reads changes under it.
+    let mut first = walk_start(&cube, span);
+    let mut count = min(cube.t_end - first, key_tile);
+    let mut buffer_at = 0usize;
+    let barriers = TileBarriers::new();
+    issue_tile::<F, N>(k, v, &mut staged, &cube, first, count, 0usize, &barriers, d_k, d_v, key_tile, planes);
+    while first < cube.t_end {
+        let next_first = first + count;
+        let next_count =
+            select(next_first < cube.t_end, min(cube.t_end - min(next_first, cube.t_end), key_tile), 0usize);
+        let next_at = buffer - buffer_at;
+        if next_first < cube.t_end {
+            issue_tile::<F, N>(
+                k,
+                v,
+                &mut staged,
+                &cube,
+                next_first,
+                next_count,
+                next_at,
+                &barriers,
+                d_k,
+                d_v,
+                key_tile,
+                planes,
+            );
+        }
+        barriers.wait(buffer_at);
+        let at = buffer_at;
+
+        let mut scores = products_with_rows::<F, N>(def, &q_frags, &staged, at, lane, d_k, ks, key_tile);
+        let needs_mask = tile_needs_mask(first, count, cube.t0, cube.t_end, span, key_tile);
+        if needs_mask {
+            mask_scores(&mut scores, &lanes, first, count, span, lane, key_tile);
+        }
+        let correction = stats.update(&mut scores, scale, key_tile);
+        scale_rows(&mut acc, &correction, comptime!(d_v / MMA_N));
+        accumulate_with_rows::<F, N>(def, &scores, &staged, at + key_tile * ks, lane, &mut acc, d_v, vs, key_tile);
+        // The tile after next overwrites this buffer.
+        sync_cube();
+        first = next_first;
+        count = next_count;
+        buffer_at = next_at;
+    }
+
+    store_rows::<F, N>(out, lse, &lanes, &mut acc, &stats, cube.b, lane, d_v);
+}
+
+/// Writes the lane's two rows of the output, divided by the rows' sums, as whole 16-byte
+/// vectors ([`store_rows_whole`]), and (one lane of the quad) the rows' log-sum-exp. Written 2
+/// elements per store, the output's stores were 11% of the kernel's stall samples (H100,
+/// production 64k, ncu): a cube alone on its SM ends in a queue of small stores.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn store_rows<F: Float, N: Size>(
+    out: &mut Tensor<Vector<F, N>>,
+    lse: &mut Tensor<f32>,
+    lanes: &LaneRows,
+    acc: &mut Array<Pair<f32>>,
+    stats: &RowStats,
+    b: usize,
+    lane: usize,
+    #[comptime] d_v: usize,
+) {
+    let mut inv = Array::<f32>::new(2usize);
+    #[unroll]
+    for half in 0..2usize {
+        let sum = stats.row_sum(half);
+        inv[half] = 0.0f32;
+        let mut row_lse = f32::new(NEG_LARGE);
+        if sum > 0.0f32 {
+            inv[half] = 1.0f32 / sum;
+            row_lse = stats.max[half] + sum.ln();
+        }
+        if lanes.active[half] && lane % 4 == 0 {
+            let at = offset3::<f32>(lse, b, lanes.t[half], lanes.h[half]);
+            lse[at] = row_lse;
+        }
+    }
+    scale_rows(acc, &inv, comptime!(d_v / MMA_N));
+    let mut row_at = Array::<usize>::new(2usize);
+    #[unroll]
+    for half in 0..2usize {
+        row_at[half] = offset3::<Vector<F, N>>(out, b, lanes.t[half], lanes.h[half]) / VECTOR;
+    }
+    store_rows_whole::<F, N>(out, &row_at, &lanes.active, acc, lane, d_v);
+}
+
+/// Writes the lane's two rows of result tiles over `d` columns, times `factor[half]`, to rows
+/// `(b, t, h)` of `dst` (active rows only).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub fn store_row_tiles<F: Float>(
+    dst: &mut Tensor<F>,
+    lanes: &LaneRows,
+    tiles: &Array<Pair<f32>>,
+    factor: &Array<f32>,
+    b: usize,
+    lane: usize,
+    #[comptime] d: usize,
+) {
+    let mut base = Array::<usize>::new(2usize);
+    #[unroll]
+    for half in 0..2usize {
+        base[half] = offset3::<F>(dst, b, lanes.t[half], lanes.h[half]);
+    }
+    store_tiles::<F>(dst, &base, &lanes.active, tiles, factor, lane, d);
+}
