@@ -11,16 +11,7 @@ use toml::Value;
 
 use crate::data::synthetic::SyntheticTask;
 
-/// Compute backend.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum BackendKind {
-    /// CUDA if a driver loads, else WGPU if an adapter exists, else CPU.
-    Auto,
-    Cuda,
-    Wgpu,
-    Cpu,
-}
+pub use nsa_backend_kind::BackendKind;
 
 /// Storage precision of activations and weights used in compute.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]

@@ -1,10 +1,10 @@
 //! `cargo xtask`: the project's entry points. Each task is a thin wrapper over cargo, so the
 //! commands it runs are printed and can be copied.
 
-use std::path::Path;
 use std::process::{Command, ExitCode};
 
 use clap::{Parser, Subcommand, ValueEnum};
+use nsa_backend_kind::BackendKind;
 
 mod bench_train;
 mod vulkan;
@@ -61,8 +61,8 @@ enum Task {
 /// How to build `nsa`, and the arguments passed on to it.
 #[derive(clap::Args)]
 pub(crate) struct NsaArgs {
-    #[arg(long, value_enum, default_value_t = Backend::Auto)]
-    pub(crate) backend: Backend,
+    #[arg(long, value_enum, default_value_t = BackendKind::Auto)]
+    pub(crate) backend: BackendKind,
     /// Build with optimisations for our own crates too (dependencies are always optimised).
     #[arg(long)]
     pub(crate) release: bool,
@@ -77,42 +77,6 @@ enum BenchKind {
     Kernels,
 }
 
-#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub(crate) enum Backend {
-    Auto,
-    Cuda,
-    Wgpu,
-    Cpu,
-}
-
-impl Backend {
-    fn name(self) -> &'static str {
-        match self {
-            Backend::Auto => "auto",
-            Backend::Cuda => "cuda",
-            Backend::Wgpu => "wgpu",
-            Backend::Cpu => "cpu",
-        }
-    }
-
-    /// `auto` becomes the best backend this machine has a driver for: an NVIDIA driver means
-    /// CUDA, a GPU render node (or macOS) means WGPU, else the CPU.
-    fn detect(self) -> Backend {
-        if self != Backend::Auto {
-            return self;
-        }
-        let nvidia = Path::new("/dev/nvidiactl").exists() || Path::new("/proc/driver/nvidia").exists();
-        let gpu_node = Path::new("/dev/dri/renderD128").exists() || cfg!(target_os = "macos");
-        if nvidia {
-            Backend::Cuda
-        } else if gpu_node {
-            Backend::Wgpu
-        } else {
-            Backend::Cpu
-        }
-    }
-}
-
 fn main() -> ExitCode {
     match Cli::parse().task {
         Task::Test { args } => {
@@ -122,7 +86,7 @@ fn main() -> ExitCode {
             }
             // The same features as `cargo xtask train` on this machine, so the dependencies that
             // command built are reused and only the tests are compiled here.
-            let features: Vec<String> = features(Backend::Auto).iter().map(|f| format!("nsa-train/{f}")).collect();
+            let features: Vec<String> = features(BackendKind::Auto).iter().map(|f| format!("nsa-train/{f}")).collect();
             let mut cmd = Command::new(cargo());
             cmd.args(["test", "--workspace", "--features", &features.join(",")]).args(args);
             vulkan::private_runtime_dir(&mut cmd);
@@ -144,9 +108,9 @@ fn main() -> ExitCode {
 
 /// The `nsa-train` features every task builds with for `backend`: the CPU and WGPU always (so
 /// `train` and `test` share one build of Burn), CUDA where the backend is or detects it.
-fn features(backend: Backend) -> Vec<&'static str> {
+fn features(backend: BackendKind) -> Vec<&'static str> {
     let mut features = vec!["cpu", "wgpu"];
-    if backend.detect() == Backend::Cuda {
+    if backend.detect() == BackendKind::Cuda {
         features.push("cuda");
     }
     features
