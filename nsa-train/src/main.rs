@@ -377,10 +377,7 @@ fn generate(path: PathBuf, prompt: String, opts: SampleOptions, backend: Option<
         }
     };
     let cfg = RunConfig::load(&run_dir.join("config.toml")).map_err(|e| e.to_string())?;
-    let tokenizer = match cfg.data.tokenizer.as_str() {
-        "bytes" => Tokenizer::Bytes,
-        p => Tokenizer::load(Some(std::path::Path::new(p))).map_err(|e| e.to_string())?,
-    };
+    let tokenizer = Tokenizer::from_spec(&cfg.data.tokenizer).map_err(|e| e.to_string())?;
     let _ = use_kernel_cache(&cfg.train.kernel_cache)?;
     let kind = resolve(backend.unwrap_or(cfg.train.backend))?;
     with_backend!(kind, false, &[0], |B, devices, _memory| {
