@@ -3,7 +3,7 @@
 //! panic hook records every panic message; a launch passes when it produced panics and all of
 //! them are that compiler's "no CMMA" / "no MMA" messages, so an expansion error (any other
 //! panic) fails the test.
-//! Their numerics are checked on the H100 by `nsa bench-kernels` (docs/kernels.md).
+//! Their numerics are checked on the H100 by `nsa-bench kernels` (docs/kernels.md).
 
 use std::sync::{Mutex, Once};
 
