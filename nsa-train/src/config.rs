@@ -189,7 +189,8 @@ impl RunConfig {
                     leaf.map_or_else(|| "unset".to_string(), Value::to_string)
                 };
                 Err(format!(
-                    "--resume cannot change `{name}` ({} in the run, {} requested): a resumed run keeps its model, batch and data; start a new run (--out) to change it",
+                    "--resume cannot change `{name}` ({} in the run, {} requested): a resumed run keeps its \
+                     model, batch and data; start a new run (--out) to change it",
                     show(self),
                     show(requested)
                 ))

@@ -103,7 +103,8 @@ fn main() -> ExitCode {
             cmd.args(["test", "--workspace", "--features", &features.join(",")]).args(args);
             vulkan::private_runtime_dir(&mut cmd);
             announce_build(
-                "the tests: after `cargo xtask train` only the test crates, a few minutes; from nothing, Burn and its GPU stacks too, about 15 minutes more on 2 cores",
+                "the tests: after `cargo xtask train` only the test crates, a few minutes; from nothing, \
+                 Burn and its GPU stacks too, about 15 minutes more on 2 cores",
             );
             run(&mut cmd)
         }
@@ -158,7 +159,8 @@ fn cargo_run(package: &str, bin: &str, command: &str, a: NsaArgs, extra: &[Strin
     }
     cmd.args(["--", command, "--backend", backend.name()]).args(a.args).args(extra);
     announce_build(&format!(
-        "`{bin}`: the first build compiles Burn and its GPU stacks, about 15 minutes on 2 cores; later ones take seconds"
+        "`{bin}`: the first build compiles Burn and its GPU stacks, about 15 minutes on 2 cores; \
+         later ones take seconds"
     ));
     run(&mut cmd)
 }
