@@ -1,4 +1,4 @@
-"""torch.matmul on the linear layers' products of the 125M model, for `nsa bench-gemm`'s
+"""torch.matmul on the linear layers' products of the 125M model, for `nsa-bench gemm`'s
 figures: forward `x w`, input gradient `dY w^T`, weight gradient `x^T dY` for each layer shape,
 bf16, timed with triton's do_bench-like CUDA-event loop (median). One line per case:
   MxKxN TT  torch TFLOP/s

@@ -11,16 +11,7 @@ use toml::Value;
 
 use crate::data::synthetic::SyntheticTask;
 
-/// Compute backend.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum BackendKind {
-    /// CUDA if a driver loads, else WGPU if an adapter exists, else CPU.
-    Auto,
-    Cuda,
-    Wgpu,
-    Cpu,
-}
+pub use nsa_backend_kind::BackendKind;
 
 /// Storage precision of activations and weights used in compute.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -198,7 +189,8 @@ impl RunConfig {
                     leaf.map_or_else(|| "unset".to_string(), Value::to_string)
                 };
                 Err(format!(
-                    "--resume cannot change `{name}` ({} in the run, {} requested): a resumed run keeps its model, batch and data; start a new run (--out) to change it",
+                    "--resume cannot change `{name}` ({} in the run, {} requested): a resumed run keeps its \
+                     model, batch and data; start a new run (--out) to change it",
                     show(self),
                     show(requested)
                 ))

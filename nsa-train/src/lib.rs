@@ -1,7 +1,6 @@
 //! Training and sampling for NSA language models.
 
-pub mod bench;
-pub mod bench_gemm;
+pub mod backends;
 pub mod bench_train;
 pub mod checkpoint;
 pub mod config;
@@ -17,6 +16,7 @@ pub mod optim;
 pub mod parallel;
 pub mod profile;
 pub mod replica;
+pub mod run_args;
 pub mod schedule;
 pub mod stop;
 pub mod trainer;

@@ -1,90 +1,29 @@
-//! `nsa`: train NSA language models and sample from them.
+//! `nsa`: train NSA language models, benchmark the training run, and sample from them. The
+//! kernel and GEMM benchmarks and the profiler are `nsa-bench`'s.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use burn::backend::Autodiff;
-use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::backend::AutodiffBackend;
 use clap::{Parser, Subcommand};
 use nsa_core::NsaLm;
+use nsa_train::backends::{backend_and_data, resolve, use_kernel_cache};
 use nsa_train::checkpoint;
-use nsa_train::config::{BackendKind, Precision, RunConfig};
+use nsa_train::config::{BackendKind, RunConfig};
 use nsa_train::dashboard::reporter;
 use nsa_train::data::corpus::PackedSplit;
-use nsa_train::data::load_splits;
 use nsa_train::data::tokenizer::Tokenizer;
 use nsa_train::generate::{sample, SampleOptions};
-#[cfg(any(feature = "cuda", feature = "wgpu"))]
-use nsa_train::metrics::{DeviceMemory, MemoryProbe};
 use nsa_train::parallel::MemoryOf;
+use nsa_train::run_args::RunArgs;
 use nsa_train::trainer::{Finish, Trainer};
+use nsa_train::with_backend;
 
 #[derive(Parser)]
 #[command(name = "nsa", about = "Native Sparse Attention language models")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
-}
-
-/// What selects and overrides a run's configuration: shared by `train` and `profile`.
-#[derive(clap::Args)]
-struct RunArgs {
-    /// The run's TOML config [default: configs/tiny.toml; with --resume, the run's saved one].
-    #[arg(long)]
-    config: Option<PathBuf>,
-    #[arg(long, value_enum)]
-    backend: Option<BackendKind>,
-    /// Training data (files or directories); repeatable. Overrides `data.paths`.
-    #[arg(long)]
-    data: Vec<PathBuf>,
-    /// Overrides `train.precision` (bf16: bf16 compute with f32 master weights; CUDA).
-    #[arg(long, value_enum)]
-    precision: Option<Precision>,
-    /// Overrides `train.batch_size` (sequences per micro-batch).
-    #[arg(long)]
-    batch_size: Option<usize>,
-    /// Overrides `train.kernel_cache` (compiled kernels and autotune results; "" disables).
-    #[arg(long)]
-    kernel_cache: Option<String>,
-    /// Overrides `train.devices`: device indices, one model replica each (e.g. `0,1`:
-    /// data-parallel over two GPUs, `batch_size` sequences on each).
-    #[arg(long, value_delimiter = ',')]
-    devices: Option<Vec<usize>>,
-    /// The selected and window branches on the reference path instead of the fused kernels
-    /// (sets `model.attention.fused_kernels = false`).
-    #[arg(long)]
-    reference_attention: bool,
-}
-
-impl RunArgs {
-    fn config_path(&self) -> PathBuf {
-        self.config.clone().unwrap_or_else(|| PathBuf::from("configs/tiny.toml"))
-    }
-
-    /// Applies the flags to `cfg` (loaded from `--config`, or from a run being resumed).
-    fn apply(&self, cfg: &mut RunConfig) {
-        if let Some(b) = self.backend {
-            cfg.train.backend = b;
-        }
-        if !self.data.is_empty() {
-            cfg.data.paths = self.data.iter().map(|p| p.display().to_string()).collect();
-        }
-        if let Some(p) = self.precision {
-            cfg.train.precision = p;
-        }
-        if let Some(b) = self.batch_size {
-            cfg.train.batch_size = b;
-        }
-        if let Some(dir) = &self.kernel_cache {
-            cfg.train.kernel_cache = dir.clone();
-        }
-        if let Some(devices) = &self.devices {
-            cfg.train.devices = devices.clone();
-        }
-        if self.reference_attention {
-            cfg.model.attention.fused_kernels = false;
-        }
-    }
 }
 
 #[derive(clap::Args)]
@@ -102,21 +41,6 @@ struct TrainArgs {
     /// Plain log lines even on a terminal (sets `train.dashboard = false`).
     #[arg(long)]
     no_dashboard: bool,
-}
-
-#[derive(clap::Args)]
-struct ProfileArgs {
-    #[command(flatten)]
-    run: RunArgs,
-    /// Timed runs per phase (the median is reported).
-    #[arg(long, default_value_t = 10)]
-    iters: usize,
-    /// Untimed runs first (kernel compilation, autotuning).
-    #[arg(long, default_value_t = 3)]
-    warmup: usize,
-    /// Also write the table as JSON here.
-    #[arg(long)]
-    json: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -144,50 +68,9 @@ struct BenchTrainArgs {
 enum Command {
     /// Train a model. Flags override the config file.
     Train(TrainArgs),
-    /// Time each phase of a training step (data, forward/backward, attention, MLP, matmuls,
-    /// optimiser) on the config's shapes.
-    Profile(ProfileArgs),
     /// The training run as a benchmark: steady tokens/s over the timed steps (stalls included),
     /// the median and worst step, peak device memory, and a breakdown of one step.
     BenchTrain(BenchTrainArgs),
-    /// The linear layers' matrix products (the 125M model's shapes): parity with Burn's matmul,
-    /// forward and gradients, then TFLOP/s of ours and Burn's.
-    BenchGemm {
-        #[arg(long, value_enum)]
-        backend: Option<BackendKind>,
-        /// Rows of the activations (batch x sequence length).
-        #[arg(long, default_value_t = 32768)]
-        rows: usize,
-        #[arg(long, value_enum, default_value_t = Precision::Bf16)]
-        precision: Precision,
-        /// Timed runs per product.
-        #[arg(long, default_value_t = 20)]
-        iters: usize,
-    },
-    /// Time the fused sparse-attention op (window and selected, forward and forward+backward)
-    /// at the benchmark shapes, after a parity check against the reference on the same device.
-    BenchKernels {
-        #[arg(long, value_enum)]
-        backend: Option<BackendKind>,
-        /// Sequence lengths to time.
-        #[arg(long, value_delimiter = ',', default_value = "2048,8192,16384,32768,65536")]
-        lengths: Vec<usize>,
-        /// Timed runs per case: the median of synced runs, and the mean of as many queued back to
-        /// back (pipelined).
-        #[arg(long, default_value_t = 10)]
-        iters: usize,
-        /// Storage dtype of q, k, v (bf16 needs CUDA).
-        #[arg(long, value_enum, default_value_t = Precision::F32)]
-        precision: Precision,
-        /// Length of the parity check against the reference path in f64 on the CPU (O(T^2): at
-        /// the paper shape 2049 takes minutes there, 777 seconds); 0 skips it (a memcheck run).
-        #[arg(long, default_value_t = 500)]
-        check_len: usize,
-        /// Shapes to check and time (production: H_q 12, H_kv 2, d 64; paper: 64, 4, 128;
-        /// wide: 16, 1, d_k 192, d_v 128; mha: 4, 4, 64).
-        #[arg(long, value_delimiter = ',', default_value = "production,paper")]
-        shapes: Vec<BenchShape>,
-    },
     /// Sample text from a checkpoint.
     Generate {
         /// A run directory (its newest checkpoint) or one checkpoint directory.
@@ -233,14 +116,7 @@ fn main() -> ExitCode {
 fn run_command(cli: Cli) -> Result<(), String> {
     match cli.command {
         Command::Train(args) => train(args),
-        Command::Profile(args) => benchmarks::profile(args),
-        Command::BenchTrain(args) => benchmarks::bench_train(args),
-        Command::BenchGemm { backend, rows, precision, iters } => {
-            benchmarks::bench_gemm(backend, rows, precision, iters)
-        }
-        Command::BenchKernels { backend, lengths, iters, precision, check_len, shapes } => {
-            benchmarks::bench_kernels(backend, lengths, iters, precision, check_len, shapes)
-        }
+        Command::BenchTrain(args) => bench_train::bench_train(args),
         Command::Generate { checkpoint, prompt, tokens, temperature, top_k, seed, backend } => {
             let opts = SampleOptions { tokens, temperature, top_k, seed };
             generate(checkpoint, prompt, opts, backend)
@@ -248,13 +124,8 @@ fn run_command(cli: Cli) -> Result<(), String> {
     }
 }
 
-#[macro_use]
-#[path = "cli/backends.rs"]
-mod backends;
-use backends::*;
-#[path = "cli/benchmarks.rs"]
-mod benchmarks;
-use benchmarks::BenchShape;
+#[path = "cli/bench_train.rs"]
+mod bench_train;
 
 fn train(args: TrainArgs) -> Result<(), String> {
     // `--resume --out DIR` alone needs no config file: the run's saved one is used.
@@ -298,7 +169,7 @@ fn train(args: TrainArgs) -> Result<(), String> {
     let (kind, train_split, valid_split) = backend_and_data(&cfg)?;
     eprintln!(
         "backend {} | {} train windows ({} tokens), {} validation windows | run directory {}",
-        name(kind),
+        kind.name(),
         train_split.num_windows(),
         train_split.num_tokens(),
         valid_split.num_windows(),
@@ -377,10 +248,7 @@ fn generate(path: PathBuf, prompt: String, opts: SampleOptions, backend: Option<
         }
     };
     let cfg = RunConfig::load(&run_dir.join("config.toml")).map_err(|e| e.to_string())?;
-    let tokenizer = match cfg.data.tokenizer.as_str() {
-        "bytes" => Tokenizer::Bytes,
-        p => Tokenizer::load(Some(std::path::Path::new(p))).map_err(|e| e.to_string())?,
-    };
+    let tokenizer = Tokenizer::from_spec(&cfg.data.tokenizer).map_err(|e| e.to_string())?;
     let _ = use_kernel_cache(&cfg.train.kernel_cache)?;
     let kind = resolve(backend.unwrap_or(cfg.train.backend))?;
     with_backend!(kind, false, &[0], |B, devices, _memory| {

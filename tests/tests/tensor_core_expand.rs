@@ -3,7 +3,7 @@
 //! MMA and panics on the device thread after expansion. A panic hook records every panic
 //! message; a plan passes when it produced panics and all of them are that compiler's refusals,
 //! so an expansion error (any other panic) fails the test. Their numerics are checked on the
-//! H100 by the kernel benchmark's parity check, plan by plan (docs/kernels.md).
+//! H100 by `nsa-bench kernels`' parity check, plan by plan (docs/kernels.md).
 
 use std::sync::{Mutex, Once};
 

@@ -1,10 +1,11 @@
 //! `cargo xtask`: the project's entry points. Each task is a thin wrapper over cargo, so the
 //! commands it runs are printed and can be copied.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
 use clap::{Parser, Subcommand, ValueEnum};
+use nsa_backend_kind::BackendKind;
 
 mod bench_train;
 mod vulkan;
@@ -28,14 +29,20 @@ enum Task {
     /// Build and run `nsa train` for a backend (default: the best one this machine has).
     /// Arguments after `--` go to `nsa train`: --config, --data, --resume, --steps, --out.
     Train(NsaArgs),
-    /// Build and run `nsa profile`: time each phase of a training step on a config's shapes.
-    /// Arguments after `--` go to `nsa profile`: --config, --iters, --warmup, --json, --precision.
+    /// `bench profile` under its old name: time each phase of a training step on a config's
+    /// shapes (release build; results in `runs/bench/profile.json`).
     Profile(NsaArgs),
-    /// Benchmarks, built in release mode. `train`: the training run (`nsa bench-train`; after
-    /// `--`: --config, --batch-size, --precision, --steps, --warmup, --kernel-cache), with
-    /// `--anchor` beside PyTorch's dense model of the same shape (`bench/train_anchor.py`).
-    /// `gemm`: the linear layers' products (`nsa bench-gemm`). `kernels`: the fused
-    /// sparse-attention op (`nsa bench-kernels`; --lengths, --iters, --precision, --check-len).
+    /// Benchmarks, built in release mode; each writes its JSON under `--out`.
+    ///
+    /// `train`: the training run (`nsa bench-train`; after `--`: --config, --batch-size,
+    /// --precision, --steps, --warmup, --kernel-cache, --devices), with `--anchor` beside PyTorch's
+    /// dense model of the same shape (`bench/train_anchor.py`).
+    /// `kernels`: the fused sparse-attention op (`nsa-bench kernels`; after `--`: --lengths,
+    /// --iters, --precision, --check-len, --shapes).
+    /// `gemm`: the linear layers' products (`nsa-bench gemm`; after `--`: --rows, --precision,
+    /// --iters).
+    /// `profile`: each phase of a training step (`nsa-bench profile`; after `--`: --config,
+    /// --iters, --warmup, --precision, --batch-size).
     Bench {
         #[arg(value_enum)]
         what: BenchKind,
@@ -47,22 +54,26 @@ enum Task {
         /// then on all of them, and the data-parallel speed-up.
         #[arg(long)]
         scaling: bool,
-        /// Where results go (`bench-train.json`, `anchor.jsonl`, `bench-train-1.json`).
-        #[arg(long, default_value = "runs/bench")]
-        out: std::path::PathBuf,
+        /// Where results go (`bench-train.json`, `anchor.jsonl`, `bench-train-1.json`,
+        /// `kernels.json`, `gemm.json`, `profile.json`).
+        #[arg(long, default_value = DEFAULT_OUT)]
+        out: PathBuf,
         #[command(flatten)]
         nsa: NsaArgs,
     },
-    /// Build and run `nsa generate`: sample from a checkpoint.
-    /// Arguments after `--` go to `nsa generate`: --checkpoint, --prompt, --tokens, --temperature, --top-k.
+    /// Build and run `nsa generate`: sample from a checkpoint. Arguments after `--` go to
+    /// `nsa generate`: --checkpoint, --prompt, --tokens, --temperature, --top-k.
     Generate(NsaArgs),
 }
 
-/// How to build `nsa`, and the arguments passed on to it.
+/// Where `bench` writes its results unless told.
+const DEFAULT_OUT: &str = "runs/bench";
+
+/// How to build `nsa` (or `nsa-bench`), and the arguments passed on to it.
 #[derive(clap::Args)]
 pub(crate) struct NsaArgs {
-    #[arg(long, value_enum, default_value_t = Backend::Auto)]
-    pub(crate) backend: Backend,
+    #[arg(long, value_enum, default_value_t = BackendKind::Auto)]
+    pub(crate) backend: BackendKind,
     /// Build with optimisations for our own crates too (dependencies are always optimised).
     #[arg(long)]
     pub(crate) release: bool,
@@ -75,42 +86,7 @@ enum BenchKind {
     Train,
     Gemm,
     Kernels,
-}
-
-#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub(crate) enum Backend {
-    Auto,
-    Cuda,
-    Wgpu,
-    Cpu,
-}
-
-impl Backend {
-    fn name(self) -> &'static str {
-        match self {
-            Backend::Auto => "auto",
-            Backend::Cuda => "cuda",
-            Backend::Wgpu => "wgpu",
-            Backend::Cpu => "cpu",
-        }
-    }
-
-    /// `auto` becomes the best backend this machine has a driver for: an NVIDIA driver means
-    /// CUDA, a GPU render node (or macOS) means WGPU, else the CPU.
-    fn detect(self) -> Backend {
-        if self != Backend::Auto {
-            return self;
-        }
-        let nvidia = Path::new("/dev/nvidiactl").exists() || Path::new("/proc/driver/nvidia").exists();
-        let gpu_node = Path::new("/dev/dri/renderD128").exists() || cfg!(target_os = "macos");
-        if nvidia {
-            Backend::Cuda
-        } else if gpu_node {
-            Backend::Wgpu
-        } else {
-            Backend::Cpu
-        }
-    }
+    Profile,
 }
 
 fn main() -> ExitCode {
@@ -122,20 +98,22 @@ fn main() -> ExitCode {
             }
             // The same features as `cargo xtask train` on this machine, so the dependencies that
             // command built are reused and only the tests are compiled here.
-            let features: Vec<String> = features(Backend::Auto).iter().map(|f| format!("nsa-train/{f}")).collect();
+            let features: Vec<String> = features(BackendKind::Auto).iter().map(|f| format!("nsa-train/{f}")).collect();
             let mut cmd = Command::new(cargo());
             cmd.args(["test", "--workspace", "--features", &features.join(",")]).args(args);
             vulkan::private_runtime_dir(&mut cmd);
             announce_build(
-                "the tests: after `cargo xtask train` only the test crates, a few minutes; from nothing, Burn and its GPU stacks too, about 15 minutes more on 2 cores",
+                "the tests: after `cargo xtask train` only the test crates, a few minutes; from nothing, \
+                 Burn and its GPU stacks too, about 15 minutes more on 2 cores",
             );
             run(&mut cmd)
         }
         Task::Train(a) => nsa("train", a),
         Task::Generate(a) => nsa("generate", a),
-        Task::Profile(a) => nsa("profile", a),
-        Task::Bench { what: BenchKind::Kernels, nsa: a, .. } => nsa("bench-kernels", NsaArgs { release: true, ..a }),
-        Task::Bench { what: BenchKind::Gemm, nsa: a, .. } => nsa("bench-gemm", NsaArgs { release: true, ..a }),
+        Task::Profile(a) => nsa_bench("profile", a, Path::new(DEFAULT_OUT)),
+        Task::Bench { what: BenchKind::Kernels, nsa: a, out, .. } => nsa_bench("kernels", a, &out),
+        Task::Bench { what: BenchKind::Gemm, nsa: a, out, .. } => nsa_bench("gemm", a, &out),
+        Task::Bench { what: BenchKind::Profile, nsa: a, out, .. } => nsa_bench("profile", a, &out),
         Task::Bench { what: BenchKind::Train, nsa: a, anchor, scaling, out } => {
             bench_train::run(a, anchor, scaling, &out)
         }
@@ -144,9 +122,9 @@ fn main() -> ExitCode {
 
 /// The `nsa-train` features every task builds with for `backend`: the CPU and WGPU always (so
 /// `train` and `test` share one build of Burn), CUDA where the backend is or detects it.
-fn features(backend: Backend) -> Vec<&'static str> {
+fn features(backend: BackendKind) -> Vec<&'static str> {
     let mut features = vec!["cpu", "wgpu"];
-    if backend.detect() == Backend::Cuda {
+    if backend.detect() == BackendKind::Cuda {
         features.push("cuda");
     }
     features
@@ -159,18 +137,31 @@ fn announce_build(what: &str) {
 }
 
 /// `cargo run -p nsa-train --bin nsa` with the backend's features (and the CPU as fallback).
-pub(crate) fn nsa(command: &str, NsaArgs { backend, release, args }: NsaArgs) -> ExitCode {
-    let backend = backend.detect();
+pub(crate) fn nsa(command: &str, args: NsaArgs) -> ExitCode {
+    cargo_run("nsa-train", "nsa", command, args, &[])
+}
+
+/// `nsa-bench COMMAND --out OUT` in release mode, with the backend's features.
+fn nsa_bench(command: &str, args: NsaArgs, out: &Path) -> ExitCode {
+    let out = ["--out".to_string(), out.display().to_string()];
+    cargo_run("nsa-bench", "nsa-bench", command, NsaArgs { release: true, ..args }, &out)
+}
+
+/// `cargo run -p PACKAGE --bin BIN -- COMMAND --backend B ARGS.. EXTRA..`, built with the
+/// features of [`features`] (both packages name their backend features alike).
+fn cargo_run(package: &str, bin: &str, command: &str, a: NsaArgs, extra: &[String]) -> ExitCode {
+    let backend = a.backend.detect();
     let features = features(backend).join(",");
     let mut cmd = Command::new(cargo());
-    cmd.args(["run", "-p", "nsa-train", "--bin", "nsa", "--no-default-features", "--features", &features]);
-    if release {
+    cmd.args(["run", "-p", package, "--bin", bin, "--no-default-features", "--features", &features]);
+    if a.release {
         cmd.arg("--release");
     }
-    cmd.args(["--", command, "--backend", backend.name()]).args(args);
-    announce_build(
-        "`nsa`: the first build compiles Burn and its GPU stacks, about 15 minutes on 2 cores; later ones take seconds",
-    );
+    cmd.args(["--", command, "--backend", backend.name()]).args(a.args).args(extra);
+    announce_build(&format!(
+        "`{bin}`: the first build compiles Burn and its GPU stacks, about 15 minutes on 2 cores; \
+         later ones take seconds"
+    ));
     run(&mut cmd)
 }
 

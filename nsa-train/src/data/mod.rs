@@ -16,10 +16,7 @@ use crate::config::RunConfig;
 /// Train and validation splits for a run, and the tokenizer that made them.
 pub fn load_splits(cfg: &RunConfig, paths: &[PathBuf]) -> Result<(PackedSplit, PackedSplit, Tokenizer), DataError> {
     let seq_len = cfg.model.seq_len;
-    let tokenizer = match cfg.data.tokenizer.as_str() {
-        "bytes" => Tokenizer::Bytes,
-        path => Tokenizer::load(Some(std::path::Path::new(path)))?,
-    };
+    let tokenizer = Tokenizer::from_spec(&cfg.data.tokenizer)?;
     if tokenizer.vocab_size() > cfg.model.vocab_size {
         return Err(DataError(format!(
             "the tokenizer has {} tokens but model.vocab_size is {}",

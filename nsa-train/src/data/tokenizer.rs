@@ -27,6 +27,14 @@ impl Tokenizer {
         Self::from_hf(inner).map_err(|e| DataError(format!("{}: {e}", path.display())))
     }
 
+    /// The tokenizer `data.tokenizer` names: `"bytes"`, or the path of a `tokenizer.json`.
+    pub fn from_spec(spec: &str) -> Result<Self, DataError> {
+        match spec {
+            "bytes" => Ok(Self::Bytes),
+            path => Self::load(Some(Path::new(path))),
+        }
+    }
+
     pub fn from_hf(inner: tokenizers::Tokenizer) -> Result<Self, String> {
         let eod = EOD_CANDIDATES
             .iter()

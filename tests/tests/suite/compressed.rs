@@ -7,7 +7,7 @@
 //! 1, 2 and 6, `d_k != d_v` (and head dims that are not multiples of 4), batch 2, block counts
 //! that pad the products' width (149 blocks) and several cubes of score rows; one case runs
 //! through Burn's fusion. The products run in Burn's matmul here (cuBLASLt on CUDA, checked by
-//! `nsa bench-kernels`).
+//! `nsa-bench kernels`).
 
 use burn::backend::wgpu::{CubeBackend, WgpuDevice, WgpuRuntime};
 use burn::backend::Autodiff;

@@ -161,7 +161,7 @@ fn cases(rng: &mut StdRng) -> Vec<Case> {
         // and rows split over units (dQ, dK/dV, the selection forward). Each new head dim and
         // group compiles new kernels, which costs lavapipe minutes at d = 64 (LLVM's coroutine
         // split of the barriers): the other groups run at small head dims, and the benchmark's
-        // parity check (`nsa bench-kernels`) covers the production and paper shapes on a GPU.
+        // parity check (`nsa-bench kernels`) covers the production and paper shapes on a GPU.
         Case::new(rng, dims(1, 150, 12, 2, 64, 64), Spec::Window { w: 40 }),
         Case::new(rng, dims(1, 100, 6, 1, 64, 64), Spec::Selected { l_sel: 32, n: 3 }),
         // d = 128: blocks larger than a key cube (two sub-tiles per block), rows over 16 units.

@@ -1,4 +1,4 @@
-//! `nsa bench-kernels`: the sparse-attention op, fused path, timed forward and forward+backward
+//! `nsa-bench kernels`: the sparse-attention op, fused path, timed forward and forward+backward
 //! at the issue's shapes, after a parity check of the op's output and gradients against the
 //! reference path in f64 on the CPU (`cpu` feature; on the device in the storage dtype without
 //! it). Burn's CUDA backend has no f64, and its f32 matmul may round through TF32 (10-bit
@@ -32,7 +32,8 @@ use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 
-use crate::TrainBackend;
+use nsa_train::TrainBackend;
+use serde::Serialize;
 
 /// One attention shape: query heads, KV heads, head dim.
 #[derive(Clone, Copy, Debug)]
@@ -271,13 +272,64 @@ fn tolerance(storage: DType, reference: DType) -> f64 {
     }
 }
 
-/// Runs the sweep and prints a markdown table. Returns false when a parity check failed.
-pub fn bench_kernels<B: TrainBackend>(device: &B::Device, opts: &BenchOptions) -> bool {
+/// One branch's parity check: the largest error of the output and each gradient over the
+/// largest magnitude of the reference's.
+#[derive(Debug, Clone, Serialize)]
+pub struct Parity {
+    pub shape: &'static str,
+    pub branch: &'static str,
+    pub t: usize,
+    /// The reference's dtype (f64 on the CPU where built with the `cpu` feature).
+    pub reference: String,
+    pub out: f64,
+    pub dq: f64,
+    pub dk: f64,
+    pub dv: f64,
+    pub tolerance: f64,
+    pub pass: bool,
+}
+
+/// One row of the timing table (times in ms).
+#[derive(Debug, Clone, Serialize)]
+pub struct Timing {
+    pub shape: &'static str,
+    pub t: usize,
+    pub branch: &'static str,
+    pub fwd_ms: f64,
+    pub fwd_bwd_ms: f64,
+    pub fwd_tflops: f64,
+    pub fwd_bwd_tflops: f64,
+    pub pipelined_fwd_ms: f64,
+    pub pipelined_fwd_bwd_ms: f64,
+    pub pipelined_fwd_bwd_tflops: f64,
+    pub queue_mean_fwd_bwd_ms: f64,
+    pub host_ms_to_queue_fwd_bwd: f64,
+}
+
+/// What `nsa-bench kernels` prints, kept for `kernels.json`.
+#[derive(Debug, Clone, Serialize)]
+pub struct KernelReport {
+    /// Whether the backend has the fused kernels (else the reference path was timed).
+    pub fused: bool,
+    pub parity: Vec<Parity>,
+    pub timings: Vec<Timing>,
+}
+
+impl KernelReport {
+    /// Every parity check passed.
+    pub fn ok(&self) -> bool {
+        self.parity.iter().all(|p| p.pass)
+    }
+}
+
+/// Runs the sweep and prints a markdown table as it goes.
+pub fn bench_kernels<B: TrainBackend>(device: &B::Device, opts: &BenchOptions) -> KernelReport {
     let mut rng = StdRng::seed_from_u64(0);
     // Same inputs on every run, so that runs of two builds compare.
     B::InnerBackend::seed(device, 0);
-    println!("fused: {}", <B as SparseAttentionBackend>::has_fused_sparse_attention());
-    let mut ok = true;
+    let fused = <B as SparseAttentionBackend>::has_fused_sparse_attention();
+    println!("fused: {fused}");
+    let mut report = KernelReport { fused, parity: Vec::new(), timings: Vec::new() };
     for shape in opts.shapes.iter().copied().filter(|_| opts.check_len > 0) {
         // Parity on a ragged length, all three key sets.
         let t = opts.check_len;
@@ -297,7 +349,6 @@ pub fn bench_kernels<B: TrainBackend>(device: &B::Device, opts: &BenchOptions) -
                 forward_backward::<B>(&x, Seed::GradOut, |q, k, v| sparse_attention(q, k, v, &keys).0).map(host);
             let errs: Vec<f64> = fused.iter().zip(&want).map(|(a, b)| rel_err(a, b)).collect();
             let pass = errs.iter().all(|e| *e <= tol);
-            ok &= pass;
             println!(
                 "parity {} {name} T={t} (reference {ref_dtype:?}): out {:.1e} dq {:.1e} dk {:.1e} dv {:.1e} \
                  (tolerance {tol:.0e}) {}",
@@ -308,6 +359,20 @@ pub fn bench_kernels<B: TrainBackend>(device: &B::Device, opts: &BenchOptions) -
                 errs[3],
                 if pass { "ok" } else { "FAIL" }
             );
+            let [out, dq, dk, dv] = [errs[0], errs[1], errs[2], errs[3]];
+            let reference = format!("{ref_dtype:?}");
+            report.parity.push(Parity {
+                shape: shape.name,
+                branch: name,
+                t,
+                reference,
+                out,
+                dq,
+                dk,
+                dv,
+                tolerance: tol,
+                pass,
+            });
         }
     }
     println!(
@@ -343,19 +408,36 @@ pub fn bench_kernels<B: TrainBackend>(device: &B::Device, opts: &BenchOptions) -
                 });
                 // Keys are counted per KV head row; each of the g query heads attends them.
                 let flops = 2.0 * (attended * (shape.h_q / shape.h_kv)) as f64 * (shape.d_k + shape.d_v) as f64;
+                let row = Timing {
+                    shape: shape.name,
+                    t,
+                    branch: name,
+                    fwd_ms: fwd,
+                    fwd_bwd_ms: fb,
+                    fwd_tflops: flops / fwd / 1e9,
+                    fwd_bwd_tflops: 3.5 * flops / fb / 1e9,
+                    pipelined_fwd_ms: fwd_queued.per_run,
+                    pipelined_fwd_bwd_ms: fb_queued.per_run,
+                    pipelined_fwd_bwd_tflops: 3.5 * flops / fb_queued.per_run / 1e9,
+                    queue_mean_fwd_bwd_ms: fb_queued.mean,
+                    host_ms_to_queue_fwd_bwd: fb_queued.host,
+                };
                 println!(
-                    "| {} | {t} | {name} | {fwd:.2} | {fb:.2} | {:.1} | {:.1} | {:.2} | {:.2} | {:.1} | {:.2} | {:.2} |",
-                    shape.name,
-                    flops / fwd / 1e9,
-                    3.5 * flops / fb / 1e9,
-                    fwd_queued.per_run,
-                    fb_queued.per_run,
-                    3.5 * flops / fb_queued.per_run / 1e9,
-                    fb_queued.mean,
-                    fb_queued.host,
+                    "| {} | {t} | {name} | {:.2} | {:.2} | {:.1} | {:.1} | {:.2} | {:.2} | {:.1} | {:.2} | {:.2} |",
+                    row.shape,
+                    row.fwd_ms,
+                    row.fwd_bwd_ms,
+                    row.fwd_tflops,
+                    row.fwd_bwd_tflops,
+                    row.pipelined_fwd_ms,
+                    row.pipelined_fwd_bwd_ms,
+                    row.pipelined_fwd_bwd_tflops,
+                    row.queue_mean_fwd_bwd_ms,
+                    row.host_ms_to_queue_fwd_bwd,
                 );
+                report.timings.push(row);
             }
         }
     }
-    ok
+    report
 }

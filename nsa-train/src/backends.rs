@@ -1,15 +1,24 @@
-//! How `nsa` picks and sets up a backend: the kernel cache, the backend a run resolves to and
-//! whether it works here, its devices and memory probes, and [`with_backend`], which runs a
-//! generic body on the chosen backend type.
+//! How the binaries (`nsa`, `nsa-bench`) pick and set up a backend: the kernel cache, the
+//! backend a run resolves to and whether it works here, its devices and memory probes, and
+//! [`with_backend!`](crate::with_backend), which runs a generic body on the chosen backend type.
 
-use super::*;
+use std::path::PathBuf;
+
+use burn::tensor::backend::Backend;
+
+pub use crate::config::BackendKind;
+use crate::config::{Precision, RunConfig};
+use crate::data::corpus::PackedSplit;
+use crate::data::load_splits;
+#[cfg(any(feature = "cuda", feature = "wgpu"))]
+use crate::metrics::{DeviceMemory, MemoryProbe};
 
 /// Points CubeCL's kernel and autotune caches at `setting` (`train.kernel_cache`). Runs before
 /// the first GPU operation, the backend probe included.
-pub(super) fn use_kernel_cache(setting: &str) -> Result<Option<PathBuf>, String> {
+pub fn use_kernel_cache(setting: &str) -> Result<Option<PathBuf>, String> {
     #[cfg(any(feature = "cuda", feature = "wgpu"))]
-    if let Some(dir) = nsa_train::kernel_cache::resolve(setting) {
-        nsa_train::kernel_cache::install(&dir)?;
+    if let Some(dir) = crate::kernel_cache::resolve(setting) {
+        crate::kernel_cache::install(&dir)?;
         return Ok(Some(dir));
     }
     let _ = setting;
@@ -17,7 +26,7 @@ pub(super) fn use_kernel_cache(setting: &str) -> Result<Option<PathBuf>, String>
 }
 
 /// Says where GPU kernels are cached, since a new machine's first steps are slow.
-pub(super) fn announce_kernel_cache(kind: BackendKind, dir: Option<PathBuf>) {
+pub fn announce_kernel_cache(kind: BackendKind, dir: Option<PathBuf>) {
     if let (BackendKind::Cuda | BackendKind::Wgpu, Some(dir)) = (kind, dir) {
         eprintln!(
             "GPU kernels are cached in {}; on a new machine the first steps compile and autotune them (minutes)",
@@ -27,7 +36,7 @@ pub(super) fn announce_kernel_cache(kind: BackendKind, dir: Option<PathBuf>) {
 }
 
 /// The backend compiled in that `kind` resolves to on this machine.
-pub(super) fn resolve(kind: BackendKind) -> Result<BackendKind, String> {
+pub fn resolve(kind: BackendKind) -> Result<BackendKind, String> {
     let compiled = |k: BackendKind| match k {
         BackendKind::Cuda => cfg!(feature = "cuda"),
         BackendKind::Wgpu => cfg!(feature = "wgpu"),
@@ -41,23 +50,14 @@ pub(super) fn resolve(kind: BackendKind) -> Result<BackendKind, String> {
             .ok_or_else(|| "no backend compiled in is usable here".to_string()),
         k if !compiled(k) => Err(format!(
             "this binary was built without the `{}` feature; run it through `cargo xtask train --backend {0}`",
-            name(k)
+            k.name()
         )),
         k => Ok(k),
     }
 }
 
-pub(super) fn name(k: BackendKind) -> &'static str {
-    match k {
-        BackendKind::Auto => "auto",
-        BackendKind::Cuda => "cuda",
-        BackendKind::Wgpu => "wgpu",
-        BackendKind::Cpu => "cpu",
-    }
-}
-
 /// Whether a backend can run a tiny op here (a missing driver panics inside Burn).
-pub(super) fn usable(kind: BackendKind) -> bool {
+pub fn usable(kind: BackendKind) -> bool {
     fn probe<B: Backend>(device: B::Device) -> bool {
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             burn::tensor::Tensor::<B, 1>::ones([1], &device).into_data()
@@ -81,7 +81,7 @@ pub(super) fn usable(kind: BackendKind) -> bool {
 
 /// A probe of the allocator of a CubeCL runtime's device, as seen from the calling thread.
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
-pub(super) fn cubecl_memory<R: burn::cubecl::Runtime>(device: &R::Device) -> Option<MemoryProbe> {
+pub fn cubecl_memory<R: burn::cubecl::Runtime>(device: &R::Device) -> Option<MemoryProbe> {
     let device = device.clone();
     Some(Box::new(move || {
         let usage = R::client(&device).memory_usage().ok()?;
@@ -91,13 +91,13 @@ pub(super) fn cubecl_memory<R: burn::cubecl::Runtime>(device: &R::Device) -> Opt
 
 /// The CUDA devices of the given indices.
 #[cfg(feature = "cuda")]
-pub(super) fn cuda_devices(indices: &[usize]) -> Vec<burn::backend::cuda::CudaDevice> {
+pub fn cuda_devices(indices: &[usize]) -> Vec<burn::backend::cuda::CudaDevice> {
     indices.iter().map(|&i| burn::backend::cuda::CudaDevice::new(i)).collect()
 }
 
 /// The WGPU devices of the given indices: the default adapter alone, or discrete GPUs by index.
 #[cfg(feature = "wgpu")]
-pub(super) fn wgpu_devices(indices: &[usize]) -> Vec<burn::backend::wgpu::WgpuDevice> {
+pub fn wgpu_devices(indices: &[usize]) -> Vec<burn::backend::wgpu::WgpuDevice> {
     use burn::backend::wgpu::WgpuDevice;
     match indices {
         [0] => vec![WgpuDevice::DefaultDevice],
@@ -106,63 +106,128 @@ pub(super) fn wgpu_devices(indices: &[usize]) -> Vec<burn::backend::wgpu::WgpuDe
 }
 
 /// Runs `$body` with `$B` bound to the autodiff backend of `$kind`, `$devices` to its devices of
-/// the indices `$indices`, and `$memory` to the maker of a device's memory probe.
+/// the indices `$indices`, and `$memory` to the maker of a device's memory probe. A backend this
+/// crate was built without is an error: the feature checks expand here, in `nsa-train`, so a
+/// binary of another crate needs no features of its own for them.
+#[macro_export]
 macro_rules! with_backend {
     ($kind:expr, $checkpointing:expr, $indices:expr, |$B:ident, $devices:ident, $memory:ident| $body:expr) => {{
         #[allow(unused_imports)]
-        use burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing as Balanced;
+        use $crate::backends::__private::{burn, Autodiff, Balanced, MemoryOf};
+        #[allow(unused_imports)]
+        use $crate::backends::*;
         match ($kind, $checkpointing) {
-            #[cfg(feature = "cuda")]
-            (BackendKind::Cuda, false) => {
+            (BackendKind::Cuda, false) => $crate::__if_cuda!({
                 type $B = Autodiff<burn::backend::Cuda>;
                 let $devices: Vec<burn::tensor::Device<$B>> = cuda_devices($indices);
                 let $memory: MemoryOf<$B> = cubecl_memory::<burn::cubecl::cuda::CudaRuntime>;
                 $body
-            }
-            #[cfg(feature = "cuda")]
-            (BackendKind::Cuda, true) => {
+            }),
+            (BackendKind::Cuda, true) => $crate::__if_cuda!({
                 type $B = Autodiff<burn::backend::Cuda, Balanced>;
                 let $devices: Vec<burn::tensor::Device<$B>> = cuda_devices($indices);
                 let $memory: MemoryOf<$B> = cubecl_memory::<burn::cubecl::cuda::CudaRuntime>;
                 $body
-            }
-            #[cfg(feature = "wgpu")]
-            (BackendKind::Wgpu, false) => {
+            }),
+            (BackendKind::Wgpu, false) => $crate::__if_wgpu!({
                 type $B = Autodiff<burn::backend::Wgpu>;
                 let $devices: Vec<burn::tensor::Device<$B>> = wgpu_devices($indices);
                 let $memory: MemoryOf<$B> = cubecl_memory::<burn::cubecl::wgpu::WgpuRuntime>;
                 $body
-            }
-            #[cfg(feature = "wgpu")]
-            (BackendKind::Wgpu, true) => {
+            }),
+            (BackendKind::Wgpu, true) => $crate::__if_wgpu!({
                 type $B = Autodiff<burn::backend::Wgpu, Balanced>;
                 let $devices: Vec<burn::tensor::Device<$B>> = wgpu_devices($indices);
                 let $memory: MemoryOf<$B> = cubecl_memory::<burn::cubecl::wgpu::WgpuRuntime>;
                 $body
-            }
+            }),
             // The CPU backend has one device: every replica runs on it.
-            #[cfg(feature = "cpu")]
-            (BackendKind::Cpu, false) => {
+            (BackendKind::Cpu, false) => $crate::__if_cpu!({
                 type $B = Autodiff<burn::backend::NdArray>;
                 let $devices: Vec<burn::tensor::Device<$B>> = vec![Default::default(); $indices.len()];
                 let $memory: MemoryOf<$B> = |_| None;
                 $body
-            }
-            #[cfg(feature = "cpu")]
-            (BackendKind::Cpu, true) => {
+            }),
+            (BackendKind::Cpu, true) => $crate::__if_cpu!({
                 type $B = Autodiff<burn::backend::NdArray, Balanced>;
                 let $devices: Vec<burn::tensor::Device<$B>> = vec![Default::default(); $indices.len()];
                 let $memory: MemoryOf<$B> = |_| None;
                 $body
-            }
-            (kind, _) => Err(format!("backend `{}` is not compiled in", name(kind))),
+            }),
+            (BackendKind::Auto, _) => Err(not_compiled(BackendKind::Auto)),
         }
     }};
 }
 
+/// `__if_cuda!({ body })`: the body where this crate has the `cuda` feature, else the error that
+/// it has not; `__if_wgpu!` and `__if_cpu!` likewise.
+#[cfg(feature = "cuda")]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __if_cuda {
+    ($body:block) => {
+        $body
+    };
+}
+#[cfg(not(feature = "cuda"))]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __if_cuda {
+    ($body:block) => {
+        Err($crate::backends::not_compiled($crate::backends::BackendKind::Cuda))
+    };
+}
+#[cfg(feature = "wgpu")]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __if_wgpu {
+    ($body:block) => {
+        $body
+    };
+}
+#[cfg(not(feature = "wgpu"))]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __if_wgpu {
+    ($body:block) => {
+        Err($crate::backends::not_compiled($crate::backends::BackendKind::Wgpu))
+    };
+}
+#[cfg(feature = "cpu")]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __if_cpu {
+    ($body:block) => {
+        $body
+    };
+}
+#[cfg(not(feature = "cpu"))]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __if_cpu {
+    ($body:block) => {
+        Err($crate::backends::not_compiled($crate::backends::BackendKind::Cpu))
+    };
+}
+
+/// The error of [`with_backend!`](crate::with_backend) for a backend not compiled in.
+pub fn not_compiled(kind: BackendKind) -> String {
+    format!("backend `{}` is not compiled in", kind.name())
+}
+
+/// What [`with_backend!`](crate::with_backend) expands to names, for crates without Burn's
+/// features of their own.
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::parallel::MemoryOf;
+    pub use burn;
+    pub use burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing as Balanced;
+    pub use burn::backend::Autodiff;
+}
+
 /// The backend a validated run config resolves to here (kernel cache set first, as CubeCL reads
 /// its configuration once) and its training and validation splits.
-pub(super) fn backend_and_data(cfg: &RunConfig) -> Result<(BackendKind, PackedSplit, PackedSplit), String> {
+pub fn backend_and_data(cfg: &RunConfig) -> Result<(BackendKind, PackedSplit, PackedSplit), String> {
     let cache = use_kernel_cache(&cfg.train.kernel_cache)?;
     let kind = resolve(cfg.train.backend)?;
     check_devices(cfg, kind)?;
@@ -174,7 +239,7 @@ pub(super) fn backend_and_data(cfg: &RunConfig) -> Result<(BackendKind, PackedSp
 }
 
 /// `train.devices` exist here, and a data-parallel CUDA run can load NCCL.
-pub(super) fn check_devices(cfg: &RunConfig, kind: BackendKind) -> Result<(), String> {
+pub fn check_devices(cfg: &RunConfig, kind: BackendKind) -> Result<(), String> {
     let devices = &cfg.train.devices;
     #[cfg(feature = "cuda")]
     if kind == BackendKind::Cuda {
@@ -196,11 +261,11 @@ pub(super) fn check_devices(cfg: &RunConfig, kind: BackendKind) -> Result<(), St
 }
 
 /// bf16 compute runs on CUDA only (the CPU backend has no bf16; WGPU devices rarely do).
-pub(super) fn check_precision(cfg: &RunConfig, kind: BackendKind) -> Result<(), String> {
+pub fn check_precision(cfg: &RunConfig, kind: BackendKind) -> Result<(), String> {
     if cfg.train.precision == Precision::Bf16 && kind != BackendKind::Cuda {
         return Err(format!(
             "train.precision = \"bf16\" needs the cuda backend (this run resolved to {}); use \"f32\"",
-            name(kind)
+            kind.name()
         ));
     }
     Ok(())

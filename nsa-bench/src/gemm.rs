@@ -1,4 +1,4 @@
-//! `nsa bench-gemm`: the linear layers' products through the backend's [`GemmBackend`] (cuBLASLt
+//! `nsa-bench gemm`: the linear layers' products through the backend's [`GemmBackend`] (cuBLASLt
 //! on CUDA) against Burn's matmul: a parity check of each product and transpose the training
 //! step uses (forward `x w`, backward `dY w^T` and `x^T dY`), then the time of each, pipelined
 //! (runs queued back to back, one sync at the end), as TFLOP/s.

@@ -1,0 +1,67 @@
+//! The flags that select and override a run's configuration, for the binaries that run one.
+
+use std::path::PathBuf;
+
+use crate::config::{BackendKind, Precision, RunConfig};
+
+/// What selects and overrides a run's configuration: shared by `nsa train`, `nsa bench-train`
+/// and `nsa-bench profile`.
+#[derive(clap::Args)]
+pub struct RunArgs {
+    /// The run's TOML config [default: configs/tiny.toml; with --resume, the run's saved one].
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    #[arg(long, value_enum)]
+    pub backend: Option<BackendKind>,
+    /// Training data (files or directories); repeatable. Overrides `data.paths`.
+    #[arg(long)]
+    pub data: Vec<PathBuf>,
+    /// Overrides `train.precision` (bf16: bf16 compute with f32 master weights; CUDA).
+    #[arg(long, value_enum)]
+    pub precision: Option<Precision>,
+    /// Overrides `train.batch_size` (sequences per micro-batch).
+    #[arg(long)]
+    pub batch_size: Option<usize>,
+    /// Overrides `train.kernel_cache` (compiled kernels and autotune results; "" disables).
+    #[arg(long)]
+    pub kernel_cache: Option<String>,
+    /// Overrides `train.devices`: device indices, one model replica each (e.g. `0,1`:
+    /// data-parallel over two GPUs, `batch_size` sequences on each).
+    #[arg(long, value_delimiter = ',')]
+    pub devices: Option<Vec<usize>>,
+    /// The selected and window branches on the reference path instead of the fused kernels
+    /// (sets `model.attention.fused_kernels = false`).
+    #[arg(long)]
+    pub reference_attention: bool,
+}
+
+impl RunArgs {
+    pub fn config_path(&self) -> PathBuf {
+        self.config.clone().unwrap_or_else(|| PathBuf::from("configs/tiny.toml"))
+    }
+
+    /// Applies the flags to `cfg` (loaded from `--config`, or from a run being resumed).
+    pub fn apply(&self, cfg: &mut RunConfig) {
+        if let Some(b) = self.backend {
+            cfg.train.backend = b;
+        }
+        if !self.data.is_empty() {
+            cfg.data.paths = self.data.iter().map(|p| p.display().to_string()).collect();
+        }
+        if let Some(p) = self.precision {
+            cfg.train.precision = p;
+        }
+        if let Some(b) = self.batch_size {
+            cfg.train.batch_size = b;
+        }
+        if let Some(dir) = &self.kernel_cache {
+            cfg.train.kernel_cache = dir.clone();
+        }
+        if let Some(devices) = &self.devices {
+            cfg.train.devices = devices.clone();
+        }
+        if self.reference_attention {
+            cfg.model.attention.fused_kernels = false;
+        }
+    }
+}
