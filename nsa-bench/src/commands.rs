@@ -7,7 +7,7 @@ use nsa_train::config::{Precision, RunConfig};
 use nsa_train::with_backend;
 use serde::Serialize;
 
-use crate::{gemm, kernels, write_json, GemmArgs, KernelArgs, ProfileArgs};
+use crate::{gemm, kernels, plans, write_json, GemmArgs, KernelArgs, ProfileArgs};
 
 /// `kernels --shapes`: [`kernels::SHAPES`] in order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -46,7 +46,11 @@ pub fn kernels(args: KernelArgs) -> Result<(), String> {
     let opts = kernels::BenchOptions { lengths, iters: iters.max(1), dtype, check_len, shapes };
     eprintln!("benchmarking sparse attention on {} in {precision:?}", kind.name());
     let report = with_backend!(kind, false, &[0], |B, devices, _memory| {
-        Ok(kernels::bench_kernels::<B>(&devices[0], &opts))
+        #[allow(clippy::clone_on_copy)] // the CPU's device is `Copy`, the GPUs' are not
+        let device = devices[0].clone();
+        // Every plan is forced on the inner `CubeBackend` of the same device; the CPU has none.
+        let check_plans = move |case: &plans::PlanCase| plan_check(kind, &device, case);
+        Ok(kernels::bench_kernels::<B>(&devices[0], &opts, &check_plans))
     })?;
     write_json(&out.out, "kernels.json", &report)?;
     match report.ok() {
@@ -76,6 +80,7 @@ pub fn gemm(args: GemmArgs) -> Result<(), String> {
     let cases: Vec<_> = layers.iter().flat_map(|&(d_in, d_out)| gemm::linear_cases(rows, d_in, d_out)).collect();
     let (report, ok) = with_backend!(kind, false, &[0], |B, devices, _memory| {
         #[allow(clippy::clone_on_copy)] // `Copy` on the CPU backend's device only.
+        #[allow(clippy::clone_on_copy)] // the CPU's device is `Copy`, the GPUs' are not
         let device = devices[0].clone();
         let grad_error = gemm::linear_grad_error::<B>(&device, 1000, 200, 300, dtype);
         println!("gradients of a linear layer against Burn's autodiff matmul: error {grad_error:.2e}");
@@ -109,4 +114,26 @@ pub fn profile(args: ProfileArgs) -> Result<(), String> {
     let dtype = (cfg.train.precision == Precision::Bf16).then_some(burn::tensor::FloatDType::BF16);
     print!("{}", nsa_train::profile::table(&phases, dtype));
     write_json(&args.out.out, "profile.json", &phases)
+}
+
+/// [`plans::check`] on the device `device` of backend `kind` (a device type that is not the
+/// backend's own cannot occur: `with_backend!` picks both).
+fn plan_check<D: std::any::Any>(kind: BackendKind, device: &D, case: &plans::PlanCase) -> Vec<plans::PlanParity> {
+    let any = device as &dyn std::any::Any;
+    match kind {
+        #[cfg(feature = "cuda")]
+        BackendKind::Cuda => {
+            let device = any.downcast_ref::<burn::backend::cuda::CudaDevice>().expect("a CUDA device");
+            plans::check::<burn::cubecl::cuda::CudaRuntime>(device, case)
+        }
+        #[cfg(feature = "wgpu")]
+        BackendKind::Wgpu => {
+            let device = any.downcast_ref::<burn::backend::wgpu::WgpuDevice>().expect("a WGPU device");
+            plans::check::<burn::cubecl::wgpu::WgpuRuntime>(device, case)
+        }
+        _ => {
+            let _ = (any, case);
+            Vec::new()
+        }
+    }
 }

@@ -28,6 +28,8 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, Distribution, Int, Tensor, TensorData};
 use nsa_core::SparseAttentionBackend;
 use nsa_kernels::{reference, sparse_attention, Keys};
+
+use crate::plans::{rel_err, PlanCase, PlanCheck, PlanParity};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
@@ -215,13 +217,6 @@ fn forward_backward<B: AutodiffBackend>(
     [out.inner(), g(&q), g(&k), g(&v)]
 }
 
-/// Max |a - b| over max |b|.
-fn rel_err(a: &[f64], b: &[f64]) -> f64 {
-    let scale = b.iter().fold(0.0f64, |m, x| m.max(x.abs()));
-    let diff = a.iter().zip(b).fold(0.0f64, |m, (x, y)| m.max((x - y).abs()));
-    diff / scale.max(1e-12)
-}
-
 fn host<B: Backend>(t: Tensor<B, 4>) -> Vec<f64> {
     t.into_data().convert::<f64>().to_vec::<f64>().expect("float tensor data")
 }
@@ -312,24 +307,26 @@ pub struct KernelReport {
     /// Whether the backend has the fused kernels (else the reference path was timed).
     pub fused: bool,
     pub parity: Vec<Parity>,
+    /// Every plan the device can run, forced one by one (CUDA and WGPU only).
+    pub plans: Vec<PlanParity>,
     pub timings: Vec<Timing>,
 }
 
 impl KernelReport {
     /// Every parity check passed.
     pub fn ok(&self) -> bool {
-        self.parity.iter().all(|p| p.pass)
+        self.parity.iter().all(|p| p.pass) && self.plans.iter().all(|p| p.pass)
     }
 }
 
 /// Runs the sweep and prints a markdown table as it goes.
-pub fn bench_kernels<B: TrainBackend>(device: &B::Device, opts: &BenchOptions) -> KernelReport {
+pub fn bench_kernels<B: TrainBackend>(device: &B::Device, opts: &BenchOptions, plans: PlanCheck) -> KernelReport {
     let mut rng = StdRng::seed_from_u64(0);
     // Same inputs on every run, so that runs of two builds compare.
     B::InnerBackend::seed(device, 0);
     let fused = <B as SparseAttentionBackend>::has_fused_sparse_attention();
     println!("fused: {fused}");
-    let mut report = KernelReport { fused, parity: Vec::new(), timings: Vec::new() };
+    let mut report = KernelReport { fused, parity: Vec::new(), plans: Vec::new(), timings: Vec::new() };
     for shape in opts.shapes.iter().copied().filter(|_| opts.check_len > 0) {
         // Parity on a ragged length, all three key sets.
         let t = opts.check_len;
@@ -338,6 +335,22 @@ pub fn bench_kernels<B: TrainBackend>(device: &B::Device, opts: &BenchOptions) -
         let dims = [1, t, shape.h_kv, N];
         let (ref_dtype, wanted) = parity_reference::<B>(&x, &blocks, dims, device);
         let tol = tolerance(opts.dtype, ref_dtype);
+        let data = [&x.q, &x.k, &x.v, &x.grad_out].map(|t| t.to_data().convert::<f32>());
+        let block_data = TensorData::new(blocks.clone(), dims);
+        for (branch, blocks, want) in [("window", None, &wanted[0]), ("selected", Some(&block_data), &wanted[1])] {
+            let case = PlanCase {
+                shape: shape.name,
+                branch,
+                inputs: &data,
+                blocks,
+                window: W,
+                block_size: L_SEL,
+                dtype: opts.dtype,
+                want,
+                tolerance: tol,
+            };
+            report.plans.extend(plans(&case));
+        }
         let blocks = Tensor::<B, 4, Int>::from_data(TensorData::new(blocks, dims), device);
         let branches = [
             ("window", Keys::Window { w: W }, x.clone()),

@@ -13,6 +13,7 @@ use nsa_train::run_args::RunArgs;
 mod commands;
 mod gemm;
 mod kernels;
+mod plans;
 
 #[derive(Parser)]
 #[command(name = "nsa-bench", about = "Benchmarks of NSA's kernels, its GEMMs and its training step")]

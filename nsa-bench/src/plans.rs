@@ -1,0 +1,94 @@
+//! Parity of every plan the device can run for a window or a selection
+//! (`nsa_kernels::plan`'s candidates), each forced through `nsa_kernels::launch` on the inner
+//! `CubeBackend`, against the reference the op's own parity check uses.
+
+use burn::tensor::{DType, TensorData};
+use serde::Serialize;
+
+/// One branch's inputs on the host and its reference `[out, dq, dk, dv]`.
+pub struct PlanCase<'a> {
+    pub shape: &'static str,
+    pub branch: &'static str,
+    /// `q`, `k`, `v`, `dO` as f32 data.
+    pub inputs: &'a [TensorData; 4],
+    /// A selection's block lists `[1, T, H_kv, n]`; `None` for a window of `window` keys.
+    pub blocks: Option<&'a TensorData>,
+    pub window: usize,
+    pub block_size: usize,
+    pub dtype: DType,
+    pub want: &'a [Vec<f64>; 4],
+    pub tolerance: f64,
+}
+
+/// One plan's errors (max error over the reference's max magnitude): the forward's `out`, or
+/// the backward's `dq`, `dk`, `dv`.
+#[derive(Debug, Clone, Serialize)]
+pub struct PlanParity {
+    pub shape: &'static str,
+    pub branch: &'static str,
+    pub plan: String,
+    pub errors: Vec<f64>,
+    pub tolerance: f64,
+    pub pass: bool,
+}
+
+/// Checks every plan of a case: [`check`] on the GPU backends, nothing elsewhere.
+pub type PlanCheck<'a> = &'a dyn Fn(&PlanCase) -> Vec<PlanParity>;
+
+/// Runs every candidate plan of `case` on `device`; the backward plans take the chosen
+/// forward's `out` and `lse`.
+#[cfg(any(feature = "cuda", feature = "wgpu"))]
+pub fn check<R: burn_cubecl::CubeRuntime>(device: &R::Device, case: &PlanCase) -> Vec<PlanParity> {
+    use burn::tensor::{Int, Tensor, TensorPrimitive};
+    use nsa_kernels::launch::{backward_with, capabilities, forward_with, problem};
+    use nsa_kernels::plan::{BackwardPlan, ForwardPlan};
+    use nsa_kernels::Keys;
+    type C<R> = burn_cubecl::CubeBackend<R, f32, i32, u8>;
+    let load = |data: &TensorData| {
+        Tensor::<C<R>, 4>::from_data(data.clone(), device).cast(case.dtype).into_primitive().tensor()
+    };
+    let [q, k, v, grad_out] = [0, 1, 2, 3].map(|i| load(&case.inputs[i]));
+    let keys = match case.blocks {
+        None => Keys::Window { w: case.window },
+        Some(blocks) => Keys::selected(Tensor::<C<R>, 4, Int>::from_data(blocks.clone(), device), case.block_size),
+    };
+    let problem = problem(&q, &k, &v, &keys);
+    let caps = capabilities(&q.client);
+    let host = |t| {
+        let t = Tensor::<C<R>, 4>::from_primitive(TensorPrimitive::Float(t));
+        t.into_data().convert::<f64>().to_vec::<f64>().expect("float data")
+    };
+    let mut rows = Vec::new();
+    let mut row = |plan: String, errors: Vec<f64>| {
+        let pass = errors.iter().all(|e| *e <= case.tolerance);
+        println!(
+            "plan parity {} {} {plan}: {} (tolerance {:.0e}) {}",
+            case.shape,
+            case.branch,
+            errors.iter().map(|e| format!("{e:.1e}")).collect::<Vec<_>>().join(" "),
+            case.tolerance,
+            if pass { "ok" } else { "FAIL" }
+        );
+        rows.push(PlanParity { shape: case.shape, branch: case.branch, plan, errors, tolerance: case.tolerance, pass });
+    };
+    for plan in ForwardPlan::candidates(&problem, &caps) {
+        let (out, _) = forward_with(q.clone(), k.clone(), v.clone(), &keys, &plan);
+        row(format!("forward {plan:?}"), vec![rel_err(&host(out), &case.want[0])]);
+    }
+    let chosen = ForwardPlan::choose(&problem, &caps);
+    let (out, lse) = forward_with(q.clone(), k.clone(), v.clone(), &keys, &chosen);
+    for plan in BackwardPlan::candidates(&problem, &caps) {
+        let grads =
+            backward_with(q.clone(), k.clone(), v.clone(), out.clone(), lse.clone(), grad_out.clone(), &keys, &plan);
+        let errors = [grads.q, grads.k, grads.v].into_iter().zip(&case.want[1..]).map(|(g, w)| rel_err(&host(g), w));
+        row(format!("backward {plan:?}"), errors.collect());
+    }
+    rows
+}
+
+/// Max |a - b| over max |b|.
+pub fn rel_err(a: &[f64], b: &[f64]) -> f64 {
+    let scale = b.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+    let diff = a.iter().zip(b).fold(0.0f64, |m, (x, y)| m.max((x - y).abs()));
+    diff / scale.max(1e-12)
+}
