@@ -29,8 +29,9 @@ pub struct SparseAttentionGrads<B: Backend> {
 /// backend with fused kernels overrides all three.
 ///
 /// Shapes: `q [B, T, H_q, d_k]`, `k [B, T, H_kv, d_k]`, `v [B, T, H_kv, d_v]` (`N` compressed
-/// rows in place of `T` for [`Keys::Compressed`]) with `H_q = g * H_kv`; query head `h` reads KV head `h / g`. Output `[B, T, H_q, d_v]` in the
-/// storage dtype and log-sum-exp `[B, T, H_q]` in f32 (f64 when the storage is f64).
+/// rows in place of `T` for [`Keys::Compressed`]) with `H_q = g * H_kv`; query head `h` reads KV
+/// head `h / g`. Output `[B, T, H_q, d_v]` in the storage dtype and log-sum-exp `[B, T, H_q]` in
+/// f32 (f64 when the storage is f64).
 pub trait SparseAttentionBackend:
     crate::gemm::GemmBackend
     + crate::activation::ActivationBackend

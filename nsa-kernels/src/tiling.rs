@@ -106,8 +106,7 @@ impl KeyTiling {
 }
 
 /// Rows a tensor-core window cube aims for: more rows share each staged K/V tile (a window cube
-/// stages `w + queries` keys for its `queries` positions). 128 rows with 96 KiB measured 1.17x
-/// (production) and 1.08x (paper) faster than 64 rows with 48 KiB (H100, 64k, same call).
+/// stages `w + queries` keys for its `queries` positions), against 96 KiB of shared memory.
 pub const MMA_ROWS: usize = 128;
 /// The MMA tile edge.
 pub const MMA_TILE: usize = 16;
@@ -180,12 +179,13 @@ impl FlashTiling {
 /// computed a group at a time): wide heads walk 32 rows at a time.
 ///
 /// At narrow heads, where the device adds f32 atomically, the cube folds its rows' dQ in
-/// (`fold_dq`: `ds^T` through shared memory, `ds K` added by atomics), walking 64 rows at a
-/// time, each plane taking one of the chunk's 16-row tiles and a part of `d_k`. A selection's
-/// cube is its 64-key block (4 planes); a window's takes 128 keys (8 planes, half of `d_k`
-/// each, where those are whole MMA tiles), so it walks `128 + w - 1` positions for 128 keys rather than `64 + w - 1` for 64,
-/// and adds each row's dQ half as often. Wide heads have no registers for the dQ accumulator
-/// beside dK and dV; there a window cube takes 128 keys and a window keeps its query-side dQ.
+/// (`fold_dq`: `ds^T` through shared memory, `ds K` added by atomics), walking 64 rows at a time,
+/// each plane taking one of the chunk's 16-row tiles and a part of `d_k`. A selection's cube is its
+/// 64-key block (4 planes); a window's takes 128 keys (8 planes, half of `d_k` each, where those
+/// are whole MMA tiles), so it walks `128 + w - 1` positions for 128 keys rather than `64 + w - 1`
+/// for 64, and adds each row's dQ half as often. Wide heads have no registers for the dQ
+/// accumulator beside dK and dV; there a window cube takes 128 keys and a window keeps its
+/// query-side dQ.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FlashKeyTiling {
     pub planes: usize,
@@ -287,11 +287,9 @@ impl FlashSelectTiling {
 
     /// Whether the forward stages each walked row's block slot with its chunk and writes its
     /// partial results as whole rows of 16-byte vectors (a quad's transpose by shuffles) rather
-    /// than 2 elements per lane: at the production shape's `d_v = 64` the partials took 2.26 ms
-    /// instead of 3.74 (H100, 64k). Wide heads read the slot when storing and write pieces: the
-    /// paper's `d_v = 128` cube then keeps to 168 registers, 3 cubes per SM (with both changes
-    /// 179 registers, 2 cubes, and its forward took 26.8 ms instead of 22.6;
-    /// docs/benchmarks.md).
+    /// than 2 elements per lane, at `d_v <= 64`. Wide heads read the slot when storing and write
+    /// pieces: the transpose's registers would cost the paper's `d_v = 128` cube a third of its
+    /// occupancy.
     pub fn narrow_partials(d_v: usize) -> bool {
         d_v <= 64
     }

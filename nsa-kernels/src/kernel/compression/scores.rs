@@ -1,6 +1,6 @@
 //! The selection scores from the compressed branch's probabilities (the spec's Eq. 9 and 10),
 //! and which compressed blocks a query sees. The branch's attention itself is dense products
-//! and [`super::compressed_rows`].
+//! and [`crate::kernel::compression::rows`].
 
 use cubecl::prelude::*;
 

@@ -18,9 +18,7 @@ use crate::tiling::storage_stride;
 /// A lane holds one group's `p^T` and `dp^T` (8 registers each). Where dQ is folded (narrow
 /// heads), the groups are unrolled so that the compiler can overlap one group's products with
 /// the previous group's exponentials (the mask is decided per chunk, so a group's body has no
-/// branch). H100, production 64k: the window's cube (8 planes, alone on its SM) 2.26 -> 2.04 ms,
-/// the selection's (4 planes) 3.74 -> 3.56 ms. Wide heads keep the loop: their dK and dV
-/// accumulators leave no registers for it.
+/// branch). Wide heads keep the loop: their dK and dV accumulators leave no registers for it.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 pub fn chunk_gradients<F: Float, N: Size>(
@@ -74,9 +72,9 @@ pub fn chunk_gradients<F: Float, N: Size>(
 /// Scores `s^T` (keys as rows, the chunk's walked rows `first..first + 16` as columns) become
 /// `p^T = exp(s^T scale - lse)` in place; with `masked`, 0 where the column is past
 /// `count`, its query does not attend the key (causal; and in the window for a window), or the
-/// key is past the cube's end. Chunks in the middle of the walk attend every key of the cube and skip the mask (keys past a ragged end then hold garbage rows of
-/// dK, dV, which are never written; their staged K rows are zero, so a folded dQ gets nothing
-/// from them).
+/// key is past the cube's end. Chunks in the middle of the walk attend every key of the cube and
+/// skip the mask (keys past a ragged end then hold garbage rows of dK, dV, which are never
+/// written; their staged K rows are zero, so a folded dQ gets nothing from them).
 #[cube]
 #[allow(clippy::too_many_arguments)]
 pub fn key_probabilities(

@@ -1,6 +1,6 @@
 //! dK/dV with everything per key row in registers (flash attention 2's backward layout,
-//! [`super::fragments`]), computing what [`super::backward::attention_backward_key`] does, for a
-//! window or a selection.
+//! [`crate::kernel::primitives::fragments`]), computing what
+//! [`crate::kernel::portable::backward::attention_backward_key`] does, for a window or a selection.
 //!
 //! A cube holds `16 * planes` keys of one KV head ([`KeyCube`]: consecutive keys of a window,
 //! or a whole selected block); plane `p` owns 16 of them, whose K and V rows are A fragments for
@@ -10,11 +10,12 @@
 //! `dp^T = V dO^T` as result tiles (keys as rows), `p^T = exp(s^T scale - lse)` and
 //! `ds^T = p^T (dp^T - delta)` in place, then `dV += p^T dO` and `dK += ds^T q`, the chunk's q
 //! and dO rows read from shared memory by transposed `ldmatrix`; each chunk is copied by
-//! `cp.async` while the one before is computed ([`super::walk`]). A window's cube writes its dK
-//! and dV; a selection's writes its segment's shares to `partial`, which
-//! [`super::backward::sum_segments`] adds up (a block's list spans several cubes). At narrow
-//! heads dQ is folded in ([`fold_query_gradient`]); else a selection's is
-//! [`super::flash_select::selection_dq_flash`]'s and a window's [`super::flash_dq`]'s.
+//! `cp.async` while the one before is computed ([`crate::kernel::primitives::walk`]). A window's
+//! cube writes its dK and dV; a selection's writes its segment's shares to `partial`, which
+//! [`crate::kernel::selection::segments::sum_segments`] adds up (a block's list spans several
+//! cubes). At narrow heads dQ is folded in ([`fold_query_gradient`]); else a selection's is
+//! [`crate::kernel::selection::dq::selection_dq_flash`]'s and a window's
+//! [`crate::kernel::window::dq`]'s.
 
 mod chunk;
 
@@ -29,10 +30,10 @@ use crate::kernel::primitives::staging::stage_vector_rows;
 use crate::kernel::primitives::walk::{issue_gradient_rows, TileBarriers};
 use crate::tiling::storage_stride;
 
-/// `q`, `k`, `v`, `dO`, `lse`, `delta` as [`super::flash_dq::window_dq_flash`], and a
+/// `q`, `k`, `v`, `dO`, `lse`, `delta` as [`crate::kernel::window::dq::window_dq_flash`], and a
 /// selection's inverted index (placeholders for a window) -> a window's `grad_k`, `grad_v`, or
-/// a selection's `partial` (`[B * H_kv, segments, span * (d_k + d_v)]`, as
-/// [`super::mma_backward::attention_backward_key_mma`]'s). Cube `(32, planes)` units; `q_rows`
+/// a selection's `partial` (`[B * H_kv, segments, span * (d_k + d_v)]`, as the portable key
+/// kernel's). Cube `(32, planes)` units; `q_rows`
 /// a multiple of 16; a selection's block is the cube's `16 * planes` keys.
 #[cube(launch, launch_unchecked, fast_math = FastMath::all())]
 #[allow(clippy::too_many_arguments)]

@@ -6,7 +6,7 @@
 //! `dq` runs on query cubes over the same staged key chunks as the forward. `dk`/`dv` run on key
 //! cubes (consecutive keys of one KV head) over staged chunks of the query rows that attend
 //! them: the window's are the contiguous `[s0, s_end - 1 + w)`; a selected block's come from the
-//! inverted block index of [`super::inverse`], so no cube scans queries that did not pick its
+//! inverted block index of [`crate::kernel::selection::index`], so no cube scans queries that did not pick its
 //! block.
 
 use cubecl::prelude::*;

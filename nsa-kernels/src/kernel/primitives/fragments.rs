@@ -1,5 +1,5 @@
 //! Register-resident matrix products on CUDA's manual MMA (`mma.sync` m16n8k16, f16/bf16 in,
-//! f32 accumulation), the building blocks of the flash kernels ([`super::flash_forward`]).
+//! f32 accumulation), the building blocks of the flash kernels ([`crate::kernel::window::forward`]).
 //!
 //! A plane works on a 16-row tile. In PTX's register layout lane `l` holds, of a `[16, 8]` f32
 //! result tile, rows `l / 4` and `l / 4 + 8` at columns `2 (l % 4)` and `+ 1`: one `Pair` per

@@ -3,7 +3,7 @@
 //! Cubes are numbered `(b, hk, tile)` with the tile fastest. A window's tile is `keys`
 //! consecutive keys and its query rows `(t, h)` (`h` fastest) have `t` in the contiguous
 //! `[s0, s_end - 1 + w)`. A selection's tile is sub-tile `u` of the block of segment `item` (see
-//! [`super::inverse`]), and its query rows are that segment's part of the block's list.
+//! [`crate::kernel::selection::index`]), and its query rows are that segment's part of the block's list.
 
 use cubecl::prelude::*;
 

@@ -3,7 +3,7 @@
 //! into one of two buffers, so that the next chunk's copies fly while the current one is
 //! computed. A chunk is `rows` walked rows `first..first + count`; rows past `count` copy the
 //! last real row (finite values, which the kernels mask). The caller commits a chunk's copies
-//! to its buffer's barrier ([`super::flash_forward::TileBarriers`]) and waits on it before
+//! to its buffer's barrier ([`TileBarriers`]) and waits on it before
 //! reading.
 
 use cubecl::prelude::barrier::copy_async;

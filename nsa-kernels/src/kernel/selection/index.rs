@@ -143,8 +143,8 @@ pub fn count_selections<I: Int>(
 /// `offsets[b, hk, :]` = exclusive prefix sum of `counts[b, hk, :]`, and the segments of each
 /// block (see the module doc); one cube of `units` units per `(b, hk)`. Each unit takes a run
 /// of consecutive blocks: it sums its run, one unit scans the `units` sums in shared memory,
-/// and each unit writes its run's offsets and segments from its sum's prefix. (One unit per
-/// `(b, hk)` walking every block took 0.32 ms at 64k: a serial chain of global loads.)
+/// and each unit writes its run's offsets and segments from its sum's prefix (one unit walking
+/// every block would be a serial chain of global loads).
 #[cube(launch)]
 pub fn scan_counts(
     counts: &Tensor<u32>,
@@ -207,7 +207,7 @@ pub fn scan_counts(
 
 /// Writes each selecting query into its block's rows, and beside it (`slots`, laid out as
 /// `entries`) where the block stands in that query's list: the key-major selection forward
-/// writes its partial results there ([`super::flash_select`]). Cubes as [`count_selections`]'s:
+/// writes its partial results there ([`crate::kernel::selection::partials`]). Cubes as [`count_selections`]'s:
 /// a cube tallies its queries of each first block in shared memory, reserves that many places
 /// of the block's rows with one global atomic, and hands them out by shared atomics.
 #[cube(launch)]

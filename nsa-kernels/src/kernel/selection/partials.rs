@@ -1,15 +1,15 @@
 //! Key-major selected attention forward on the manual MMA (CUDA tensor cores, f16/bf16), in two
 //! passes: per-block partial results, then one merge per query row.
 //!
-//! The query-major forward ([`super::mma_select`]) loads a query's `n` blocks for every query:
-//! at 64k on the production shape that is about 34 GB of K/V through L2, and with `g = 6` its
-//! 16-row tiles hold 6 real rows. Here a cube takes one segment of one selected block's query
-//! list (the backward's key cubes, [`super::key::KeyCube`], [`super::inverse`]): it stages the
-//! block's K and V once, and its planes walk the listed rows `(t, h)` 16 at a time, every tile
-//! full. Each row's softmax over the block stays in registers ([`super::flash_forward`]'s
-//! layout): the plane writes the block's normalised output and log-sum-exp to the row's slot
-//! for that block (`slots` of the inverted index). No cube ever sees a row's other blocks, so
-//! [`merge_selection_partials`] combines the `n` slots of each row afterwards: weights
+//! A query-major forward would load a query's `n` blocks for that query alone, with `g` real rows
+//! in each 16-row tile. Here a cube takes one segment of one selected block's query list (the
+//! backward's key cubes, [`KeyCube`], [`super::index`]): it stages the block's K and V once, and
+//! its planes walk the listed rows `(t, h)` 16 at a time, every tile full. Each row's softmax over
+//! the block stays in registers ([`crate::kernel::window::forward`]'s layout): the plane writes the
+//! block's normalised output and log-sum-exp to the row's slot for that block (`slots` of the
+//! inverted index). No cube ever sees a row's other blocks, so
+//! [`super::merge::merge_selection_partials`] combines the `n` slots of each row afterwards:
+//! weights
 //! `exp(lse_i - lse)`, where `lse` is the log-sum-exp of the slots' `lse_i`.
 
 use cubecl::prelude::*;

@@ -1,11 +1,11 @@
 //! dQ of a window with everything per row in registers: the cubes and lanes of
-//! [`super::flash_forward`], computing what [`super::backward::attention_backward_query`] does.
+//! [`super::forward`], computing what the portable `attention_backward_query` does.
 //!
 //! A plane's q and dO rows are A fragments for the whole walk and its dQ is result tiles (a
 //! backward has no rescaling). Per staged key tile: `s = q K^T` and `dp = dO V^T` as result
 //! tiles, `ds = p (dp - delta)` with `p = exp(s scale - lse)` in place, then `dQ += ds K`, `ds`
 //! rounded to the storage type as the product's A operand. `delta = dO . O` comes from
-//! [`super::mma_backward::row_delta`], launched before.
+//! [`crate::kernel::row_delta::row_delta`], launched before.
 
 use cubecl::prelude::*;
 

@@ -1,13 +1,12 @@
 //! Window forward with scores, probabilities and the output in registers (flash attention 2's
-//! layout), built on [`super::fragments`]' manual-MMA products (CUDA tensor cores, f16/bf16).
+//! layout), built on [`crate::kernel::primitives::fragments`]' manual-MMA products (CUDA tensor cores, f16/bf16).
 //!
 //! A cube has `planes` planes of 32 lanes; plane `p` owns rows `16p..16p + 16` of the cube (row
-//! `r` is query `t0 + r / g`, head `hk * g + r % g`, as [`super::query`] lays them out; padding
+//! `r` is query `t0 + r / g`, head `hk * g + r % g`, as [`QueryCube`] lays them out; padding
 //! rows past `rows` are zero queries that write nothing). Lane `l` holds rows `l / 4` and
 //! `l / 4 + 8` of its plane's tile, so a row's softmax statistics need only the 4 lanes of a
 //! quad (two shuffles), and the probabilities are the `p . v` product's A operand as they
-//! stand: scores never leave registers. The CMMA forward ([`super::mma_forward`]) wrote every
-//! score tile to shared memory and read it back twice, and measured 4.6x flex_attention's time.
+//! stand: scores never leave registers.
 
 use cubecl::prelude::*;
 
@@ -25,7 +24,7 @@ use crate::tiling::storage_stride;
 
 /// `q [B, T, H_q, d_k]`, `k [B, T, H_kv, d_k]`, `v [B, T, H_kv, d_v]` -> `out [B, T, H_q, d_v]`,
 /// `lse [B, T, H_q]` (f32) for a causal window of `span` keys, as
-/// [`super::forward::attention_forward`]. Cube `(32, planes)` units; `rows <= 16 * planes`
+/// [`crate::kernel::portable::forward::attention_forward`]. Cube `(32, planes)` units; `rows <= 16 * planes`
 /// real rows; `d_k`, `d_v` and `key_tile` multiples of 16.
 #[cube(launch, launch_unchecked, fast_math = FastMath::all())]
 pub fn window_forward_flash<F: Float, N: Size>(
@@ -122,9 +121,8 @@ pub fn window_forward_flash<F: Float, N: Size>(
 }
 
 /// Writes the lane's two rows of the output, divided by the rows' sums, as whole 16-byte
-/// vectors ([`store_rows_whole`]), and (one lane of the quad) the rows' log-sum-exp. Written 2
-/// elements per store, the output's stores were 11% of the kernel's stall samples (H100,
-/// production 64k, ncu): a cube alone on its SM ends in a queue of small stores.
+/// vectors ([`store_rows_whole`]), and (one lane of the quad) the rows' log-sum-exp: written 2
+/// elements per store, a cube would end in a queue of small stores.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn store_rows<F: Float, N: Size>(
