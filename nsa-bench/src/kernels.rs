@@ -22,14 +22,13 @@
 //! `p.v`, `d_k = d_v = d`), forward+backward 3.5x that (flash attention's convention: the
 //! backward recomputes the scores and does four more products).
 
-use std::time::Instant;
-
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, Distribution, Int, Tensor, TensorData};
 use nsa_core::SparseAttentionBackend;
 use nsa_kernels::{reference, sparse_attention, Keys};
 
 use crate::plans::{rel_err, PlanCase, PlanCheck, PlanParity};
+use crate::timing::{median_ms, pipelined_ms};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
@@ -137,55 +136,6 @@ fn inputs<B: Backend>(shape: Shape, t: usize, dtype: DType, device: &B::Device) 
         v: draw(shape.h_kv, shape.d_v),
         grad_out: draw(shape.h_q, shape.d_v),
     }
-}
-
-fn median_ms<B: Backend>(device: &B::Device, iters: usize, mut f: impl FnMut()) -> f64 {
-    f(); // compile and autotune
-    B::sync(device).expect("device sync");
-    let mut times: Vec<f64> = (0..iters)
-        .map(|_| {
-            let start = Instant::now();
-            f();
-            B::sync(device).expect("device sync");
-            start.elapsed().as_secs_f64() * 1e3
-        })
-        .collect();
-    times.sort_by(f64::total_cmp);
-    times[times.len() / 2]
-}
-
-/// Time per run of `f` queued without a sync between runs (after one synced warm-up run): a
-/// queue of `2 * iters` runs less one of `iters`, over `iters`, so that what a queue pays once
-/// (its start, its closing sync) cancels. Also the mean time per run of the queue of `iters`,
-/// and the host's time to queue a run there (the time before the closing sync). Every run's
-/// outputs are kept until the closing sync, so nothing queued can be skipped as unused; a
-/// longer queue keeps more of them (`3 * iters` runs of the paper shape's 2.2 GB at 64k ran the
-/// H100 out of memory).
-fn pipelined_ms<B: Backend, O>(device: &B::Device, iters: usize, mut f: impl FnMut() -> O) -> Pipelined {
-    drop(f());
-    B::sync(device).expect("device sync");
-    let mut queue = |runs: usize| {
-        let start = Instant::now();
-        let kept: Vec<O> = (0..runs).map(|_| f()).collect();
-        let queued = start.elapsed().as_secs_f64() * 1e3;
-        B::sync(device).expect("device sync");
-        let ms = start.elapsed().as_secs_f64() * 1e3;
-        drop(kept);
-        (ms, queued)
-    };
-    let (short, queued) = queue(iters);
-    let (long, _) = queue(2 * iters);
-    Pipelined { per_run: (long - short) / iters as f64, mean: short / iters as f64, host: queued / iters as f64 }
-}
-
-/// [`pipelined_ms`]'s times, in ms.
-struct Pipelined {
-    /// Per run, the queue's own costs cancelled.
-    per_run: f64,
-    /// The mean over a queue of `iters` runs, its own costs included.
-    mean: f64,
-    /// The host's time to queue a run.
-    host: f64,
 }
 
 /// How a backward is seeded.

@@ -14,6 +14,7 @@ mod commands;
 mod gemm;
 mod kernels;
 mod plans;
+mod timing;
 
 #[derive(Parser)]
 #[command(name = "nsa-bench", about = "Benchmarks of NSA's kernels, its GEMMs and its training step")]

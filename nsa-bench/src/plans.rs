@@ -5,7 +5,9 @@
 use burn::tensor::{DType, TensorData};
 use serde::Serialize;
 
-/// One branch's inputs on the host and its reference `[out, dq, dk, dv]`.
+/// One branch's inputs on the host and its reference `[out, dq, dk, dv]`. A build without a GPU
+/// backend reads none of it (the CPU has no plans).
+#[cfg_attr(not(any(feature = "cuda", feature = "wgpu")), allow(dead_code))]
 pub struct PlanCase<'a> {
     pub shape: &'static str,
     pub branch: &'static str,

@@ -29,7 +29,8 @@ impl std::fmt::Display for Stop {
         match self {
             Stop::NonFinite { step, loss, grad_norm, last_good } => {
                 let good = last_good.as_ref().map_or("none".to_string(), |p| p.display().to_string());
-                write!(f, "non-finite value at step {step} (loss {loss}, grad norm {grad_norm}); stopped, last good checkpoint: {good}")
+                write!(f, "non-finite value at step {step} (loss {loss}, grad norm {grad_norm}); stopped, ")?;
+                write!(f, "last good checkpoint: {good}")
             }
             Stop::OutOfMemory { step, batch, seq_len, requested, last_good } => {
                 let good = last_good.as_ref().map_or("none".to_string(), |p| p.display().to_string());

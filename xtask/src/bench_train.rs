@@ -85,7 +85,8 @@ pub fn run(mut args: NsaArgs, anchor: bool, scaling: bool, out: &Path) -> ExitCo
         let a_peak = a["peak_gib"].as_f64();
         let mode = if a["compiled"].as_bool() == Some(true) { "torch.compile" } else { "eager" };
         println!(
-            "anchor (PyTorch dense, {mode}, {}): {a_tokens:.0} tokens/s, peak {} | ours / anchor: {:.3}x tokens/s, {} memory",
+            "anchor (PyTorch dense, {mode}, {}): {a_tokens:.0} tokens/s, peak {} \
+             | ours / anchor: {:.3}x tokens/s, {} memory",
             a["device"].as_str().unwrap_or("?"),
             gib(a_peak),
             tokens / a_tokens,

@@ -35,7 +35,7 @@ fn config_and_data_errors_are_one_line() {
     );
     assert_fails_with(&["train", "--config", &cfg("c.toml", "[model.attention]\nl = 24\n")], "`model.attention.l`");
     assert_fails_with(&["train", "--config", &cfg("d.toml", "[data]\nsynthetic = \"sort\"\n")], "unknown task `sort`");
-    let ok_cfg = cfg("e.toml", "[model]\nseq_len = 32\nn_layers = 1\n[model.attention]\ndim = 32\nn_heads = 2\nn_kv_heads = 1\nd_k = 8\nd_v = 8\nl = 8\nd = 4\nl_sel = 8\nn = 3\nw = 8\n");
+    let ok_cfg = cfg("e.toml", &tiny_model(32, 32));
     let out = dir.join("run").display().to_string();
     assert_fails_with(
         &["train", "--config", &ok_cfg, "--data", "no/such/dir", "--out", &out],
@@ -54,7 +54,11 @@ fn train_then_generate_from_the_checkpoint() {
     let text: String = (0..400).map(|i| format!("line {i}: the quick brown fox jumps over the lazy dog.\n")).collect();
     std::fs::write(dir.join("corpus.txt"), text).unwrap();
     let cfg = dir.join("run.toml");
-    std::fs::write(&cfg, "[model]\nseq_len = 32\nn_layers = 1\n[model.attention]\ndim = 32\nn_heads = 2\nn_kv_heads = 1\nd_k = 8\nd_v = 8\nl = 8\nd = 4\nl_sel = 8\nn = 3\nw = 8\nfused_kernels = false\n[train]\nsteps = 4\nbatch_size = 2\nlog_every = 2\n").unwrap();
+    std::fs::write(
+        &cfg,
+        tiny_model(32, 32) + "fused_kernels = false\n[train]\nsteps = 4\nbatch_size = 2\nlog_every = 2\n",
+    )
+    .unwrap();
     let out = dir.join("run").display().to_string();
     let (ok, stderr) = nsa(&[
         "train",
@@ -95,7 +99,11 @@ fn tiny_cli_run(dir: &std::path::Path) -> (String, String, String) {
     let text: String = (0..400).map(|i| format!("line {i}: the quick brown fox jumps over the lazy dog.\n")).collect();
     std::fs::write(dir.join("corpus.txt"), text).unwrap();
     let cfg = dir.join("run.toml");
-    std::fs::write(&cfg, "[model]\nseq_len = 32\nn_layers = 1\n[model.attention]\ndim = 32\nn_heads = 2\nn_kv_heads = 1\nd_k = 8\nd_v = 8\nl = 8\nd = 4\nl_sel = 8\nn = 3\nw = 8\nfused_kernels = false\n[train]\nsteps = 4\nbatch_size = 2\nlog_every = 1\ncheckpoint_every = 2\nbackend = \"cpu\"\n").unwrap();
+    let train = concat!(
+        "fused_kernels = false\n[train]\nsteps = 4\nbatch_size = 2\nlog_every = 1\n",
+        "checkpoint_every = 2\nbackend = \"cpu\"\n"
+    );
+    std::fs::write(&cfg, tiny_model(32, 32) + train).unwrap();
     let data = dir.join("corpus.txt").display().to_string();
     (cfg.display().to_string(), data, dir.join("run").display().to_string())
 }
@@ -175,7 +183,8 @@ fn a_batch_the_device_cannot_hold_is_one_error_line() {
     let text: String = (0..400).map(|i| format!("line {i}: the quick brown fox jumps over the lazy dog.\n")).collect();
     std::fs::write(dir.join("corpus.txt"), text).unwrap();
     let cfg = dir.join("run.toml");
-    std::fs::write(&cfg, "[model]\nseq_len = 8192\nn_layers = 1\n[model.attention]\ndim = 16\nn_heads = 2\nn_kv_heads = 1\nd_k = 8\nd_v = 8\nl = 8\nd = 4\nl_sel = 8\nn = 3\nw = 8\nfused_kernels = false\n[train]\nsteps = 2\nbatch_size = 2\nvalid_every = 0\nbackend = \"wgpu\"\n").unwrap();
+    let train = "fused_kernels = false\n[train]\nsteps = 2\nbatch_size = 2\nvalid_every = 0\nbackend = \"wgpu\"\n";
+    std::fs::write(&cfg, tiny_model(8192, 16) + train).unwrap();
     let out = dir.join("run").display().to_string();
     let data = dir.join("corpus.txt").display().to_string();
     let mut child = Command::new(env!("CARGO_BIN_EXE_nsa"))
@@ -205,4 +214,12 @@ fn a_batch_the_device_cannot_hold_is_one_error_line() {
         "expected one out-of-memory line, got:\n{stderr}"
     );
     assert!(!stderr.contains("panicked"), "panic messages reached the user:\n{stderr}");
+}
+
+/// A one-layer model's TOML at sequence length `seq_len` and width `dim`.
+fn tiny_model(seq_len: usize, dim: usize) -> String {
+    format!(
+        "[model]\nseq_len = {seq_len}\nn_layers = 1\n[model.attention]\ndim = {dim}\nn_heads = 2\nn_kv_heads = 1\n\
+         d_k = 8\nd_v = 8\nl = 8\nd = 4\nl_sel = 8\nn = 3\nw = 8\n"
+    )
 }
