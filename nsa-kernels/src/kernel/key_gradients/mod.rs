@@ -27,7 +27,7 @@ use crate::kernel::primitives::key_cube::KeyCube;
 use crate::kernel::primitives::layout::{max_usize, VECTOR};
 use crate::kernel::primitives::rows::offset3;
 use crate::kernel::primitives::staging::stage_vector_rows;
-use crate::kernel::primitives::walk::{issue_gradient_rows, TileBarriers};
+use crate::kernel::primitives::walk::{issue_gradient_rows, next_chunk, TileBarriers};
 use crate::tiling::storage_stride;
 
 /// `q`, `k`, `v`, `dO`, `lse`, `delta` as [`crate::kernel::window::dq::window_dq_flash`], and a
@@ -190,9 +190,7 @@ pub fn attention_key_flash<F: Float, N: Size, A: Size>(
         );
     }
     while row_first < cube.n_rows {
-        let next_first = row_first + count;
-        let next_count =
-            select(next_first < cube.n_rows, min(cube.n_rows - min(next_first, cube.n_rows), q_rows), 0usize);
+        let (next_first, next_count) = next_chunk(row_first, count, cube.n_rows, q_rows);
         let next_slot = 1 - slot;
         if next_first < cube.n_rows {
             issue_gradient_rows::<F, N>(

@@ -289,3 +289,14 @@ pub fn issue_tile<F: Float, N: Size>(
     );
     barriers.commit(at);
 }
+
+/// The chunk after `first..first + count` in a walk that ends at `end`, `rows` at a time:
+/// `(first, count)`, with count 0 past the end. Every pipelined walk steps by it: the kernel
+/// copies the next chunk into the other buffer (computed into fresh variables, so nothing the
+/// current chunk's compute reads changes under it), waits for the current one's copies, computes
+/// it, and syncs the cube before the buffer is reused.
+#[cube]
+pub fn next_chunk(first: usize, count: usize, end: usize, #[comptime] rows: usize) -> (usize, usize) {
+    let next = first + count;
+    (next, select(next < end, min(end - min(next, end), rows), 0usize))
+}

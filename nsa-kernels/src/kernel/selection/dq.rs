@@ -11,7 +11,7 @@ use crate::kernel::primitives::fragments::{
 use crate::kernel::primitives::key_cube::{KeyCube, ListedRows};
 use crate::kernel::primitives::layout::VECTOR;
 use crate::kernel::primitives::staging::stage_vector_rows;
-use crate::kernel::primitives::walk::{issue_gradient_rows, TileBarriers};
+use crate::kernel::primitives::walk::{issue_gradient_rows, next_chunk, TileBarriers};
 use crate::tiling::storage_stride;
 
 /// A selection's dQ, key-major as [`selection_partials_flash`]: a cube stages one block's K
@@ -112,9 +112,7 @@ pub fn selection_dq_flash<F: Float, N: Size, A: Size>(
         );
     }
     while first < cube.n_rows {
-        let next_first = first + count;
-        let next_count =
-            select(next_first < cube.n_rows, min(cube.n_rows - min(next_first, cube.n_rows), q_rows), 0usize);
+        let (next_first, next_count) = next_chunk(first, count, cube.n_rows, q_rows);
         let next_slot = 1 - slot;
         if next_first < cube.n_rows {
             issue_gradient_rows::<F, N>(

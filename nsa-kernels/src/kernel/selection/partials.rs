@@ -23,7 +23,7 @@ use crate::kernel::primitives::layout::VECTOR;
 use crate::kernel::primitives::rows::NEG_LARGE;
 use crate::kernel::primitives::softmax::RowStats;
 use crate::kernel::primitives::staging::stage_vector_rows;
-use crate::kernel::primitives::walk::{issue_query_rows, TileBarriers};
+use crate::kernel::primitives::walk::{issue_query_rows, next_chunk, TileBarriers};
 use crate::tiling::storage_stride;
 
 /// `q [B, T, H_q, d_k]`, `k`, `v` and a selection's inverted index -> for every listed row and
@@ -119,9 +119,7 @@ pub fn selection_partials_flash<F: Float, N: Size, P: Size>(
         );
     }
     while first < cube.n_rows {
-        let next_first = first + count;
-        let next_count =
-            select(next_first < cube.n_rows, min(cube.n_rows - min(next_first, cube.n_rows), q_rows), 0usize);
+        let (next_first, next_count) = next_chunk(first, count, cube.n_rows, q_rows);
         let next_slot = 1 - slot;
         if next_first < cube.n_rows {
             issue_query_rows::<F, N>(

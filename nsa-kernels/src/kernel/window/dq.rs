@@ -18,7 +18,7 @@ use crate::kernel::primitives::query_cube::{walk_start, LaneRows, QueryCube};
 use crate::kernel::primitives::rows::offset3;
 use crate::kernel::primitives::softmax::{mask_and_scale, tile_needs_mask};
 use crate::kernel::primitives::staging::stage_query_rows;
-use crate::kernel::primitives::walk::{issue_tile, TileBarriers};
+use crate::kernel::primitives::walk::{issue_tile, next_chunk, TileBarriers};
 use crate::tiling::storage_stride;
 
 /// `q`, `k`, `v`, `dO` as the forward's inputs and output, `lse` and `delta` `[B, T, H_q]`
@@ -88,9 +88,7 @@ pub fn window_dq_flash<F: Float, N: Size>(
     let barriers = TileBarriers::new();
     issue_tile::<F, N>(k, v, &mut staged, &cube, first, count, 0usize, &barriers, d_k, d_v, key_tile, planes);
     while first < cube.t_end {
-        let next_first = first + count;
-        let next_count =
-            select(next_first < cube.t_end, min(cube.t_end - min(next_first, cube.t_end), key_tile), 0usize);
+        let (next_first, next_count) = next_chunk(first, count, cube.t_end, key_tile);
         let next_at = buffer - buffer_at;
         if next_first < cube.t_end {
             issue_tile::<F, N>(

@@ -19,7 +19,7 @@ use crate::kernel::primitives::query_cube::{walk_start, LaneRows, QueryCube};
 use crate::kernel::primitives::rows::{offset3, NEG_LARGE};
 use crate::kernel::primitives::softmax::{mask_scores, tile_needs_mask, RowStats};
 use crate::kernel::primitives::staging::stage_query_rows;
-use crate::kernel::primitives::walk::{issue_tile, TileBarriers};
+use crate::kernel::primitives::walk::{issue_tile, next_chunk, TileBarriers};
 use crate::tiling::storage_stride;
 
 /// `q [B, T, H_q, d_k]`, `k [B, T, H_kv, d_k]`, `v [B, T, H_kv, d_v]` -> `out [B, T, H_q, d_v]`,
@@ -79,9 +79,7 @@ pub fn window_forward_flash<F: Float, N: Size>(
     let barriers = TileBarriers::new();
     issue_tile::<F, N>(k, v, &mut staged, &cube, first, count, 0usize, &barriers, d_k, d_v, key_tile, planes);
     while first < cube.t_end {
-        let next_first = first + count;
-        let next_count =
-            select(next_first < cube.t_end, min(cube.t_end - min(next_first, cube.t_end), key_tile), 0usize);
+        let (next_first, next_count) = next_chunk(first, count, cube.t_end, key_tile);
         let next_at = buffer - buffer_at;
         if next_first < cube.t_end {
             issue_tile::<F, N>(
