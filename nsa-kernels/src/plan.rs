@@ -31,17 +31,12 @@ pub enum KeyKind {
 /// One call: `q [batch, seq, heads_q, d_k]`, `k [.., heads_kv, d_k]`, `v [.., heads_kv, d_v]`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Problem {
-    pub batch: usize,
-    pub seq: usize,
     pub heads_q: usize,
     pub heads_kv: usize,
     pub d_k: usize,
     pub d_v: usize,
     pub dtype: DType,
     pub keys: KeyKind,
-    /// The inputs' batch, position and head strides are whole 16-element tiles, which the
-    /// tensor-core kernels' 16-byte loads need (contiguous inputs with head dims of whole tiles).
-    pub tile_strides: bool,
 }
 
 impl Problem {
@@ -82,14 +77,15 @@ impl Capabilities {
     };
 
     /// Whether the tensor-core kernels can run `problem`: the device has them for its storage
-    /// type, and its head dims and strides are whole MMA tiles.
+    /// type, and its head dims are whole MMA tiles (so are the strides of the contiguous inputs
+    /// the kernels read, as their 16-byte loads need).
     pub fn tensor_cores(&self, problem: &Problem) -> bool {
         let device = match problem.dtype {
             DType::F16 => self.tensor_cores_f16,
             DType::BF16 => self.tensor_cores_bf16,
             _ => false,
         };
-        device && problem.tile_strides && problem.d_k.is_multiple_of(MMA_TILE) && problem.d_v.is_multiple_of(MMA_TILE)
+        device && problem.d_k.is_multiple_of(MMA_TILE) && problem.d_v.is_multiple_of(MMA_TILE)
     }
 
     fn atomics(&self) -> bool {
@@ -150,8 +146,9 @@ impl ForwardPlan {
 pub enum BackwardPlan {
     /// `kernel::portable::backward`: query cubes write dQ and `delta`, key cubes dK and dV.
     Portable { query: QueryTiling, keys: KeyTiling },
-    /// `kernel::key_gradients` for dK and dV, with dQ as `dq` says.
-    TensorCore { dq: DqPlan, keys: FlashKeyTiling },
+    /// `kernel::key_gradients` for dK and dV, with dQ as `dq` says; dQ sums are added
+    /// `atomic_width` f32 at a time.
+    TensorCore { dq: DqPlan, keys: FlashKeyTiling, atomic_width: usize },
 }
 
 /// Where the tensor-core backward's dQ comes from.
@@ -194,7 +191,7 @@ impl BackwardPlan {
         }?;
         let keys = FlashKeyTiling::plan(problem.is_window(), d_k, d_v, fold && caps.atomics(), caps.shared_bytes)?;
         let dq = if keys.fold_dq { DqPlan::Folded } else { dq };
-        Some(Self::TensorCore { dq, keys })
+        Some(Self::TensorCore { dq, keys, atomic_width: caps.f32_atomic_width.max(1) })
     }
 
     pub fn portable(problem: &Problem, caps: &Capabilities) -> Self {
@@ -239,7 +236,7 @@ mod tests {
 
     fn problem(shape: (&str, usize, usize, usize, usize), keys: KeyKind, dtype: DType) -> Problem {
         let (_, heads_q, heads_kv, d_k, d_v) = shape;
-        Problem { batch: 1, seq: 2048, heads_q, heads_kv, d_k, d_v, dtype, keys, tile_strides: true }
+        Problem { heads_q, heads_kv, d_k, d_v, dtype, keys }
     }
 
     const WINDOW: KeyKind = KeyKind::Window { w: 512 };
@@ -300,8 +297,8 @@ mod tests {
         let cuda = Capabilities::CUDA_SM90;
         let odd = Problem { d_k: 72, ..problem(SHAPES[0], WINDOW, DType::BF16) };
         assert_eq!(names(&odd, &cuda), ("portable", "portable"));
-        let strided = Problem { tile_strides: false, ..problem(SHAPES[0], SELECTED, DType::BF16) };
-        assert_eq!(names(&strided, &cuda), ("portable", "portable"));
+        let odd_values = Problem { d_v: 40, ..problem(SHAPES[0], SELECTED, DType::BF16) };
+        assert_eq!(names(&odd_values, &cuda), ("portable", "portable"));
         // Blocks longer than a lane's registers allow: 128 keys at wide heads.
         let long = problem(SHAPES[1], KeyKind::Selected { block_size: 128 }, DType::BF16);
         assert_eq!(names(&long, &cuda), ("portable", "portable"));
@@ -319,7 +316,7 @@ mod tests {
         let win = problem(SHAPES[0], WINDOW, DType::BF16);
         let backward = BackwardPlan::candidates(&win, &cuda);
         assert_eq!(backward.len(), 3, "{backward:?}");
-        assert!(matches!(backward[1], BackwardPlan::TensorCore { dq: DqPlan::Window(_), keys } if !keys.fold_dq));
+        assert!(matches!(backward[1], BackwardPlan::TensorCore { dq: DqPlan::Window(_), keys, .. } if !keys.fold_dq));
         assert_eq!(ForwardPlan::candidates(&win, &cuda).len(), 2);
         // The paper's heads never fold: the chosen plan is the unfolded one.
         let paper = problem(SHAPES[1], SELECTED, DType::BF16);

@@ -59,14 +59,15 @@ pub(crate) fn run<R: CubeRuntime>(
             portable_query(ops, query, &saved, &grads);
             portable_keys(ops, keys, &index, &saved, &grads);
         }
-        BackwardPlan::TensorCore { dq, keys } => {
+        BackwardPlan::TensorCore { dq, keys, atomic_width } => {
             row_deltas(ops, &saved, &grads, sums_dq);
             match dq {
                 DqPlan::Folded => {}
                 DqPlan::Window(tiling) => window_dq(ops, tiling, &saved, &grads),
-                DqPlan::Selection(tiling) => selection_dq(ops, tiling, &index, &saved, &grads),
+                DqPlan::Selection(tiling) => selection_dq(ops, tiling, *atomic_width, &index, &saved, &grads),
             }
-            tensor_core_keys(ops, keys, &index, &saved, &grads);
+            let atomic_width = if keys.fold_dq { *atomic_width } else { 1 };
+            tensor_core_keys(ops, keys, atomic_width, &index, &saved, &grads);
         }
     }
     if !ops.window {
@@ -225,12 +226,12 @@ fn window_dq<R: CubeRuntime>(ops: &Operands<R>, tiling: &FlashTiling, saved: &Sa
 fn selection_dq<R: CubeRuntime>(
     ops: &Operands<R>,
     tiling: &FlashSelectTiling,
+    atomic_width: usize,
     index: &InvertedIndex<R>,
     saved: &Saved<R>,
     grads: &Gradients<R>,
 ) {
     let (count, dim) = ops.plane_grid(ops.key_cubes(tiling.keys, index), tiling.dq_planes);
-    let atomic_width = super::capabilities(&ops.client()).f32_atomic_width.max(1);
     // SAFETY: see "Unchecked launches" in the module documentation.
     unsafe {
         selection_dq_flash::launch_unchecked::<R>(
@@ -270,12 +271,12 @@ fn selection_dq<R: CubeRuntime>(
 fn tensor_core_keys<R: CubeRuntime>(
     ops: &Operands<R>,
     tiling: &FlashKeyTiling,
+    atomic_width: usize,
     index: &InvertedIndex<R>,
     saved: &Saved<R>,
     grads: &Gradients<R>,
 ) {
     let (count, dim) = ops.plane_grid(ops.key_cubes(tiling.keys(), index), tiling.planes);
-    let atomic_width = if tiling.fold_dq { super::capabilities(&ops.client()).f32_atomic_width.max(1) } else { 1 };
     // SAFETY: see "Unchecked launches" in the module documentation.
     unsafe {
         attention_key_flash::launch_unchecked::<R>(

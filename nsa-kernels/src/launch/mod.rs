@@ -28,7 +28,6 @@ use cubecl::{calculate_cube_count_elemwise, CubeDim};
 use crate::api::SparseAttentionGrads;
 use crate::keys::Keys;
 use crate::plan::{BackwardPlan, Capabilities, ForwardPlan, KeyKind, Problem};
-use crate::tiling::MMA_TILE;
 use index::{InvertedIndex, UNITS_PER_CUBE};
 
 /// Byte alignment the tensor-core kernels' global loads need of every buffer.
@@ -69,7 +68,7 @@ pub fn problem<R: CubeRuntime, B: burn::tensor::backend::Backend>(
     v: &CubeTensor<R>,
     keys: &Keys<B>,
 ) -> Problem {
-    let [batch, seq, heads_q, d_k] = q.meta.shape().dims::<4>();
+    let [_, _, heads_q, d_k] = q.meta.shape().dims::<4>();
     let heads_kv = k.meta.shape()[2];
     let d_v = v.meta.shape()[3];
     let keys = match keys {
@@ -77,9 +76,7 @@ pub fn problem<R: CubeRuntime, B: burn::tensor::backend::Backend>(
         Keys::Selected { block_size, .. } => KeyKind::Selected { block_size: *block_size },
         Keys::Compressed { .. } => panic!("the compressed branch has no plan: it runs `compressed::Problem`"),
     };
-    // The kernels read contiguous copies: what their strides are is what counts.
-    let tile_strides = [d_k, d_v].iter().all(|d| d.is_multiple_of(MMA_TILE));
-    Problem { batch, seq, heads_q, heads_kv, d_k, d_v, dtype: q.dtype, keys, tile_strides }
+    Problem { heads_q, heads_kv, d_k, d_v, dtype: q.dtype, keys }
 }
 
 /// What this device offers the plans.
