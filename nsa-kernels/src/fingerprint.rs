@@ -22,6 +22,7 @@ const SOURCES: &[(&str, &str)] = &[
     ("kernel/portable/forward.rs", include_str!("kernel/portable/forward.rs")),
     ("kernel/portable/mod.rs", include_str!("kernel/portable/mod.rs")),
     ("kernel/primitives/atomic_rows.rs", include_str!("kernel/primitives/atomic_rows.rs")),
+    ("kernel/primitives/chunk_copies.rs", include_str!("kernel/primitives/chunk_copies.rs")),
     ("kernel/primitives/fragments.rs", include_str!("kernel/primitives/fragments.rs")),
     ("kernel/primitives/key_cube.rs", include_str!("kernel/primitives/key_cube.rs")),
     ("kernel/primitives/layout.rs", include_str!("kernel/primitives/layout.rs")),

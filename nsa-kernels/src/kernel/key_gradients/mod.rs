@@ -19,15 +19,17 @@
 
 mod chunk;
 
+use cubecl::cmma::MmaDefinition;
 use cubecl::prelude::*;
 
 use crate::kernel::key_gradients::chunk::{chunk_gradients, fold_query_gradient};
+use crate::kernel::primitives::chunk_copies::GradientRows;
 use crate::kernel::primitives::fragments::{mma, row_fragments, store_tiles, zero_pairs, Pair, MMA_M, MMA_N};
 use crate::kernel::primitives::key_cube::KeyCube;
 use crate::kernel::primitives::layout::{max_usize, VECTOR};
 use crate::kernel::primitives::rows::offset3;
 use crate::kernel::primitives::staging::stage_vector_rows;
-use crate::kernel::primitives::walk::{issue_gradient_rows, next_chunk, TileBarriers};
+use crate::kernel::primitives::walk::{walk_pipelined, ChunkCompute};
 use crate::tiling::storage_stride;
 
 /// `q`, `k`, `v`, `dO`, `lse`, `delta` as [`crate::kernel::window::dq::window_dq_flash`], and a
@@ -107,8 +109,7 @@ pub fn attention_key_flash<F: Float, N: Size, A: Size>(
     // With `fold_dq`, the chunk's `ds^T` (keys as rows) in the storage type, read back
     // transposed as `ds`'s A fragments.
     let ds_stride = comptime!(storage_stride(q_rows) / 2);
-    let mut ds_tile =
-        SharedMemory::<Pair<F>>::new_aligned(comptime!(if fold_dq { keys * ds_stride } else { 4 }), 16usize);
+    let ds_tile = SharedMemory::<Pair<F>>::new_aligned(comptime!(if fold_dq { keys * ds_stride } else { 4 }), 16usize);
     let units = CUBE_DIM as usize;
     stage_vector_rows::<F, N>(
         k,
@@ -154,162 +155,47 @@ pub fn attention_key_flash<F: Float, N: Size, A: Size>(
         real[half] = key[half] < s_end;
     }
 
-    let mut dk = zero_pairs(comptime!(2 * d_k / MMA_N));
-    let mut dv = zero_pairs(comptime!(2 * d_v / MMA_N));
     // Per walked row of each buffer's chunk: its position, lse and delta.
-    let mut positions = SharedMemory::<u32>::new(comptime!(2 * q_rows));
-    let mut stats = SharedMemory::<f32>::new(comptime!(4 * q_rows));
-    let barriers = TileBarriers::new();
-
-    // Scalars for the chunk being computed; the next chunk's are fresh variables (see
-    // `window_forward_flash`).
-    let mut row_first = 0usize;
-    let mut count = min(cube.n_rows, q_rows);
-    let mut slot = 0usize;
-    if count > 0 {
-        issue_gradient_rows::<F, N>(
-            q,
-            grad_out,
-            lse,
-            delta,
-            entries,
-            &cube,
-            &mut staged,
-            &mut positions,
-            &mut stats,
-            &barriers,
-            row_first,
-            count,
-            slot,
-            base,
-            window,
-            q_rows,
-            d_k,
-            d_v,
-            planes,
-        );
-    }
-    while row_first < cube.n_rows {
-        let (next_first, next_count) = next_chunk(row_first, count, cube.n_rows, q_rows);
-        let next_slot = 1 - slot;
-        if next_first < cube.n_rows {
-            issue_gradient_rows::<F, N>(
-                q,
-                grad_out,
-                lse,
-                delta,
-                entries,
-                &cube,
-                &mut staged,
-                &mut positions,
-                &mut stats,
-                &barriers,
-                next_first,
-                next_count,
-                next_slot,
-                base,
-                window,
-                q_rows,
-                d_k,
-                d_v,
-                planes,
-            );
-        }
-        barriers.wait(slot);
-        let at = base + slot * chunk;
-
-        // A window's chunk attends every key of the cube unless the chunk is partial, starts
-        // before the cube's last key, or ends past its first key's window. A selection's rows
-        // come in any order: always masked.
-        let mut needs_mask = true;
-        if window {
-            let (t_first, t_last) = (s0 + row_first / g, s0 + (row_first + count - 1) / g);
-            needs_mask = count < q_rows || t_first + 1 < s_end || t_last >= s0 + span;
-        }
-        // The mask is decided per chunk, outside the row groups, so each group's body has no
-        // branch (a branch per score pair kept the compiler from scheduling across them).
-        if needs_mask {
-            chunk_gradients::<F, N>(
-                def,
-                &k_frags,
-                &v_frags,
-                &staged,
-                &mut ds_tile,
-                &positions,
-                &stats,
-                &mut dk,
-                &mut dv,
-                at,
-                slot,
-                &key,
-                &real,
-                count,
-                span,
-                scale,
-                plane,
-                lane,
-                true,
-                window,
-                fold_dq,
-                q_rows,
-                d_k,
-                d_v,
-            );
-        } else if comptime!(window) {
-            chunk_gradients::<F, N>(
-                def,
-                &k_frags,
-                &v_frags,
-                &staged,
-                &mut ds_tile,
-                &positions,
-                &stats,
-                &mut dk,
-                &mut dv,
-                at,
-                slot,
-                &key,
-                &real,
-                count,
-                span,
-                scale,
-                plane,
-                lane,
-                false,
-                window,
-                fold_dq,
-                q_rows,
-                d_k,
-                d_v,
-            );
-        }
-        if fold_dq {
-            sync_cube();
-            fold_query_gradient::<F, N, A>(
-                def,
-                &ds_tile,
-                &staged,
-                &positions,
-                grad_q,
-                &cube,
-                slot,
-                row_first,
-                count,
-                scale,
-                plane,
-                lane,
-                d_k,
-                keys,
-                q_rows,
-                atomic_width,
-            );
-        }
-        // The chunk after next overwrites this buffer and its statistics.
-        sync_cube();
-        row_first = next_first;
-        count = next_count;
-        slot = next_slot;
-    }
+    let positions = SharedMemory::<u32>::new(comptime!(2 * q_rows));
+    let stats = SharedMemory::<f32>::new(comptime!(4 * q_rows));
+    let mut rows = GradientRows::<F, N>::new(
+        q, grad_out, lse, delta, entries, &cube, &staged, &positions, &stats, base, window, q_rows, d_k, d_v, planes,
+    );
+    let mut grads = KeyChunkGradients::<F, N, A> {
+        staged,
+        ds_tile,
+        positions,
+        stats,
+        grad_q: grad_q.clone(),
+        cube: cube.clone(),
+        def,
+        k_frags,
+        v_frags,
+        key,
+        real,
+        dk: zero_pairs(comptime!(2 * d_k / MMA_N)),
+        dv: zero_pairs(comptime!(2 * d_v / MMA_N)),
+        span,
+        scale,
+        plane,
+        lane,
+        window,
+        fold_dq,
+        q_rows,
+        d_k,
+        d_v,
+        atomic_width,
+        keys,
+        base,
+    };
+    walk_pipelined::<GradientRows<F, N>, KeyChunkGradients<F, N, A>>(
+        &mut rows,
+        &mut grads,
+        0usize,
+        cube.n_rows,
+        q_rows,
+    );
+    let (key, real) = (grads.key, grads.real);
 
     let mut factor_k = Array::<f32>::new(2usize);
     let mut factor_v = Array::<f32>::new(2usize);
@@ -327,8 +213,8 @@ pub fn attention_key_flash<F: Float, N: Size, A: Size>(
             base_k[half] = offset3::<F>(grad_k, b, row, hk);
             base_v[half] = offset3::<F>(grad_v, b, row, hk);
         }
-        store_tiles::<F>(grad_k, &base_k, &real, &dk, &factor_k, lane, d_k);
-        store_tiles::<F>(grad_v, &base_v, &real, &dv, &factor_v, lane, d_v);
+        store_tiles::<F>(grad_k, &base_k, &real, &grads.dk, &factor_k, lane, d_k);
+        store_tiles::<F>(grad_v, &base_v, &real, &grads.dv, &factor_v, lane, d_v);
     } else {
         let (segments, h_kv) = (segment_block.shape(2), k.shape(2));
         #[unroll]
@@ -337,7 +223,147 @@ pub fn attention_key_flash<F: Float, N: Size, A: Size>(
             base_k[half] = row * comptime!(d_k + d_v);
             base_v[half] = base_k[half] + d_k;
         }
-        store_tiles::<f32>(partial, &base_k, &real, &dk, &factor_k, lane, d_k);
-        store_tiles::<f32>(partial, &base_v, &real, &dv, &factor_v, lane, d_v);
+        store_tiles::<f32>(partial, &base_k, &real, &grads.dk, &factor_k, lane, d_k);
+        store_tiles::<f32>(partial, &base_v, &real, &grads.dv, &factor_v, lane, d_v);
+    }
+}
+
+/// The key cube's compute per chunk of walked rows: the chunk's share of dK and dV, and at
+/// narrow heads its dQ folded in.
+#[derive(CubeType)]
+struct KeyChunkGradients<F: Float, N: Size, A: Size> {
+    staged: SharedMemory<Vector<F, N>>,
+    ds_tile: SharedMemory<Pair<F>>,
+    positions: SharedMemory<u32>,
+    stats: SharedMemory<f32>,
+    grad_q: Tensor<Atomic<Vector<f32, A>>>,
+    cube: KeyCube,
+    def: MmaDefinition<F, F, f32>,
+    k_frags: Array<Pair<F>>,
+    v_frags: Array<Pair<F>>,
+    /// The lane's two key rows, and whether each is a real key.
+    key: Array<usize>,
+    real: Array<bool>,
+    dk: Array<Pair<f32>>,
+    dv: Array<Pair<f32>>,
+    span: usize,
+    scale: f32,
+    plane: usize,
+    lane: usize,
+    #[cube(comptime)]
+    window: bool,
+    #[cube(comptime)]
+    fold_dq: bool,
+    #[cube(comptime)]
+    q_rows: usize,
+    #[cube(comptime)]
+    d_k: usize,
+    #[cube(comptime)]
+    d_v: usize,
+    #[cube(comptime)]
+    atomic_width: usize,
+    #[cube(comptime)]
+    keys: usize,
+    /// Where the walked rows' buffers start in `staged`.
+    #[cube(comptime)]
+    base: usize,
+}
+
+#[cube]
+impl<F: Float, N: Size, A: Size> ChunkCompute for KeyChunkGradients<F, N, A> {
+    fn compute(this: &mut Self, first: usize, count: usize, slot: usize) {
+        let (window, fold_dq, q_rows, keys) = comptime!((this.window, this.fold_dq, this.q_rows, this.keys));
+        let (d_k, d_v, g) = comptime!((this.d_k, this.d_v, this.cube.g));
+        let chunk = comptime!(q_rows * (storage_stride(d_k) + storage_stride(d_v)));
+        let at = comptime!(this.base) + slot * chunk;
+        let (s0, s_end, span) = (this.cube.s0, this.cube.s_end, this.span);
+        let (def, scale, plane, lane) = (this.def, this.scale, this.plane, this.lane);
+
+        // A window's chunk attends every key of the cube unless the chunk is partial, starts
+        // before the cube's last key, or ends past its first key's window. A selection's rows
+        // come in any order: always masked.
+        let mut needs_mask = true;
+        if window {
+            let (t_first, t_last) = (s0 + first / g, s0 + (first + count - 1) / g);
+            needs_mask = count < q_rows || t_first + 1 < s_end || t_last >= s0 + span;
+        }
+        // The mask is decided per chunk, outside the row groups, so each group's body has no
+        // branch (a branch per score pair kept the compiler from scheduling across them).
+        if needs_mask {
+            chunk_gradients::<F, N>(
+                def,
+                &this.k_frags,
+                &this.v_frags,
+                &this.staged,
+                &mut this.ds_tile,
+                &this.positions,
+                &this.stats,
+                &mut this.dk,
+                &mut this.dv,
+                at,
+                slot,
+                &this.key,
+                &this.real,
+                count,
+                span,
+                scale,
+                plane,
+                lane,
+                true,
+                window,
+                fold_dq,
+                q_rows,
+                d_k,
+                d_v,
+            );
+        } else if comptime!(window) {
+            chunk_gradients::<F, N>(
+                def,
+                &this.k_frags,
+                &this.v_frags,
+                &this.staged,
+                &mut this.ds_tile,
+                &this.positions,
+                &this.stats,
+                &mut this.dk,
+                &mut this.dv,
+                at,
+                slot,
+                &this.key,
+                &this.real,
+                count,
+                span,
+                scale,
+                plane,
+                lane,
+                false,
+                window,
+                fold_dq,
+                q_rows,
+                d_k,
+                d_v,
+            );
+        }
+        if fold_dq {
+            sync_cube();
+            fold_query_gradient::<F, N, A>(
+                def,
+                &this.ds_tile,
+                &this.staged,
+                &this.positions,
+                &mut this.grad_q,
+                &this.cube,
+                slot,
+                first,
+                count,
+                scale,
+                plane,
+                lane,
+                d_k,
+                keys,
+                q_rows,
+                comptime!(this.atomic_width),
+            );
+        }
     }
 }

@@ -9,7 +9,7 @@ use cubecl::prelude::*;
 
 use super::rows::offset3;
 
-#[derive(CubeType)]
+#[derive(CubeType, Clone)]
 pub struct KeyCube {
     /// False for surplus cubes: past the grid, past this `(b, hk)`'s segments, or a sub-tile
     /// wholly past the end of a ragged last block.

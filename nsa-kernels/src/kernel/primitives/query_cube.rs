@@ -10,7 +10,7 @@ use cubecl::prelude::*;
 use super::fragments::MMA_M;
 use super::rows::{attends, block_range, offset3, range_count};
 
-#[derive(CubeType)]
+#[derive(CubeType, Clone)]
 pub struct QueryCube {
     /// False for the surplus cubes of a rounded-up launch grid.
     pub exists: bool,

@@ -12,8 +12,10 @@
 //! weights
 //! `exp(lse_i - lse)`, where `lse` is the log-sum-exp of the slots' `lse_i`.
 
+use cubecl::cmma::MmaDefinition;
 use cubecl::prelude::*;
 
+use crate::kernel::primitives::chunk_copies::ListedQueryRows;
 use crate::kernel::primitives::fragments::{
     accumulate_with_rows, mma, products_with_rows, row_fragments, scale_rows, store_rows_whole, zero_pairs, Pair,
     MMA_M, MMA_N,
@@ -23,7 +25,7 @@ use crate::kernel::primitives::layout::VECTOR;
 use crate::kernel::primitives::rows::NEG_LARGE;
 use crate::kernel::primitives::softmax::RowStats;
 use crate::kernel::primitives::staging::stage_vector_rows;
-use crate::kernel::primitives::walk::{issue_query_rows, next_chunk, TileBarriers};
+use crate::kernel::primitives::walk::{walk_pipelined, ChunkCompute};
 use crate::tiling::storage_stride;
 
 /// `q [B, T, H_q, d_k]`, `k`, `v` and a selection's inverted index -> for every listed row and
@@ -91,69 +93,93 @@ pub fn selection_partials_flash<F: Float, N: Size, P: Size>(
     let (unit, units) = (UNIT_POS as usize, CUBE_DIM as usize);
     stage_vector_rows::<F, N>(k, &mut staged, 0usize, b, cube.s0, count, hk, keys, d_k, ks, VECTOR, unit, units);
     stage_vector_rows::<F, N>(v, &mut staged, v_at, b, cube.s0, count, hk, keys, d_v, vs, VECTOR, unit, units);
-    let mut positions = SharedMemory::<u32>::new(comptime!(2 * q_rows));
-    let mut block_slots = SharedMemory::<u32>::new(comptime!(if narrow { 2 * q_rows } else { 1 }));
-    let barriers = TileBarriers::new();
+    let n_rows = cube.n_rows;
+    let positions = SharedMemory::<u32>::new(comptime!(2 * q_rows));
+    let block_slots = SharedMemory::<u32>::new(comptime!(if narrow { 2 * q_rows } else { 1 }));
+    let mut rows = ListedQueryRows::<F, N>::new(
+        q,
+        entries,
+        slots,
+        &cube,
+        &staged,
+        &positions,
+        &block_slots,
+        base,
+        narrow,
+        q_rows,
+        d_k,
+        planes,
+    );
+    let mut partials = BlockPartials::<F, N, P> {
+        staged,
+        positions,
+        block_slots,
+        slots: slots.clone(),
+        part_out: part_out.clone(),
+        part_lse: part_lse.clone(),
+        cube,
+        def,
+        scale,
+        plane,
+        lane,
+        d_k,
+        d_v,
+        keys,
+        planes,
+        narrow,
+    };
+    // The first wait also covers the block's K and V rows.
+    walk_pipelined::<ListedQueryRows<F, N>, BlockPartials<F, N, P>>(&mut rows, &mut partials, 0usize, n_rows, q_rows);
+}
 
-    let mut first = 0usize;
-    let mut count = min(cube.n_rows, q_rows);
-    let mut slot = 0usize;
-    if count > 0 {
-        issue_query_rows::<F, N>(
-            q,
-            entries,
-            slots,
-            &cube,
-            &mut staged,
-            &mut positions,
-            &mut block_slots,
-            &barriers,
-            first,
-            count,
-            slot,
-            base,
-            narrow,
-            q_rows,
-            d_k,
-            planes,
-        );
-    }
-    while first < cube.n_rows {
-        let (next_first, next_count) = next_chunk(first, count, cube.n_rows, q_rows);
-        let next_slot = 1 - slot;
-        if next_first < cube.n_rows {
-            issue_query_rows::<F, N>(
-                q,
-                entries,
-                slots,
-                &cube,
-                &mut staged,
-                &mut positions,
-                &mut block_slots,
-                &barriers,
-                next_first,
-                next_count,
-                next_slot,
-                base,
-                narrow,
-                q_rows,
-                d_k,
-                planes,
-            );
-        }
-        // Also the block's K and V rows, the first time.
-        barriers.wait(slot);
-        let tile = plane * MMA_M;
+/// The forward's compute per chunk of listed rows: each plane's 16 rows' attention over the
+/// block alone, written to the rows' slots for the block.
+#[derive(CubeType)]
+struct BlockPartials<F: Float, N: Size, P: Size> {
+    staged: SharedMemory<Vector<F, N>>,
+    positions: SharedMemory<u32>,
+    block_slots: SharedMemory<u32>,
+    slots: Tensor<u32>,
+    part_out: Tensor<Vector<F, P>>,
+    part_lse: Tensor<f32>,
+    cube: KeyCube,
+    def: MmaDefinition<F, F, f32>,
+    scale: f32,
+    plane: usize,
+    lane: usize,
+    #[cube(comptime)]
+    d_k: usize,
+    #[cube(comptime)]
+    d_v: usize,
+    #[cube(comptime)]
+    keys: usize,
+    #[cube(comptime)]
+    planes: usize,
+    #[cube(comptime)]
+    narrow: bool,
+}
+
+#[cube]
+impl<F: Float, N: Size, P: Size> ChunkCompute for BlockPartials<F, N, P> {
+    fn compute(this: &mut Self, first: usize, count: usize, slot: usize) {
+        let (d_k, d_v, keys, planes, narrow) = comptime!((this.d_k, this.d_v, this.keys, this.planes, this.narrow));
+        let ks = comptime!(storage_stride(d_k));
+        let vs = comptime!(storage_stride(d_v));
+        let q_rows = comptime!(planes * MMA_M);
+        let (def, lane) = (this.def, this.lane);
+        let tile = this.plane * MMA_M;
         if tile < count {
-            let q_frags = row_fragments::<F, N>(def, &staged, base + slot * chunk, tile, lane, d_k, ks);
-            let rows = ListedRows::in_chunk(&positions, &cube, slot * q_rows, first, tile, count, lane);
-            let mut scores = products_with_rows::<F, N>(def, &q_frags, &staged, 0usize, lane, d_k, ks, keys);
-            mask_block(&mut scores, &rows, cube.s0, cube.s_end, lane, keys);
+            let at = comptime!(keys * (ks + vs)) + slot * comptime!(q_rows * ks);
+            let q_frags = row_fragments::<F, N>(def, &this.staged, at, tile, lane, d_k, ks);
+            let rows = ListedRows::in_chunk(&this.positions, &this.cube, slot * q_rows, first, tile, count, lane);
+            let mut scores = products_with_rows::<F, N>(def, &q_frags, &this.staged, 0usize, lane, d_k, ks, keys);
+            mask_block(&mut scores, &rows, this.cube.s0, this.cube.s_end, lane, keys);
             let mut stats = RowStats::new();
             // A fresh accumulator: the correction factor has nothing to rescale.
-            let _correction = stats.update(&mut scores, scale, keys);
+            let _correction = stats.update(&mut scores, this.scale, keys);
             let mut acc = zero_pairs(comptime!(2 * d_v / MMA_N));
-            accumulate_with_rows::<F, N>(def, &scores, &staged, v_at, lane, &mut acc, d_v, vs, keys);
+            let v_at = comptime!(keys * ks);
+            accumulate_with_rows::<F, N>(def, &scores, &this.staged, v_at, lane, &mut acc, d_v, vs, keys);
             // Where the block stands in each row's query list: staged with the chunk at narrow
             // heads; read here at wide heads, whose registers are short (see `narrow`).
             let mut block_slot = Array::<usize>::new(2usize);
@@ -161,19 +187,25 @@ pub fn selection_partials_flash<F: Float, N: Size, P: Size>(
             for half in 0..2usize {
                 let local = tile + lane / 4 + 8 * half;
                 if comptime!(narrow) {
-                    block_slot[half] = block_slots[slot * q_rows + local] as usize;
+                    block_slot[half] = this.block_slots[slot * q_rows + local] as usize;
                 } else {
                     let row = first + select(local < count, local, 0usize);
-                    block_slot[half] = slots[cube.list_at + row / comptime!(cube.g)] as usize;
+                    block_slot[half] = this.slots[this.cube.list_at + row / comptime!(this.cube.g)] as usize;
                 }
             }
-            store_partial::<F, P>(part_out, part_lse, &rows, &block_slot, &mut acc, &stats, b, lane, d_v, narrow);
+            store_partial::<F, P>(
+                &mut this.part_out,
+                &mut this.part_lse,
+                &rows,
+                &block_slot,
+                &mut acc,
+                &stats,
+                this.cube.b,
+                lane,
+                d_v,
+                narrow,
+            );
         }
-        // The chunk after next overwrites this buffer and its positions.
-        sync_cube();
-        first = next_first;
-        count = next_count;
-        slot = next_slot;
     }
 }
 

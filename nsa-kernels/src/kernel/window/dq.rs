@@ -7,9 +7,11 @@
 //! rounded to the storage type as the product's A operand. `delta = dO . O` comes from
 //! [`crate::kernel::row_delta::row_delta`], launched before.
 
+use cubecl::cmma::MmaDefinition;
 use cubecl::prelude::*;
 
 use super::forward::store_row_tiles;
+use crate::kernel::primitives::chunk_copies::KeyTiles;
 use crate::kernel::primitives::fragments::{
     accumulate_with_rows, mma, products_with_rows, row_fragments, zero_pairs, Pair, MMA_M, MMA_N,
 };
@@ -18,7 +20,7 @@ use crate::kernel::primitives::query_cube::{walk_start, LaneRows, QueryCube};
 use crate::kernel::primitives::rows::offset3;
 use crate::kernel::primitives::softmax::{mask_and_scale, tile_needs_mask};
 use crate::kernel::primitives::staging::stage_query_rows;
-use crate::kernel::primitives::walk::{issue_tile, next_chunk, TileBarriers};
+use crate::kernel::primitives::walk::{walk_pipelined, ChunkCompute};
 use crate::tiling::storage_stride;
 
 /// `q`, `k`, `v`, `dO` as the forward's inputs and output, `lse` and `delta` `[B, T, H_q]`
@@ -61,8 +63,8 @@ pub fn window_dq_flash<F: Float, N: Size>(
         row_delta[half] = delta[at];
     }
 
-    // q rows, then dO rows, while their fragments load; then two buffers of K and V tiles (see
-    // [`issue_tile`]).
+    // q rows, then dO rows, while their fragments load; then two buffers of K and V tiles
+    // ([`KeyTiles`]).
     let ks = comptime!(storage_stride(d_k));
     let vs = comptime!(storage_stride(d_v));
     let buffer = comptime!(key_tile * (ks + vs));
@@ -79,53 +81,80 @@ pub fn window_dq_flash<F: Float, N: Size>(
     let do_frags = row_fragments::<F, N>(def, &staged, 0usize, plane * MMA_M, lane, d_v, vs);
     sync_cube();
 
-    let mut dq = zero_pairs(comptime!(2 * d_k / MMA_N));
-    // Scalars, not a struct's fields, for the tile being computed: the next tile's values are
-    // computed into fresh variables, so nothing the compute reads changes under it.
-    let mut first = walk_start(&cube, span);
-    let mut count = min(cube.t_end - first, key_tile);
-    let mut buffer_at = 0usize;
-    let barriers = TileBarriers::new();
-    issue_tile::<F, N>(k, v, &mut staged, &cube, first, count, 0usize, &barriers, d_k, d_v, key_tile, planes);
-    while first < cube.t_end {
-        let (next_first, next_count) = next_chunk(first, count, cube.t_end, key_tile);
-        let next_at = buffer - buffer_at;
-        if next_first < cube.t_end {
-            issue_tile::<F, N>(
-                k,
-                v,
-                &mut staged,
-                &cube,
-                next_first,
-                next_count,
-                next_at,
-                &barriers,
-                d_k,
-                d_v,
-                key_tile,
-                planes,
-            );
-        }
-        barriers.wait(buffer_at);
-        let at = buffer_at;
-
-        let mut ds = products_with_rows::<F, N>(def, &q_frags, &staged, at, lane, d_k, ks, key_tile);
-        let dp = products_with_rows::<F, N>(def, &do_frags, &staged, at + key_tile * ks, lane, d_v, vs, key_tile);
-        let needs_mask = tile_needs_mask(first, count, cube.t0, cube.t_end, span, key_tile);
-        mask_and_scale(&mut ds, &lanes, first, count, span, scale, lane, needs_mask, key_tile);
-        score_gradients(&mut ds, &dp, &row_lse, &row_delta, key_tile);
-        accumulate_with_rows::<F, N>(def, &ds, &staged, at, lane, &mut dq, d_k, ks, key_tile);
-        // The tile after next overwrites this buffer.
-        sync_cube();
-        first = next_first;
-        count = next_count;
-        buffer_at = next_at;
-    }
+    let mut tiles = KeyTiles::<F, N>::new(k, v, &staged, &cube, d_k, d_v, key_tile, planes);
+    let mut gradients = QueryGradients::<F, N> {
+        staged,
+        def,
+        q_frags,
+        do_frags,
+        lanes,
+        row_lse,
+        row_delta,
+        dq: zero_pairs(comptime!(2 * d_k / MMA_N)),
+        t0: cube.t0,
+        t_end: cube.t_end,
+        scale,
+        span,
+        lane,
+        d_k,
+        d_v,
+        key_tile,
+    };
+    walk_pipelined::<KeyTiles<F, N>, QueryGradients<F, N>>(
+        &mut tiles,
+        &mut gradients,
+        walk_start(&cube, span),
+        cube.t_end,
+        key_tile,
+    );
 
     let mut factor = Array::<f32>::new(2usize);
     factor[0] = scale;
     factor[1] = scale;
-    store_row_tiles::<F>(grad_q, &lanes, &dq, &factor, cube.b, lane, d_k);
+    store_row_tiles::<F>(grad_q, &gradients.lanes, &gradients.dq, &factor, cube.b, lane, d_k);
+}
+
+/// dQ's compute per key tile: the plane's scores and `dO V^T` against the tile, their score
+/// gradients, and `ds K` added to dQ.
+#[derive(CubeType)]
+struct QueryGradients<F: Float, N: Size> {
+    staged: SharedMemory<Vector<F, N>>,
+    def: MmaDefinition<F, F, f32>,
+    q_frags: Array<Pair<F>>,
+    do_frags: Array<Pair<F>>,
+    lanes: LaneRows,
+    row_lse: Array<f32>,
+    row_delta: Array<f32>,
+    dq: Array<Pair<f32>>,
+    t0: usize,
+    t_end: usize,
+    scale: f32,
+    span: usize,
+    lane: usize,
+    #[cube(comptime)]
+    d_k: usize,
+    #[cube(comptime)]
+    d_v: usize,
+    #[cube(comptime)]
+    key_tile: usize,
+}
+
+#[cube]
+impl<F: Float, N: Size> ChunkCompute for QueryGradients<F, N> {
+    fn compute(this: &mut Self, first: usize, count: usize, slot: usize) {
+        let (d_k, d_v, key_tile) = comptime!((this.d_k, this.d_v, this.key_tile));
+        let ks = comptime!(storage_stride(d_k));
+        let vs = comptime!(storage_stride(d_v));
+        let at = slot * comptime!(key_tile * (ks + vs));
+        let (def, lane, span) = (this.def, this.lane, this.span);
+        let mut ds = products_with_rows::<F, N>(def, &this.q_frags, &this.staged, at, lane, d_k, ks, key_tile);
+        let v_at = at + comptime!(key_tile * ks);
+        let dp = products_with_rows::<F, N>(def, &this.do_frags, &this.staged, v_at, lane, d_v, vs, key_tile);
+        let needs_mask = tile_needs_mask(first, count, this.t0, this.t_end, span, key_tile);
+        mask_and_scale(&mut ds, &this.lanes, first, count, span, this.scale, lane, needs_mask, key_tile);
+        score_gradients(&mut ds, &dp, &this.row_lse, &this.row_delta, key_tile);
+        accumulate_with_rows::<F, N>(def, &ds, &this.staged, at, lane, &mut this.dq, d_k, ks, key_tile);
+    }
 }
 
 /// Scaled, masked scores in `s` become `ds = p (dp - delta)` in place, `p = exp(s - lse)` (0

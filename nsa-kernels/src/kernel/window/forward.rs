@@ -8,8 +8,10 @@
 //! quad (two shuffles), and the probabilities are the `p . v` product's A operand as they
 //! stand: scores never leave registers.
 
+use cubecl::cmma::MmaDefinition;
 use cubecl::prelude::*;
 
+use crate::kernel::primitives::chunk_copies::KeyTiles;
 use crate::kernel::primitives::fragments::{
     accumulate_with_rows, mma, products_with_rows, row_fragments, scale_rows, store_rows_whole, store_tiles,
     zero_pairs, Pair, MMA_M, MMA_N,
@@ -19,7 +21,7 @@ use crate::kernel::primitives::query_cube::{walk_start, LaneRows, QueryCube};
 use crate::kernel::primitives::rows::{offset3, NEG_LARGE};
 use crate::kernel::primitives::softmax::{mask_scores, tile_needs_mask, RowStats};
 use crate::kernel::primitives::staging::stage_query_rows;
-use crate::kernel::primitives::walk::{issue_tile, next_chunk, TileBarriers};
+use crate::kernel::primitives::walk::{walk_pipelined, ChunkCompute};
 use crate::tiling::storage_stride;
 
 /// `q [B, T, H_q, d_k]`, `k [B, T, H_kv, d_k]`, `v [B, T, H_kv, d_v]` -> `out [B, T, H_q, d_v]`,
@@ -67,55 +69,75 @@ pub fn window_forward_flash<F: Float, N: Size>(
     let q_frags = row_fragments::<F, N>(def, &staged, 0usize, plane * MMA_M, lane, d_k, ks);
     sync_cube();
 
-    // Output tiles `[16, 8]`: element `2j + half` is tile j's register for row `half`.
-    let mut acc = zero_pairs(comptime!(2 * d_v / MMA_N));
-    let mut stats = RowStats::new();
+    let mut tiles = KeyTiles::<F, N>::new(k, v, &staged, &cube, d_k, d_v, key_tile, planes);
+    let mut softmax = OnlineSoftmax::<F, N> {
+        staged,
+        def,
+        q_frags,
+        lanes,
+        // Output tiles `[16, 8]`: element `2j + half` is tile j's register for row `half`.
+        acc: zero_pairs(comptime!(2 * d_v / MMA_N)),
+        stats: RowStats::new(),
+        t0: cube.t0,
+        t_end: cube.t_end,
+        scale,
+        span,
+        lane,
+        d_k,
+        d_v,
+        key_tile,
+    };
+    walk_pipelined::<KeyTiles<F, N>, OnlineSoftmax<F, N>>(
+        &mut tiles,
+        &mut softmax,
+        walk_start(&cube, span),
+        cube.t_end,
+        key_tile,
+    );
+    store_rows::<F, N>(out, lse, &softmax.lanes, &mut softmax.acc, &softmax.stats, cube.b, lane, d_v);
+}
 
-    // Scalars, not a struct's fields, for the tile being computed: the next tile's values are
-    // computed into fresh variables, so nothing the compute reads changes under it.
-    let mut first = walk_start(&cube, span);
-    let mut count = min(cube.t_end - first, key_tile);
-    let mut buffer_at = 0usize;
-    let barriers = TileBarriers::new();
-    issue_tile::<F, N>(k, v, &mut staged, &cube, first, count, 0usize, &barriers, d_k, d_v, key_tile, planes);
-    while first < cube.t_end {
-        let (next_first, next_count) = next_chunk(first, count, cube.t_end, key_tile);
-        let next_at = buffer - buffer_at;
-        if next_first < cube.t_end {
-            issue_tile::<F, N>(
-                k,
-                v,
-                &mut staged,
-                &cube,
-                next_first,
-                next_count,
-                next_at,
-                &barriers,
-                d_k,
-                d_v,
-                key_tile,
-                planes,
-            );
-        }
-        barriers.wait(buffer_at);
-        let at = buffer_at;
+/// The forward's compute per key tile: the plane's scores against the tile, one step of the
+/// online softmax, and the probabilities times the tile's V rows added to the output.
+#[derive(CubeType)]
+struct OnlineSoftmax<F: Float, N: Size> {
+    staged: SharedMemory<Vector<F, N>>,
+    def: MmaDefinition<F, F, f32>,
+    q_frags: Array<Pair<F>>,
+    lanes: LaneRows,
+    acc: Array<Pair<f32>>,
+    stats: RowStats,
+    t0: usize,
+    t_end: usize,
+    scale: f32,
+    span: usize,
+    lane: usize,
+    #[cube(comptime)]
+    d_k: usize,
+    #[cube(comptime)]
+    d_v: usize,
+    #[cube(comptime)]
+    key_tile: usize,
+}
 
-        let mut scores = products_with_rows::<F, N>(def, &q_frags, &staged, at, lane, d_k, ks, key_tile);
-        let needs_mask = tile_needs_mask(first, count, cube.t0, cube.t_end, span, key_tile);
+#[cube]
+impl<F: Float, N: Size> ChunkCompute for OnlineSoftmax<F, N> {
+    fn compute(this: &mut Self, first: usize, count: usize, slot: usize) {
+        let (d_k, d_v, key_tile) = comptime!((this.d_k, this.d_v, this.key_tile));
+        let ks = comptime!(storage_stride(d_k));
+        let vs = comptime!(storage_stride(d_v));
+        let at = slot * comptime!(key_tile * (ks + vs));
+        let (def, lane, span) = (this.def, this.lane, this.span);
+        let mut scores = products_with_rows::<F, N>(def, &this.q_frags, &this.staged, at, lane, d_k, ks, key_tile);
+        let needs_mask = tile_needs_mask(first, count, this.t0, this.t_end, span, key_tile);
         if needs_mask {
-            mask_scores(&mut scores, &lanes, first, count, span, lane, key_tile);
+            mask_scores(&mut scores, &this.lanes, first, count, span, lane, key_tile);
         }
-        let correction = stats.update(&mut scores, scale, key_tile);
-        scale_rows(&mut acc, &correction, comptime!(d_v / MMA_N));
-        accumulate_with_rows::<F, N>(def, &scores, &staged, at + key_tile * ks, lane, &mut acc, d_v, vs, key_tile);
-        // The tile after next overwrites this buffer.
-        sync_cube();
-        first = next_first;
-        count = next_count;
-        buffer_at = next_at;
+        let correction = this.stats.update(&mut scores, this.scale, key_tile);
+        scale_rows(&mut this.acc, &correction, comptime!(d_v / MMA_N));
+        let v_at = at + comptime!(key_tile * ks);
+        accumulate_with_rows::<F, N>(def, &scores, &this.staged, v_at, lane, &mut this.acc, d_v, vs, key_tile);
     }
-
-    store_rows::<F, N>(out, lse, &lanes, &mut acc, &stats, cube.b, lane, d_v);
 }
 
 /// Writes the lane's two rows of the output, divided by the rows' sums, as whole 16-byte
