@@ -12,6 +12,7 @@ use burn_cubecl::CubeRuntime;
 use cubecl::prelude::*;
 use cubecl::CubeDim;
 
+use crate::kernel::primitives::key_cube::BlockListsLaunch;
 use crate::kernel::selection::index as inverse;
 
 /// Units per cube of the inverted-index kernels.
@@ -39,6 +40,18 @@ pub(crate) struct InvertedIndex<R: CubeRuntime> {
 }
 
 impl<R: CubeRuntime> InvertedIndex<R> {
+    /// The block lists as the key kernels take them.
+    pub fn lists(&self) -> BlockListsLaunch<R> {
+        BlockListsLaunch::new(
+            self.offsets.clone().into_tensor_arg(),
+            self.counts.clone().into_tensor_arg(),
+            self.entries.clone().into_tensor_arg(),
+            self.segment_base.clone().into_tensor_arg(),
+            self.segment_block.clone().into_tensor_arg(),
+            self.segment_total.clone().into_tensor_arg(),
+        )
+    }
+
     /// The u32 tensors' shapes for `blocks` `[B, T, H_kv, n]` of `span`-key blocks, in field
     /// order.
     pub fn shapes(blocks: &Shape, span: usize) -> Vec<Shape> {

@@ -25,7 +25,7 @@ use cubecl::prelude::*;
 use crate::kernel::key_gradients::chunk::{chunk_gradients, fold_query_gradient};
 use crate::kernel::primitives::chunk_copies::GradientRows;
 use crate::kernel::primitives::fragments::{mma, row_fragments, store_tiles, zero_pairs, Pair, MMA_M, MMA_N};
-use crate::kernel::primitives::key_cube::KeyCube;
+use crate::kernel::primitives::key_cube::{BlockLists, KeyCube};
 use crate::kernel::primitives::layout::{max_usize, VECTOR};
 use crate::kernel::primitives::rows::offset3;
 use crate::kernel::primitives::staging::stage_vector_rows;
@@ -38,7 +38,8 @@ use crate::tiling::storage_stride;
 /// kernel's). Cube `(32, planes)` units; `q_rows`
 /// a multiple of 16; a selection's block is the cube's `16 * planes` keys.
 #[cube(launch, launch_unchecked, fast_math = FastMath::all())]
-#[allow(clippy::too_many_arguments)]
+// `clone()` of a handle: see `chunk_copies`.
+#[allow(clippy::too_many_arguments, clippy::clone_on_copy)]
 pub fn attention_key_flash<F: Float, N: Size, A: Size>(
     q: &Tensor<Vector<F, N>>,
     k: &Tensor<Vector<F, N>>,
@@ -46,12 +47,7 @@ pub fn attention_key_flash<F: Float, N: Size, A: Size>(
     grad_out: &Tensor<Vector<F, N>>,
     lse: &Tensor<f32>,
     delta: &Tensor<f32>,
-    offsets: &Tensor<u32>,
-    counts: &Tensor<u32>,
-    entries: &Tensor<u32>,
-    segment_base: &Tensor<u32>,
-    segment_block: &Tensor<u32>,
-    segment_total: &Tensor<u32>,
+    lists: &BlockLists,
     grad_k: &mut Tensor<F>,
     grad_v: &mut Tensor<F>,
     partial: &mut Tensor<f32>,
@@ -71,21 +67,7 @@ pub fn attention_key_flash<F: Float, N: Size, A: Size>(
 ) {
     let keys = comptime!(planes * MMA_M);
     let span = span as usize;
-    let cube = KeyCube::new::<Vector<F, N>>(
-        q,
-        k,
-        offsets,
-        counts,
-        entries,
-        segment_base,
-        segment_block,
-        segment_total,
-        span,
-        segment as usize,
-        window,
-        keys,
-        g,
-    );
+    let cube = KeyCube::new::<Vector<F, N>>(q, k, lists, span, segment as usize, window, keys, g);
     if !cube.exists {
         terminate!();
     }
@@ -159,7 +141,21 @@ pub fn attention_key_flash<F: Float, N: Size, A: Size>(
     let positions = SharedMemory::<u32>::new(comptime!(2 * q_rows));
     let stats = SharedMemory::<f32>::new(comptime!(4 * q_rows));
     let mut rows = GradientRows::<F, N>::new(
-        q, grad_out, lse, delta, entries, &cube, &staged, &positions, &stats, base, window, q_rows, d_k, d_v, planes,
+        q,
+        grad_out,
+        lse,
+        delta,
+        &lists.entries,
+        &cube,
+        &staged,
+        &positions,
+        &stats,
+        base,
+        window,
+        q_rows,
+        d_k,
+        d_v,
+        planes,
     );
     let mut grads = KeyChunkGradients::<F, N, A> {
         staged,
@@ -216,7 +212,7 @@ pub fn attention_key_flash<F: Float, N: Size, A: Size>(
         store_tiles::<F>(grad_k, &base_k, &real, &grads.dk, &factor_k, lane, d_k);
         store_tiles::<F>(grad_v, &base_v, &real, &grads.dv, &factor_v, lane, d_v);
     } else {
-        let (segments, h_kv) = (segment_block.shape(2), k.shape(2));
+        let (segments, h_kv) = (lists.segment_block.shape(2), k.shape(2));
         #[unroll]
         for half in 0..2usize {
             let row = cube.partial_row(segments, h_kv, min(key[half], s_end - 1), span);

@@ -11,7 +11,7 @@
 
 use cubecl::prelude::*;
 
-use crate::kernel::primitives::key_cube::KeyCube;
+use crate::kernel::primitives::key_cube::{BlockLists, KeyCube};
 use crate::kernel::primitives::query_cube::QueryCube;
 use crate::kernel::primitives::rows::{
     add_shared, attends, chunk_dots, dot_shared, dot_slices, load_slice, offset3, store_slice, zero_slice,
@@ -104,8 +104,8 @@ pub fn attention_backward_query<F: Float, I: Int>(
 
 /// Key cubes: `dk` and `dv` of `keys` consecutive key rows of one KV head, summed over the
 /// query rows (every head of the group) that attend them. For a selection a cube covers (part
-/// of) one block, and `offsets`/`counts` `[B, H_kv, n_blocks]` with `entries [B, H_kv, T * n]`
-/// list the queries that picked it. Cube `keys * parts` units.
+/// of) one block, whose list in `lists` ([`BlockLists`]) holds the queries that picked it.
+/// Cube `keys * parts` units.
 #[cube(launch)]
 pub fn attention_backward_key<F: Float>(
     q: &Tensor<F>,
@@ -114,12 +114,7 @@ pub fn attention_backward_key<F: Float>(
     grad_out: &Tensor<F>,
     lse: &Tensor<f32>,
     delta: &Tensor<f32>,
-    offsets: &Tensor<u32>,
-    counts: &Tensor<u32>,
-    entries: &Tensor<u32>,
-    segment_base: &Tensor<u32>,
-    segment_block: &Tensor<u32>,
-    segment_total: &Tensor<u32>,
+    lists: &BlockLists,
     grad_k: &mut Tensor<F>,
     grad_v: &mut Tensor<F>,
     partial: &mut Tensor<f32>,
@@ -136,21 +131,7 @@ pub fn attention_backward_key<F: Float>(
     #[define(F)] _dtype: StorageType,
 ) {
     let span = span as usize;
-    let cube = KeyCube::new::<F>(
-        q,
-        k,
-        offsets,
-        counts,
-        entries,
-        segment_base,
-        segment_block,
-        segment_total,
-        span,
-        segment as usize,
-        window,
-        keys,
-        g,
-    );
+    let cube = KeyCube::new::<F>(q, k, lists, span, segment as usize, window, keys, g);
     if !cube.exists {
         terminate!();
     }
@@ -186,7 +167,7 @@ pub fn attention_backward_key<F: Float>(
             let mut stat_delta = 0.0f32;
             if i < count {
                 let at = row_first + i;
-                t = cube.query_of(entries, at, window);
+                t = cube.query_of(&lists.entries, at, window);
                 let h = cube.head_of(at);
                 stat_lse = lse[offset3::<f32>(lse, b, t, h)];
                 stat_delta = delta[offset3::<f32>(delta, b, t, h)];
@@ -264,7 +245,7 @@ pub fn attention_backward_key<F: Float>(
             store_slice::<F>(grad_v, offset3::<F>(grad_v, b, s, hk), part, &dv, 1.0f32, d_v, parts);
         } else {
             // This segment's share; `sum_segments` adds a block's shares up.
-            let row = cube.partial_row(segment_block.shape(2), k.shape(2), s, span);
+            let row = cube.partial_row(lists.segment_block.shape(2), k.shape(2), s, span);
             let at = row * (d_k + d_v);
             store_slice::<f32>(partial, at, part, &dk, scale, d_k, parts);
             store_slice::<f32>(partial, at + d_k, part, &dv, 1.0f32, d_v, parts);

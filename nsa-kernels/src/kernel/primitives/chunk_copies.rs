@@ -3,6 +3,9 @@
 //! statistics ([`GradientRows`]), and a selection forward's listed q rows ([`ListedQueryRows`]).
 //! Each holds handles to the inputs and to the shared memory it stages into (the kernel's
 //! compute reads the same memory through its own handles).
+// Handles are taken by `clone()`: the plain types are `Copy`, but what the kernels compile is
+// the expansion, whose handles are not.
+#![allow(clippy::clone_on_copy)]
 
 use cubecl::prelude::barrier::copy_async;
 use cubecl::prelude::*;
@@ -35,6 +38,7 @@ pub struct KeyTiles<F: Float, N: Size> {
 
 #[cube]
 impl<F: Float, N: Size> KeyTiles<F, N> {
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         k: &Tensor<Vector<F, N>>,
         v: &Tensor<Vector<F, N>>,

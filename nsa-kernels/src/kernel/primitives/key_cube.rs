@@ -9,6 +9,21 @@ use cubecl::prelude::*;
 
 use super::rows::offset3;
 
+/// A selection's inverted index as the key kernels read it ([`crate::kernel::selection::index`]):
+/// per block list `offsets` and `counts` `[B, H_kv, n_blocks]` into the listed rows `entries`
+/// `[B, H_kv, T * n]`, and the lists' segments, one key cube each: `segment_base` (a list's
+/// first segment), `segment_block` (a segment's block) and `segment_total` `[B, H_kv]`.
+/// Placeholders for a window.
+#[derive(CubeLaunch, CubeType)]
+pub struct BlockLists {
+    pub offsets: Tensor<u32>,
+    pub counts: Tensor<u32>,
+    pub entries: Tensor<u32>,
+    pub segment_base: Tensor<u32>,
+    pub segment_block: Tensor<u32>,
+    pub segment_total: Tensor<u32>,
+}
+
 #[derive(CubeType, Clone)]
 pub struct KeyCube {
     /// False for surplus cubes: past the grid, past this `(b, hk)`'s segments, or a sub-tile
@@ -38,12 +53,7 @@ impl KeyCube {
     pub fn new<E: CubePrimitive>(
         q: &Tensor<E>,
         k: &Tensor<E>,
-        offsets: &Tensor<u32>,
-        counts: &Tensor<u32>,
-        entries: &Tensor<u32>,
-        segment_base: &Tensor<u32>,
-        segment_block: &Tensor<u32>,
-        segment_total: &Tensor<u32>,
+        lists: &BlockLists,
         span: usize,
         segment: usize,
         #[comptime] window: bool,
@@ -55,7 +65,7 @@ impl KeyCube {
         let mut tiles = t_len.div_ceil(keys);
         if !window {
             sub_tiles = span.div_ceil(keys);
-            tiles = segment_block.shape(2) * sub_tiles;
+            tiles = lists.segment_block.shape(2) * sub_tiles;
         }
         let cube = CUBE_POS;
         let mut exists = cube < q.shape(0) * h_kv * tiles;
@@ -68,10 +78,10 @@ impl KeyCube {
         let mut s_end = s0 + keys;
         if !window && exists {
             // The grid is sized for the most segments a `(b, hk)` can have.
-            if item >= segment_total[b * h_kv + hk] as usize {
+            if item >= lists.segment_total[b * h_kv + hk] as usize {
                 exists = false;
             } else {
-                j = segment_block[offset3::<u32>(segment_block, b, hk, item)] as usize;
+                j = lists.segment_block[offset3::<u32>(&lists.segment_block, b, hk, item)] as usize;
                 s0 = j * span + (tile % sub_tiles) * keys;
                 s_end = min(s0 + keys, j * span + span);
             }
@@ -86,10 +96,10 @@ impl KeyCube {
             if window {
                 n_rows = (min(t_len, s_end - 1 + span) - s0) * g;
             } else {
-                let list = offset3::<u32>(offsets, b, hk, j);
-                let first = (item - segment_base[list] as usize) * segment;
-                list_at = (b * h_kv + hk) * entries.shape(2) + offsets[list] as usize + first;
-                n_rows = min(counts[list] as usize - first, segment) * g;
+                let list = offset3::<u32>(&lists.offsets, b, hk, j);
+                let first = (item - lists.segment_base[list] as usize) * segment;
+                list_at = (b * h_kv + hk) * lists.entries.shape(2) + lists.offsets[list] as usize + first;
+                n_rows = min(lists.counts[list] as usize - first, segment) * g;
             }
         }
         KeyCube { exists, b, hk, g, j, item, s0, s_end, n_rows, list_at }

@@ -10,7 +10,7 @@ use crate::kernel::primitives::chunk_copies::GradientRows;
 use crate::kernel::primitives::fragments::{
     accumulate_with_rows, mma, products_with_rows, row_fragments, zero_pairs, Pair, MMA_M, MMA_N,
 };
-use crate::kernel::primitives::key_cube::{KeyCube, ListedRows};
+use crate::kernel::primitives::key_cube::{BlockLists, KeyCube, ListedRows};
 use crate::kernel::primitives::layout::VECTOR;
 use crate::kernel::primitives::staging::stage_vector_rows;
 use crate::kernel::primitives::walk::{walk_pipelined, ChunkCompute};
@@ -23,7 +23,8 @@ use crate::tiling::storage_stride;
 /// f32 `grad_q` by atomics (each row's other blocks are other cubes'). Everything stays in
 /// registers; `delta = dO . O` comes from `row_delta`.
 #[cube(launch, launch_unchecked, fast_math = FastMath::all())]
-#[allow(clippy::too_many_arguments)]
+// `clone()` of a handle: see `chunk_copies`.
+#[allow(clippy::too_many_arguments, clippy::clone_on_copy)]
 pub fn selection_dq_flash<F: Float, N: Size, A: Size>(
     q: &Tensor<Vector<F, N>>,
     k: &Tensor<Vector<F, N>>,
@@ -31,12 +32,7 @@ pub fn selection_dq_flash<F: Float, N: Size, A: Size>(
     grad_out: &Tensor<Vector<F, N>>,
     lse: &Tensor<f32>,
     delta: &Tensor<f32>,
-    offsets: &Tensor<u32>,
-    counts: &Tensor<u32>,
-    entries: &Tensor<u32>,
-    segment_base: &Tensor<u32>,
-    segment_block: &Tensor<u32>,
-    segment_total: &Tensor<u32>,
+    lists: &BlockLists,
     grad_q: &mut Tensor<Atomic<Vector<f32, A>>>,
     scale: f32,
     segment: u32,
@@ -48,21 +44,7 @@ pub fn selection_dq_flash<F: Float, N: Size, A: Size>(
     #[comptime] g: usize,
     #[define(F)] _dtype: StorageType,
 ) {
-    let cube = KeyCube::new::<Vector<F, N>>(
-        q,
-        k,
-        offsets,
-        counts,
-        entries,
-        segment_base,
-        segment_block,
-        segment_total,
-        keys,
-        segment as usize,
-        false,
-        keys,
-        g,
-    );
+    let cube = KeyCube::new::<Vector<F, N>>(q, k, lists, keys, segment as usize, false, keys, g);
     if !cube.exists {
         terminate!();
     }
@@ -86,7 +68,21 @@ pub fn selection_dq_flash<F: Float, N: Size, A: Size>(
     let positions = SharedMemory::<u32>::new(comptime!(2 * q_rows));
     let stats = SharedMemory::<f32>::new(comptime!(4 * q_rows));
     let mut rows = GradientRows::<F, N>::new(
-        q, grad_out, lse, delta, entries, &cube, &staged, &positions, &stats, base, false, q_rows, d_k, d_v, planes,
+        q,
+        grad_out,
+        lse,
+        delta,
+        &lists.entries,
+        &cube,
+        &staged,
+        &positions,
+        &stats,
+        base,
+        false,
+        q_rows,
+        d_k,
+        d_v,
+        planes,
     );
     let mut grads = BlockQueryGradients::<F, N, A> {
         staged,

@@ -20,7 +20,7 @@ use crate::kernel::primitives::fragments::{
     accumulate_with_rows, mma, products_with_rows, row_fragments, scale_rows, store_rows_whole, zero_pairs, Pair,
     MMA_M, MMA_N,
 };
-use crate::kernel::primitives::key_cube::{KeyCube, ListedRows};
+use crate::kernel::primitives::key_cube::{BlockLists, KeyCube, ListedRows};
 use crate::kernel::primitives::layout::VECTOR;
 use crate::kernel::primitives::rows::NEG_LARGE;
 use crate::kernel::primitives::softmax::RowStats;
@@ -35,18 +35,14 @@ use crate::tiling::storage_stride;
 /// `(32, planes)` units; `keys` is the block size (a multiple of 16), `d_k`, `d_v` multiples of
 /// 16.
 #[cube(launch, launch_unchecked, fast_math = FastMath::all())]
-#[allow(clippy::too_many_arguments)]
+// `clone()` of a handle: see `chunk_copies`.
+#[allow(clippy::too_many_arguments, clippy::clone_on_copy)]
 pub fn selection_partials_flash<F: Float, N: Size, P: Size>(
     q: &Tensor<Vector<F, N>>,
     k: &Tensor<Vector<F, N>>,
     v: &Tensor<Vector<F, N>>,
-    offsets: &Tensor<u32>,
-    counts: &Tensor<u32>,
-    entries: &Tensor<u32>,
+    lists: &BlockLists,
     slots: &Tensor<u32>,
-    segment_base: &Tensor<u32>,
-    segment_block: &Tensor<u32>,
-    segment_total: &Tensor<u32>,
     part_out: &mut Tensor<Vector<F, P>>,
     part_lse: &mut Tensor<f32>,
     scale: f32,
@@ -59,21 +55,7 @@ pub fn selection_partials_flash<F: Float, N: Size, P: Size>(
     #[comptime] g: usize,
     #[define(F)] _dtype: StorageType,
 ) {
-    let cube = KeyCube::new::<Vector<F, N>>(
-        q,
-        k,
-        offsets,
-        counts,
-        entries,
-        segment_base,
-        segment_block,
-        segment_total,
-        keys,
-        segment as usize,
-        false,
-        keys,
-        g,
-    );
+    let cube = KeyCube::new::<Vector<F, N>>(q, k, lists, keys, segment as usize, false, keys, g);
     if !cube.exists {
         terminate!();
     }
@@ -98,7 +80,7 @@ pub fn selection_partials_flash<F: Float, N: Size, P: Size>(
     let block_slots = SharedMemory::<u32>::new(comptime!(if narrow { 2 * q_rows } else { 1 }));
     let mut rows = ListedQueryRows::<F, N>::new(
         q,
-        entries,
+        &lists.entries,
         slots,
         &cube,
         &staged,
