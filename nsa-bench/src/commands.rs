@@ -7,7 +7,7 @@ use nsa_train::config::{Precision, RunConfig};
 use nsa_train::with_backend;
 use serde::Serialize;
 
-use crate::{gemm, kernels, plans, write_json, GemmArgs, KernelArgs, ProfileArgs};
+use crate::{gemm, kernels, plans, selection, write_json, GemmArgs, KernelArgs, ProfileArgs, SelectionArgs};
 
 /// `kernels --shapes`: [`kernels::SHAPES`] in order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -114,6 +114,27 @@ pub fn profile(args: ProfileArgs) -> Result<(), String> {
     let dtype = (cfg.train.precision == Precision::Bf16).then_some(burn::tensor::FloatDType::BF16);
     print!("{}", nsa_train::profile::table(&phases, dtype));
     write_json(&args.out.out, "profile.json", &phases)
+}
+
+pub fn selection(args: SelectionArgs) -> Result<(), String> {
+    let SelectionArgs { backend, lengths, check_len, iters, out } = args;
+    let kind = resolve(backend.unwrap_or(BackendKind::Auto))?;
+    if kind == BackendKind::Cpu {
+        return Err("the selection kernel runs on the cuda or wgpu backend, not the CPU".into());
+    }
+    if lengths.iter().any(|&t| t < 32) {
+        return Err("sequence lengths must be at least one compressed block (32 tokens)".into());
+    }
+    eprintln!("checking and timing the block selection on {}", kind.name());
+    let bf16 = kind == BackendKind::Cuda;
+    let rows = with_backend!(kind, false, &[0], |B, devices, _memory| {
+        Ok::<_, String>(selection::bench_selection::<B>(&devices[0], &lengths, check_len, iters.max(1), bf16))
+    })?;
+    write_json(&out.out, "selection.json", &rows)?;
+    match rows.iter().all(|r| r.ok()) {
+        true => Ok(()),
+        false => Err("the selection differs from the f64 reference (see above)".into()),
+    }
 }
 
 /// [`plans::check`] on the device `device` of backend `kind` (a device type that is not the

@@ -14,6 +14,7 @@ mod commands;
 mod gemm;
 mod kernels;
 mod plans;
+mod selection;
 mod timing;
 
 #[derive(Parser)]
@@ -26,7 +27,7 @@ struct Cli {
 /// Where every command writes its JSON.
 #[derive(clap::Args)]
 struct Out {
-    /// Directory for the results (`kernels.json`, `gemm.json`, `profile.json`).
+    /// Directory for the results (`kernels.json`, `gemm.json`, `profile.json`, `selection.json`).
     #[arg(long, default_value = "runs/bench")]
     out: PathBuf,
 }
@@ -87,6 +88,23 @@ struct ProfileArgs {
     out: Out,
 }
 
+#[derive(clap::Args)]
+struct SelectionArgs {
+    #[arg(long, value_enum)]
+    backend: Option<BackendKind>,
+    /// Sequence lengths.
+    #[arg(long, value_delimiter = ',', default_value = "4096,16384,65536")]
+    lengths: Vec<usize>,
+    /// Lengths up to this are checked against the f64 reference on the CPU.
+    #[arg(long, default_value_t = 4096)]
+    check_len: usize,
+    /// Timed runs per length (the median of synced runs).
+    #[arg(long, default_value_t = 10)]
+    iters: usize,
+    #[command(flatten)]
+    out: Out,
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Time the fused sparse-attention op (window and selected, forward and forward+backward)
@@ -95,6 +113,9 @@ enum Command {
     /// The linear layers' matrix products (the 125M model's shapes): parity with Burn's matmul,
     /// forward and gradients, then TFLOP/s of ours and Burn's.
     Gemm(GemmArgs),
+    /// The block selection kernel at the production shape: its lists against the f64
+    /// reference, the bf16 selection's flips against the f32 one (CUDA), and its time.
+    Selection(SelectionArgs),
     /// Time each phase of a training step (data, forward/backward, attention, MLP, matmuls,
     /// optimiser) on the config's shapes.
     Profile(ProfileArgs),
@@ -127,6 +148,7 @@ fn run(cli: Cli) -> Result<(), String> {
         Command::Kernels(args) => commands::kernels(args),
         Command::Gemm(args) => commands::gemm(args),
         Command::Profile(args) => commands::profile(args),
+        Command::Selection(args) => commands::selection(args),
     }
 }
 

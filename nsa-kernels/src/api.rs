@@ -1,7 +1,7 @@
 //! The backend extension: what a backend must provide, with the reference as the default.
 
 use burn::tensor::ops::{FloatTensor, IntTensor};
-use burn::tensor::{backend::Backend, Shape, Tensor, TensorPrimitive};
+use burn::tensor::{backend::Backend, Int, Shape, Tensor, TensorPrimitive};
 
 use crate::keys::{BlockIndex, Keys};
 use crate::reference;
@@ -68,35 +68,20 @@ pub trait SparseAttentionBackend:
         reference::forward_primitive::<Self>(q, k, v, keys)
     }
 
-    /// The spec's selection scores (Eq. 9 and the Eq. 10 group sum) from the compressed branch:
-    /// `q [B, T, H_q, d_k]`, its compressed keys `k [B, N, H_kv, d_k]` (blocks of `length`
-    /// tokens every `stride`) and the branch's log-sum-exp `lse [B, T, H_q]` ->
-    /// `[B, H_kv, T, ceil(T / block_size)]` in the statistics dtype (f32 under 16-bit storage).
-    /// Not differentiated: it only ranks blocks.
-    fn block_scores(
-        q: FloatTensor<Self>,
-        k: FloatTensor<Self>,
-        lse: FloatTensor<Self>,
-        length: usize,
-        stride: usize,
-        block_size: usize,
-    ) -> FloatTensor<Self> {
-        let f = |t| Tensor::<Self, 4>::from_primitive(TensorPrimitive::Float(t));
-        let lse = Tensor::<Self, 3>::from_primitive(TensorPrimitive::Float(lse));
-        reference::block_scores(f(q), f(k), lse, length, stride, block_size).into_primitive().tensor()
-    }
-
-    /// The top-n selection from group scores `[B, H_kv, T, nb]` (f32): block 0 and the local
-    /// blocks `t / block_size` and `t / block_size - 1` are always taken and count towards `n`;
-    /// the rest go to the eligible blocks (`j * block_size <= t`) with the highest scores, ties
-    /// to the lower index. Returns the kernels' block lists `[B, T, H_kv, n]` (ascending, `-1` in
-    /// unused slots) and the selection as 0/1 `[B, H_kv, T, nb]`; `None` where the backend has no
-    /// kernel for it (the caller runs the tensor-op top-n).
+    /// The spec's block selection from the compressed branch: the scores (Eq. 9, the Eq. 10 sum
+    /// over each group's heads) of `q [B, T, H_q, d_k]` against the compressed keys
+    /// `k [B, N, H_kv, d_k]` with the branch's log-sum-exp `lse [B, T, H_q]`, then the top-n
+    /// (block 0 and the local blocks `t / block_size` and `t / block_size - 1` always taken and
+    /// counted towards `n`; the rest the eligible blocks `j * block_size <= t` with the highest
+    /// scores, ties to the lower index). Returns the block lists `[B, T, H_kv, n]` (ascending,
+    /// `-1` in unused slots), or `None` where the backend has no kernel for it (the caller
+    /// ranks [`crate::reference::block_scores`] in tensor ops). Not differentiated.
     fn select_blocks(
-        _scores: FloatTensor<Self>,
-        _block_size: usize,
-        _n: usize,
-    ) -> Option<(IntTensor<Self>, IntTensor<Self>)> {
+        _q: FloatTensor<Self>,
+        _k: FloatTensor<Self>,
+        _lse: FloatTensor<Self>,
+        _selection: Selection,
+    ) -> Option<IntTensor<Self>> {
         None
     }
 
@@ -138,15 +123,23 @@ pub fn sparse_attention<B: SparseAttentionBackend>(
     (Tensor::from_primitive(TensorPrimitive::Float(out)), Tensor::from_primitive(TensorPrimitive::Float(lse)))
 }
 
-/// [`SparseAttentionBackend::block_scores`] on tensors.
-pub fn block_scores<B: SparseAttentionBackend>(
+/// [`SparseAttentionBackend::select_blocks`] on tensors.
+pub fn select_blocks<B: SparseAttentionBackend>(
     q: Tensor<B, 4>,
     k: Tensor<B, 4>,
     lse: Tensor<B, 3>,
-    length: usize,
-    stride: usize,
-    block_size: usize,
-) -> Tensor<B, 4> {
+    selection: Selection,
+) -> Option<Tensor<B, 4, Int>> {
     let [q, k, lse] = [q.into_primitive().tensor(), k.into_primitive().tensor(), lse.into_primitive().tensor()];
-    Tensor::from_primitive(TensorPrimitive::Float(B::block_scores(q, k, lse, length, stride, block_size)))
+    B::select_blocks(q, k, lse, selection).map(Tensor::from_primitive)
+}
+
+/// How a selection is chosen: compressed blocks of `length` tokens every `stride` (what the
+/// scores are computed from), selection blocks of `block_size` tokens, `n` of them per query.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Selection {
+    pub length: usize,
+    pub stride: usize,
+    pub block_size: usize,
+    pub n: usize,
 }

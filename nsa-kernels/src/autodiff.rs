@@ -10,7 +10,7 @@ use burn::backend::autodiff::{
 use burn::tensor::ops::{FloatTensor, IntTensor};
 use burn::tensor::Shape;
 
-use crate::api::{with_block_index, SparseAttentionBackend};
+use crate::api::{with_block_index, Selection, SparseAttentionBackend};
 use crate::keys::{BlockIndex, Keys};
 
 /// What the backward needs: the inputs (through the checkpointer), the output, its
@@ -74,25 +74,13 @@ impl<B: SparseAttentionBackend, C: CheckpointStrategy> SparseAttentionBackend fo
     }
 
     fn select_blocks(
-        scores: FloatTensor<Self>,
-        block_size: usize,
-        n: usize,
-    ) -> Option<(IntTensor<Self>, IntTensor<Self>)> {
-        // Int tensors are not tracked: the inner backend's, as they are.
-        B::select_blocks(scores.primitive, block_size, n)
-    }
-
-    fn block_scores(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
         lse: FloatTensor<Self>,
-        length: usize,
-        stride: usize,
-        block_size: usize,
-    ) -> FloatTensor<Self> {
-        // Not differentiated: the inner backend's scores, outside the graph.
-        let scores = B::block_scores(q.primitive, k.primitive, lse.primitive, length, stride, block_size);
-        untracked::<B, C>(scores)
+        selection: Selection,
+    ) -> Option<IntTensor<Self>> {
+        // Not differentiated, and int tensors are not tracked: the inner backend's, as they are.
+        B::select_blocks(q.primitive, k.primitive, lse.primitive, selection)
     }
 
     fn sparse_attention(

@@ -1,6 +1,6 @@
 //! The compressed branch on `CubeBackend`: the problem (shapes, block geometry), its products as
 //! batched GEMMs ([`batched_gemm`]: cuBLASLt on CUDA) around the row kernels of
-//! [`crate::kernel::compression::rows`], and the selection scores ([`crate::kernel::compression::scores`]).
+//! [`crate::kernel::compression::rows`].
 
 use burn::tensor::{DType, Shape};
 use burn_cubecl::kernel::into_contiguous;
@@ -12,10 +12,11 @@ use cubecl::{calculate_cube_count_elemwise, CubeDim};
 
 use crate::gemm::batched_gemm;
 use crate::kernel::compression::rows::{self as compressed_rows, ROW_UNITS};
-use crate::kernel::compression::scores as compressed;
 
 /// Rows of the score matrix per cube of the row kernels.
 const ROWS_PER_CUBE: usize = 32;
+/// Device memory a chunk of queries' score matrices may take (see [`Problem::chunks`]).
+const CHUNK_BYTES: usize = 1 << 30;
 /// The products' key width is a multiple of this: 16-byte aligned bf16 and f32 rows.
 const WIDTH_MULTIPLE: usize = 16;
 
@@ -29,6 +30,8 @@ pub struct Problem<R: CubeRuntime> {
     stride: u32,
     scale: f32,
     g: usize,
+    /// Queries per chunk, when set (see [`Self::chunks`]).
+    chunk_queries: Option<usize>,
 }
 
 impl<R: CubeRuntime> Problem<R> {
@@ -47,7 +50,14 @@ impl<R: CubeRuntime> Problem<R> {
             stride: u32::try_from(stride).expect("block stride fits in u32"),
             scale: 1.0 / (d_k as f32).sqrt(),
             g,
+            chunk_queries: None,
         }
+    }
+
+    /// The same problem run `queries` queries per chunk instead of by the memory budget (for
+    /// tests: chunks show only at lengths CI cannot run).
+    pub fn with_chunk_queries(self, queries: usize) -> Self {
+        Self { chunk_queries: Some(queries.max(1)), ..self }
     }
 
     fn client(&self) -> ComputeClient<R> {
@@ -63,66 +73,105 @@ impl<R: CubeRuntime> Problem<R> {
         empty_device_contiguous_dtype::<R>(self.client(), self.q.device.clone(), shape, dtype)
     }
 
-    /// Output `[B, T, H_q, d_v]` and log-sum-exp `[B, T, H_q]` (f32).
+    /// Output `[B, T, H_q, d_v]` and log-sum-exp `[B, T, H_q]` (f32), a chunk of queries at a
+    /// time ([`Self::chunks`]).
     pub fn forward(&self) -> (CubeTensor<R>, CubeTensor<R>) {
         let [b, t, h_q] = self.dims();
         let dtype = self.q.dtype;
-        let (q, k, v) = (heads_first(self.q.clone()), self.expand(&self.k), self.expand(&self.v));
-        let scores = batched_gemm(q, k, false, true, DType::F32);
-        let probs = self.empty(scores.meta.shape().clone(), dtype);
+        let (k, v) = (self.expand(&self.k), self.expand(&self.v));
+        let out = self.empty(Shape::new([b, t, h_q, self.v.meta.shape()[3]]), dtype);
         let lse = self.empty(Shape::new([b, t, h_q]), DType::F32);
-        let (count, dim) = self.row_plan();
-        compressed_rows::compressed_probs::launch::<R>(
-            &self.client(),
-            count,
-            dim,
-            scores.into_tensor_arg(),
-            probs.clone().into_tensor_arg(),
-            lse.clone().into_tensor_arg(),
-            self.scale,
-            self.length,
-            self.stride,
-            self.n(),
-            ROWS_PER_CUBE,
-            dtype.into(),
-        );
-        let out = batched_gemm(probs, v, false, false, dtype);
-        (tokens_first(out, b), lse)
+        for (t0, len) in self.chunks() {
+            let (k, v) = (leading_rows(&k, self.chunk_width(t0 + len)), leading_rows(&v, self.chunk_width(t0 + len)));
+            let scores = batched_gemm(take_chunk(&self.q, t0, len), k, false, true, DType::F32);
+            let probs = self.empty(scores.meta.shape().clone(), dtype);
+            let (count, dim) = self.row_plan(len);
+            compressed_rows::compressed_probs::launch::<R>(
+                &self.client(),
+                count,
+                dim,
+                scores.into_tensor_arg(),
+                probs.clone().into_tensor_arg(),
+                lse.clone().into_tensor_arg(),
+                self.scale,
+                chunk_start(t0),
+                self.length,
+                self.stride,
+                self.n(),
+                ROWS_PER_CUBE,
+                dtype.into(),
+            );
+            put_chunk(batched_gemm(probs, v, false, false, dtype), &out, b, t0);
+        }
+        (out, lse)
     }
 
-    /// Gradients of `q`, `k`, `v` from the forward's log-sum-exp: the scores and `dp = dO v^T`
-    /// again as products, then `dq = ds k`, `dk = ds^T q`, `dv = p^T dO` (the last two in f32
-    /// until the group's heads are added).
+    /// Gradients of `q`, `k`, `v` from the forward's log-sum-exp, a chunk of queries at a time:
+    /// the scores and `dp = dO v^T` again as products, then `dq = ds k`, and the chunk's shares
+    /// of `dk = ds^T q`, `dv = p^T dO` (f32, added over chunks, then over the group's heads).
     pub fn backward(&self, lse: CubeTensor<R>, grad_out: CubeTensor<R>) -> [CubeTensor<R>; 3] {
-        let [b, _, _] = self.dims();
+        let [b, t, h_q] = self.dims();
         let dtype = self.q.dtype;
-        let (q, k, v) = (heads_first(self.q.clone()), self.expand(&self.k), self.expand(&self.v));
-        let grad_out = heads_first(grad_out);
-        let scores = batched_gemm(q.clone(), k.clone(), false, true, DType::F32);
-        let grad_probs = batched_gemm(grad_out.clone(), v, false, true, DType::F32);
-        let grad_scores = self.empty(scores.meta.shape().clone(), dtype);
-        let probs = self.empty(scores.meta.shape().clone(), dtype);
-        let (count, dim) = self.row_plan();
-        compressed_rows::compressed_grad_scores::launch::<R>(
-            &self.client(),
-            count,
-            dim,
-            scores.into_tensor_arg(),
-            grad_probs.into_tensor_arg(),
-            into_contiguous(lse).into_tensor_arg(),
-            grad_scores.clone().into_tensor_arg(),
-            probs.clone().into_tensor_arg(),
-            self.scale,
-            self.length,
-            self.stride,
-            self.n(),
-            ROWS_PER_CUBE,
-            dtype.into(),
-        );
-        let grad_q = tokens_first(batched_gemm(grad_scores.clone(), k, false, false, dtype), b);
-        let grad_k = self.sum_heads(batched_gemm(grad_scores, q, true, false, DType::F32), &self.k);
-        let grad_v = self.sum_heads(batched_gemm(probs, grad_out, true, false, DType::F32), &self.v);
-        [grad_q, grad_k, grad_v]
+        let (k, v) = (self.expand(&self.k), self.expand(&self.v));
+        let (lse, grad_out) = (into_contiguous(lse), into_contiguous(grad_out));
+        let grad_q = self.empty(Shape::new([b, t, h_q, self.q.meta.shape()[3]]), dtype);
+        let mut sums: Option<(CubeTensor<R>, CubeTensor<R>)> = None;
+        // The last chunk first: it sees every key, so its shares start the sums at full width.
+        for (t0, len) in self.chunks().into_iter().rev() {
+            let (q, grad_out) = (take_chunk(&self.q, t0, len), take_chunk(&grad_out, t0, len));
+            let (k, v) = (leading_rows(&k, self.chunk_width(t0 + len)), leading_rows(&v, self.chunk_width(t0 + len)));
+            let scores = batched_gemm(q.clone(), k.clone(), false, true, DType::F32);
+            let grad_probs = batched_gemm(grad_out.clone(), v, false, true, DType::F32);
+            let grad_scores = self.empty(scores.meta.shape().clone(), dtype);
+            let probs = self.empty(scores.meta.shape().clone(), dtype);
+            let (count, dim) = self.row_plan(len);
+            compressed_rows::compressed_grad_scores::launch::<R>(
+                &self.client(),
+                count,
+                dim,
+                scores.into_tensor_arg(),
+                grad_probs.into_tensor_arg(),
+                lse.clone().into_tensor_arg(),
+                grad_scores.clone().into_tensor_arg(),
+                probs.clone().into_tensor_arg(),
+                self.scale,
+                chunk_start(t0),
+                self.length,
+                self.stride,
+                self.n(),
+                ROWS_PER_CUBE,
+                dtype.into(),
+            );
+            put_chunk(batched_gemm(grad_scores.clone(), k, false, false, dtype), &grad_q, b, t0);
+            let grad_k = batched_gemm(grad_scores, q, true, false, DType::F32);
+            let grad_v = batched_gemm(probs, grad_out, true, false, DType::F32);
+            sums = Some(match sums {
+                None => (grad_k, grad_v),
+                Some((dk, dv)) => (add_leading_rows(dk, grad_k), add_leading_rows(dv, grad_v)),
+            });
+        }
+        let (grad_k, grad_v) = sums.expect("a sequence has at least one chunk");
+        [grad_q, self.sum_heads(grad_k, &self.k), self.sum_heads(grad_v, &self.v)]
+    }
+
+    /// The query chunks `(t0, len)`: as many queries per chunk as keep a chunk's score
+    /// matrices (`B * H_q * T_c * width`, f32 scores and `dp`, 16-bit probabilities and score
+    /// gradients: 12 bytes an element) within [`CHUNK_BYTES`], so that the branch's memory
+    /// grows linearly in `T` rather than as `T x N`.
+    fn chunks(&self) -> Vec<(usize, usize)> {
+        let [b, t, h_q] = self.dims();
+        let per_query = b * h_q * self.width() * 12;
+        let len = self.chunk_queries.unwrap_or((CHUNK_BYTES / per_query).max(ROWS_PER_CUBE)).min(t.max(1));
+        (0..t).step_by(len).map(|t0| (t0, len.min(t - t0))).collect()
+    }
+
+    /// The products' key width for the queries before `t_end`: the blocks the last of them
+    /// sees, padded as [`Self::width`] pads `N` (the keys past them are masked for every query
+    /// of the chunk, so the products skip them).
+    fn chunk_width(&self, t_end: usize) -> usize {
+        let (length, stride) = (self.length as usize, self.stride as usize);
+        let seen = if t_end >= length { ((t_end - length) / stride + 1).min(self.n() as usize) } else { 0 };
+        seen.max(1).next_multiple_of(WIDTH_MULTIPLE)
     }
 
     /// Compressed blocks `N`.
@@ -171,70 +220,98 @@ impl<R: CubeRuntime> Problem<R> {
         out
     }
 
-    /// The row kernels' launch: [`ROWS_PER_CUBE`] rows of `[B * H_q, T]` per cube.
-    fn row_plan(&self) -> (CubeCount, CubeDim) {
-        let [b, t, h_q] = self.dims();
+    /// The row kernels' launch over a chunk of `t` queries: [`ROWS_PER_CUBE`] rows of
+    /// `[B * H_q, t]` per cube.
+    fn row_plan(&self, t: usize) -> (CubeCount, CubeDim) {
+        let [b, _, h_q] = self.dims();
         let dim = CubeDim::new_1d((ROWS_PER_CUBE * ROW_UNITS) as u32);
         (calculate_cube_count_elemwise(&self.client(), b * h_q * t * ROW_UNITS, dim), dim)
     }
+}
 
-    /// Selection scores `[B, H_kv, T, ceil(T / block_size)]` (f32) from the forward's
-    /// log-sum-exp: the raw scores again as one product, then one unit per output.
-    pub fn block_scores(&self, lse: CubeTensor<R>, block_size: usize) -> CubeTensor<R> {
-        let [b, t, _] = self.dims();
-        let h_kv = self.k.meta.shape()[2];
-        let scores = batched_gemm(heads_first(self.q.clone()), self.expand(&self.k), false, true, DType::F32);
-        let out = self.empty(Shape::new([b, h_kv, t, t.div_ceil(block_size)]), DType::F32);
-        let dim = CubeDim::new_1d(256);
-        compressed::compressed_block_scores::launch::<R>(
-            &self.client(),
-            calculate_cube_count_elemwise(&self.client(), out.meta.shape().num_elements(), dim),
-            dim,
-            scores.into_tensor_arg(),
-            into_contiguous(lse).into_tensor_arg(),
-            out.clone().into_tensor_arg(),
-            self.scale,
-            self.length,
-            self.stride,
-            u32::try_from(block_size).expect("block size fits in u32"),
-            self.n(),
-            self.g,
-        );
-        out
+/// Queries `t0..t0 + len` of `x [B, T, H, d]` as `[B * H, len, d]` (contiguous): one matrix per
+/// head.
+fn take_chunk<R: CubeRuntime>(x: &CubeTensor<R>, t0: usize, len: usize) -> CubeTensor<R> {
+    let [b, _, h, d] = x.meta.shape().dims::<4>();
+    let out = swap_middle_axes(x, Shape::new([b, h, len, d]), [t0, 0], [len, h]);
+    burn_cubecl::ops::reshape(out, Shape::new([b * h, len, d]))
+}
+
+/// A chunk's `[B * H, len, d]` rows into queries `t0..t0 + len` of `dst [B, T, H, d]`.
+fn put_chunk<R: CubeRuntime>(x: CubeTensor<R>, dst: &CubeTensor<R>, b: usize, t0: usize) {
+    let [bh, len, d] = x.meta.shape().dims::<3>();
+    let x = burn_cubecl::ops::reshape(x, Shape::new([b, bh / b, len, d]));
+    write_swapped(&x, dst, [0, t0], [bh / b, len]);
+}
+
+/// A new `[A, Y, X, d]` of `shape` holding `src[a, x0 + x, y]` at `[a, y, x]` for the window
+/// `x < x_len`, `y < y_len` (`[x0, y0]`, `[x_len, y_len]`).
+fn swap_middle_axes<R: CubeRuntime>(
+    src: &CubeTensor<R>,
+    shape: Shape,
+    origin: [usize; 2],
+    lens: [usize; 2],
+) -> CubeTensor<R> {
+    let out = empty_device_contiguous_dtype::<R>(src.client.clone(), src.device.clone(), shape, src.dtype);
+    write_swapped(src, &out, origin, lens);
+    out
+}
+
+/// `dst[a, y0 + y, x] = src[a, x0 + x, y]` for `x < x_len`, `y < y_len` (rows of `d`, `dst`
+/// contiguous), whole rows of `d` per kernel unit: Burn's permuted copy indexes every element
+/// through all four strides.
+fn write_swapped<R: CubeRuntime>(
+    src: &CubeTensor<R>,
+    dst: &CubeTensor<R>,
+    [x0, y0]: [usize; 2],
+    [x_len, y_len]: [usize; 2],
+) {
+    let src = into_contiguous(src.clone());
+    let [a, _, _, d] = src.meta.shape().dims::<4>();
+    let client = src.client.clone();
+    let vector = client.io_optimized_vector_sizes(src.dtype.size()).find(|v| d % v == 0).unwrap_or(1);
+    let dim = CubeDim::new_1d(256);
+    let as_u32 = |x: usize| u32::try_from(x).expect("tensor extents fit in u32");
+    compressed_rows::swap_middle_axes::launch::<R>(
+        &client,
+        calculate_cube_count_elemwise(&client, a * x_len * y_len * d / vector, dim),
+        dim,
+        vector,
+        src.clone().into_tensor_arg(),
+        dst.clone().into_tensor_arg(),
+        as_u32(x0),
+        as_u32(y0),
+        as_u32(x_len),
+        as_u32(y_len),
+        vector,
+        src.dtype.into(),
+    );
+}
+
+/// The first `width` rows of each matrix of `x [A, W, d]`.
+fn leading_rows<R: CubeRuntime>(x: &CubeTensor<R>, width: usize) -> CubeTensor<R> {
+    let [a, w, d] = x.meta.shape().dims::<3>();
+    match width == w {
+        true => x.clone(),
+        false => into_contiguous(burn_cubecl::kernel::slice(x.clone(), &[0..a, 0..width, 0..d])),
     }
 }
 
-/// `[B, T, H, d]` -> `[B * H, T, d]` (contiguous): one matrix per head.
-fn heads_first<R: CubeRuntime>(x: CubeTensor<R>) -> CubeTensor<R> {
-    let [b, t, h, d] = x.meta.shape().dims::<4>();
-    burn_cubecl::ops::reshape(swap_middle_axes(x), Shape::new([b * h, t, d]))
-}
-
-/// `[B * H, T, d]` -> `[B, T, H, d]` (contiguous).
-fn tokens_first<R: CubeRuntime>(x: CubeTensor<R>, b: usize) -> CubeTensor<R> {
-    let [bh, t, d] = x.meta.shape().dims::<3>();
-    swap_middle_axes(burn_cubecl::ops::reshape(x, Shape::new([b, bh / b, t, d])))
-}
-
-/// `[A, X, Y, d]` -> `[A, Y, X, d]` (contiguous), whole rows of `d` per kernel unit: Burn's
-/// permuted copy indexes every element through all four strides.
-fn swap_middle_axes<R: CubeRuntime>(x: CubeTensor<R>) -> CubeTensor<R> {
-    let x = into_contiguous(x);
-    let [a, x_len, y_len, d] = x.meta.shape().dims::<4>();
-    let client = x.client.clone();
-    let vector = client.io_optimized_vector_sizes(x.dtype.size()).find(|v| d % v == 0).unwrap_or(1);
-    let out =
-        empty_device_contiguous_dtype::<R>(client.clone(), x.device.clone(), Shape::new([a, y_len, x_len, d]), x.dtype);
+/// `acc [A, W, d] += part [A, w, d]` on the first `w` rows of each matrix (f32).
+fn add_leading_rows<R: CubeRuntime>(acc: CubeTensor<R>, part: CubeTensor<R>) -> CubeTensor<R> {
+    let client = acc.client.clone();
     let dim = CubeDim::new_1d(256);
-    compressed_rows::swap_middle_axes::launch::<R>(
+    compressed_rows::add_leading_rows::launch::<R>(
         &client,
-        calculate_cube_count_elemwise(&client, out.meta.shape().num_elements() / vector, dim),
+        calculate_cube_count_elemwise(&client, part.meta.shape().num_elements(), dim),
         dim,
-        vector,
-        x.clone().into_tensor_arg(),
-        out.clone().into_tensor_arg(),
-        vector,
-        x.dtype.into(),
+        acc.clone().into_tensor_arg(),
+        part.into_tensor_arg(),
     );
-    out
+    acc
+}
+
+/// A chunk's first query as the row kernels take it.
+fn chunk_start(t0: usize) -> u32 {
+    u32::try_from(t0).expect("sequence length fits in u32")
 }

@@ -7,7 +7,7 @@ use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{element::BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 
-use crate::api::{SparseAttentionBackend, SparseAttentionGrads};
+use crate::api::{Selection, SparseAttentionBackend, SparseAttentionGrads};
 use crate::compressed;
 use crate::keys::{BlockIndex, Keys};
 use crate::launch::index::InvertedIndex;
@@ -30,21 +30,13 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
         Some(InvertedIndex::<R>::shapes(blocks, block_size))
     }
 
-    fn select_blocks(scores: CubeTensor<R>, block_size: usize, n: usize) -> Option<(CubeTensor<R>, CubeTensor<R>)> {
-        Some(crate::top_n::select_blocks(scores, block_size, n, I::dtype()))
-    }
-
-    fn block_scores(
+    fn select_blocks(
         q: CubeTensor<R>,
         k: CubeTensor<R>,
         lse: CubeTensor<R>,
-        length: usize,
-        stride: usize,
-        block_size: usize,
-    ) -> CubeTensor<R> {
-        // The values are not read: the problem only carries the shapes and geometry.
-        let v = k.clone();
-        compressed::Problem::new(q, k, v, length, stride).block_scores(lse, block_size)
+        selection: Selection,
+    ) -> Option<CubeTensor<R>> {
+        Some(crate::top_n::select_blocks(q, k, lse, selection, I::dtype()))
     }
 
     fn sparse_attention(

@@ -13,7 +13,7 @@ pub static KERNEL_FINGERPRINT: std::sync::LazyLock<u64> = std::sync::LazyLock::n
 const SOURCES: &[(&str, &str)] = &[
     ("kernel/compression/mod.rs", include_str!("kernel/compression/mod.rs")),
     ("kernel/compression/rows.rs", include_str!("kernel/compression/rows.rs")),
-    ("kernel/compression/scores.rs", include_str!("kernel/compression/scores.rs")),
+    ("kernel/compression/visible.rs", include_str!("kernel/compression/visible.rs")),
     ("kernel/key_gradients/chunk.rs", include_str!("kernel/key_gradients/chunk.rs")),
     ("kernel/key_gradients/mod.rs", include_str!("kernel/key_gradients/mod.rs")),
     ("kernel/mix.rs", include_str!("kernel/mix.rs")),
@@ -41,7 +41,7 @@ const SOURCES: &[(&str, &str)] = &[
     ("kernel/selection/mod.rs", include_str!("kernel/selection/mod.rs")),
     ("kernel/selection/partials.rs", include_str!("kernel/selection/partials.rs")),
     ("kernel/selection/segments.rs", include_str!("kernel/selection/segments.rs")),
-    ("kernel/top_n.rs", include_str!("kernel/top_n.rs")),
+    ("kernel/selection/top_n.rs", include_str!("kernel/selection/top_n.rs")),
     ("kernel/window/dq.rs", include_str!("kernel/window/dq.rs")),
     ("kernel/window/forward.rs", include_str!("kernel/window/forward.rs")),
     ("kernel/window/mod.rs", include_str!("kernel/window/mod.rs")),

@@ -11,7 +11,7 @@ use burn_fusion::stream::{Operation, OperationStreams};
 use burn_fusion::{Fusion, FusionBackend, FusionRuntime};
 use burn_ir::{CustomOpIr, HandleContainer, OperationIr, OperationOutput, TensorIr};
 
-use crate::api::{SparseAttentionBackend, SparseAttentionGrads};
+use crate::api::{Selection, SparseAttentionBackend, SparseAttentionGrads};
 use crate::keys::{BlockIndex, Keys};
 use crate::reference::stats_dtype;
 
@@ -116,35 +116,17 @@ impl<B: FusionBackend + SparseAttentionBackend> Operation<B::FusionRuntime> for 
 }
 
 #[derive(Clone, Debug)]
-struct BlockScoresOp<B> {
-    desc: CustomOpIr,
-    geometry: [usize; 3],
-    _backend: PhantomData<B>,
-}
-
-impl<B: FusionBackend + SparseAttentionBackend> Operation<B::FusionRuntime> for BlockScoresOp<B> {
-    fn execute(&self, handles: &mut HandleContainer<<B::FusionRuntime as FusionRuntime>::FusionHandle>) {
-        let [q, k, lse] = [0, 1, 2].map(|i| handles.get_float_tensor::<B>(&self.desc.inputs[i]));
-        let [length, stride, block_size] = self.geometry;
-        let scores = B::block_scores(q, k, lse, length, stride, block_size);
-        handles.register_float_tensor::<B>(&self.desc.outputs[0].id, scores);
-    }
-}
-
-#[derive(Clone, Debug)]
 struct SelectBlocksOp<B> {
     desc: CustomOpIr,
-    block_size: usize,
-    n: usize,
+    selection: Selection,
     _backend: PhantomData<B>,
 }
 
 impl<B: FusionBackend + SparseAttentionBackend> Operation<B::FusionRuntime> for SelectBlocksOp<B> {
     fn execute(&self, handles: &mut HandleContainer<<B::FusionRuntime as FusionRuntime>::FusionHandle>) {
-        let scores = handles.get_float_tensor::<B>(&self.desc.inputs[0]);
-        let (list, taken) = B::select_blocks(scores, self.block_size, self.n).expect("the backend declared a kernel");
+        let [q, k, lse] = [0, 1, 2].map(|i| handles.get_float_tensor::<B>(&self.desc.inputs[i]));
+        let list = B::select_blocks(q, k, lse, self.selection).expect("the backend declared a kernel");
         handles.register_int_tensor::<B>(&self.desc.outputs[0].id, list);
-        handles.register_int_tensor::<B>(&self.desc.outputs[1].id, taken);
     }
 }
 
@@ -169,47 +151,26 @@ impl<B: FusionBackend + SparseAttentionBackend> SparseAttentionBackend for Fusio
     }
 
     fn select_blocks(
-        scores: FloatTensor<Self>,
-        block_size: usize,
-        n: usize,
-    ) -> Option<(IntTensor<Self>, IntTensor<Self>)> {
-        if !B::has_fused_sparse_attention() {
-            return None;
-        }
-        let client = scores.client.clone();
-        let [b, h_kv, t, nb] = scores.shape.dims::<4>();
-        let int = <B::IntElem as burn::tensor::Element>::dtype();
-        let streams = OperationStreams::with_inputs([&scores]);
-        let list = TensorIr::uninit(client.create_empty_handle(), Shape::new([b, t, h_kv, n]), int);
-        let taken = TensorIr::uninit(client.create_empty_handle(), Shape::new([b, h_kv, t, nb]), int);
-        let desc = CustomOpIr::new("nsa_select_blocks", &[scores.into_ir()], &[list, taken]);
-        let op = SelectBlocksOp::<B> { desc: desc.clone(), block_size, n, _backend: PhantomData };
-        let [list, taken] = client.register(streams, OperationIr::Custom(desc), op).outputs();
-        Some((list, taken))
-    }
-
-    fn block_scores(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
         lse: FloatTensor<Self>,
-        length: usize,
-        stride: usize,
-        block_size: usize,
-    ) -> FloatTensor<Self> {
+        selection: Selection,
+    ) -> Option<IntTensor<Self>> {
+        if !B::has_fused_sparse_attention() {
+            return None;
+        }
         let client = q.client.clone();
         let (b, t) = (q.shape[0], q.shape[1]);
         let h_kv = k.shape[2];
-        let dtype = lse_dtype::<B>(q.dtype);
+        let int = <B::IntElem as burn::tensor::Element>::dtype();
         let inputs = [q, k, lse];
         let streams = OperationStreams::with_inputs(inputs.iter());
-        let shape = Shape::new([b, h_kv, t, t.div_ceil(block_size)]);
-        let scores = TensorIr::uninit(client.create_empty_handle(), shape, dtype);
+        let list = TensorIr::uninit(client.create_empty_handle(), Shape::new([b, t, h_kv, selection.n]), int);
         let inputs: Vec<TensorIr> = inputs.into_iter().map(|x| x.into_ir()).collect();
-        let desc = CustomOpIr::new("nsa_block_scores", &inputs, &[scores]);
-        let op =
-            BlockScoresOp::<B> { desc: desc.clone(), geometry: [length, stride, block_size], _backend: PhantomData };
-        let [scores] = client.register(streams, OperationIr::Custom(desc), op).outputs();
-        scores
+        let desc = CustomOpIr::new("nsa_select_blocks", &inputs, &[list]);
+        let op = SelectBlocksOp::<B> { desc: desc.clone(), selection, _backend: PhantomData };
+        let [list] = client.register(streams, OperationIr::Custom(desc), op).outputs();
+        Some(list)
     }
 
     fn sparse_attention(

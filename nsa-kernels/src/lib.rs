@@ -23,7 +23,7 @@ pub mod norm;
 pub mod reference;
 
 #[cfg(feature = "cube")]
-mod compressed;
+pub mod compressed;
 #[cfg(feature = "cube")]
 mod cube;
 #[cfg(feature = "fusion")]
@@ -39,7 +39,9 @@ pub mod tiling;
 mod top_n;
 
 pub use activation::{silu, ActivationBackend};
-pub use api::{block_scores, sparse_attention, with_block_index, SparseAttentionBackend, SparseAttentionGrads};
+pub use api::{
+    select_blocks, sparse_attention, with_block_index, Selection, SparseAttentionBackend, SparseAttentionGrads,
+};
 pub use fingerprint::KERNEL_FINGERPRINT;
 pub use gemm::{linear_matmul, GemmBackend};
 pub use keys::{BlockIndex, Keys};

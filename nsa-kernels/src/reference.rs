@@ -133,8 +133,9 @@ pub fn forward<B: Backend>(
     (ungroup_queries(out), ungroup_queries(lse).reshape([b, t, h_q]))
 }
 
-/// The spec's selection scores (Eq. 9, then the Eq. 10 sum over each group's heads), see
-/// [`crate::SparseAttentionBackend::block_scores`]: the probabilities are recomputed from `lse`.
+/// The spec's selection scores `[B, H_kv, T, ceil(T / block_size)]` (Eq. 9, then the Eq. 10 sum over
+/// each group's heads) of `q` against the compressed keys `k`: the probabilities are recomputed
+/// from the compressed branch's `lse`. What the top-n ranks where a backend has no selection kernel.
 pub fn block_scores<B: Backend>(
     q: Tensor<B, 4>,
     k: Tensor<B, 4>,

@@ -1,4 +1,4 @@
-//! Launches the top-n selection kernel ([`crate::kernel::top_n`]) on `CubeBackend`.
+//! Launches the block selection ([`crate::kernel::selection::top_n`]) on `CubeBackend`.
 
 use burn::tensor::{DType, Shape};
 use burn_cubecl::kernel::{cast, into_contiguous};
@@ -7,35 +7,62 @@ use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeRuntime;
 use cubecl::{calculate_cube_count_elemwise, CubeDim};
 
-use crate::kernel::top_n;
+use crate::api::Selection;
+use crate::kernel::selection::top_n::select_top_n;
+use crate::tiling::{SelectionTiling, SELECTION_LANES};
 
-/// `scores [B, H_kv, T, nb]` -> the block lists `[B, T, H_kv, n]` and the 0/1 selection
-/// `[B, H_kv, T, nb]`, both of the backend's int dtype `int`.
+/// `q [B, T, H_q, d_k]`, compressed keys `k [B, N, H_kv, d_k]` and the compressed branch's
+/// `lse [B, T, H_q]` -> the block lists `[B, T, H_kv, n]` of the backend's int dtype `int`.
+///
+/// Panics with one line when the sequence has more selection blocks than a cube's shared
+/// memory holds scores for (over a million tokens at the production shape on an H100).
 pub fn select_blocks<R: CubeRuntime>(
-    scores: CubeTensor<R>,
-    block_size: usize,
-    n: usize,
+    q: CubeTensor<R>,
+    k: CubeTensor<R>,
+    lse: CubeTensor<R>,
+    selection: Selection,
     int: DType,
-) -> (CubeTensor<R>, CubeTensor<R>) {
-    let scores = into_contiguous(match scores.dtype {
-        DType::F32 => scores,
-        _ => cast::<R>(scores, DType::F32),
+) -> CubeTensor<R> {
+    let (q, k) = (into_contiguous(q), into_contiguous(k));
+    let lse = into_contiguous(match lse.dtype {
+        DType::F32 => lse,
+        _ => cast::<R>(lse, DType::F32),
     });
-    let [b, h_kv, t, nb] = scores.meta.shape().dims::<4>();
-    let (client, device) = (scores.client.clone(), scores.device.clone());
-    let empty = |shape: Shape| empty_device_contiguous_dtype::<R>(client.clone(), device.clone(), shape, int);
-    let (list, taken) = (empty(Shape::new([b, t, h_kv, n])), empty(Shape::new([b, h_kv, t, nb])));
-    let dim = CubeDim::new_1d(128);
-    top_n::select_top_n::launch::<R>(
-        &client,
-        calculate_cube_count_elemwise(&client, b * h_kv * t, dim),
-        dim,
-        scores.into_tensor_arg(),
-        list.clone().into_tensor_arg(),
-        taken.clone().into_tensor_arg(),
-        u32::try_from(block_size).expect("block size fits in u32"),
-        u32::try_from(n).expect("n fits in u32"),
-        int.into(),
+    let [b, t, h_q, d_k] = q.meta.shape().dims::<4>();
+    let h_kv = k.meta.shape()[2];
+    let g = h_q / h_kv;
+    let client = q.client.clone();
+    let shared = client.properties().hardware.max_shared_memory_size;
+    let tiling = SelectionTiling::plan(t, selection.block_size, selection.n, g, d_k, shared)
+        .unwrap_or_else(|message| panic!("{message}"));
+    let list = empty_device_contiguous_dtype::<R>(
+        client.clone(),
+        q.device.clone(),
+        Shape::new([b, t, h_kv, selection.n]),
+        int,
     );
-    (list, taken)
+    let dim = CubeDim::new_2d(SELECTION_LANES as u32, tiling.rows as u32);
+    let cubes = b * h_kv * t.div_ceil(tiling.rows);
+    let count = calculate_cube_count_elemwise(&client, cubes * dim.num_elems() as usize, dim);
+    let as_u32 = |x: usize| u32::try_from(x).expect("selection geometry fits in u32");
+    select_top_n::launch::<R>(
+        &client,
+        count,
+        dim,
+        q.clone().into_tensor_arg(),
+        k.into_tensor_arg(),
+        lse.into_tensor_arg(),
+        list.clone().into_tensor_arg(),
+        1.0 / (d_k as f32).sqrt(),
+        as_u32(selection.length),
+        as_u32(selection.stride),
+        as_u32(selection.block_size),
+        g,
+        d_k,
+        tiling.rows,
+        tiling.blocks,
+        selection.n,
+        [q.dtype.into(), int.into()],
+    );
+    list
 }

@@ -159,12 +159,12 @@ fn attention_parts<B: crate::TrainBackend>(
             iters,
             || (p_cmp.clone(), x()),
             |(p, x)| {
-                let _ = nsa.select(q_fixed.clone(), p, &x).1.sum();
+                let _ = nsa.select(q_fixed.clone(), p, &x).sum();
             },
         ),
         None,
     ));
-    let (_, selected) = nsa.select(q_fixed, p_cmp, &x());
+    let selected = nsa.select(q_fixed, p_cmp, &x());
     parts.push((
         "selected branch (K/V, kernels)",
         time_with::<B, _>(

@@ -234,7 +234,7 @@ fn aux_stats<B: Backend>(aux: &[NsaAux<B>]) -> Option<Tensor<B, 1>> {
             let means = gates.clone().mean_dim(0).mean_dim(1).mean_dim(3).reshape([3]);
             let shares = gates.clone() / gates.sum_dim(2);
             let entropy = (shares.clone() * shares.clamp_min(1e-12).log()).sum_dim(2).mean().neg();
-            let selected = a.selected.clone().float().cast(DType::F32).sum_dim(3).mean();
+            let selected = a.blocks.clone().greater_equal_elem(0).float().cast(DType::F32).sum_dim(3).mean();
             Tensor::cat(vec![means, entropy, selected], 0)
         })
         .collect();

@@ -22,6 +22,9 @@ pub struct RunArgs {
     /// Overrides `train.batch_size` (sequences per micro-batch).
     #[arg(long)]
     pub batch_size: Option<usize>,
+    /// Overrides `model.seq_len` (tokens per sequence: the context a run trains at).
+    #[arg(long)]
+    pub seq_len: Option<usize>,
     /// Overrides `train.kernel_cache` (compiled kernels and autotune results; "" disables).
     #[arg(long)]
     pub kernel_cache: Option<String>,
@@ -53,6 +56,9 @@ impl RunArgs {
         }
         if let Some(b) = self.batch_size {
             cfg.train.batch_size = b;
+        }
+        if let Some(t) = self.seq_len {
+            cfg.model.seq_len = t;
         }
         if let Some(dir) = &self.kernel_cache {
             cfg.train.kernel_cache = dir.clone();

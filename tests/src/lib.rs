@@ -10,7 +10,7 @@ pub mod reference;
 
 use burn::backend::{Autodiff, NdArray};
 use burn::module::{Module, ModuleMapper, Param};
-use burn::tensor::{backend::Backend, Tensor, TensorData};
+use burn::tensor::{backend::Backend, Int, Tensor, TensorData};
 use nsa_core::attention::compress::MlpPhi;
 use nsa_core::NsaAttention;
 use rand::rngs::StdRng;
@@ -88,6 +88,18 @@ pub fn randomized<B: Backend, M: Module<B>>(module: M, rng: &mut StdRng, std: f6
 
 pub fn to_vec<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f64> {
     t.into_data().convert::<f64>().to_vec::<f64>().unwrap()
+}
+
+/// Block lists `[B, T, H_kv, n]` (`-1` in unused slots) as the selected blocks of each
+/// `[b][kv head][query]`, ascending.
+pub fn selection_sets<B: Backend>(list: Tensor<B, 4, Int>) -> Vec<Vec<Vec<Vec<usize>>>> {
+    let [b, t, h, n] = list.dims();
+    let flat = list.into_data().convert::<i64>().to_vec::<i64>().unwrap();
+    let row = |bi: usize, ti: usize, hi: usize| -> Vec<usize> {
+        let slots = &flat[((bi * t + ti) * h + hi) * n..][..n];
+        slots.iter().filter(|&&j| j >= 0).map(|&j| j as usize).collect()
+    };
+    (0..b).map(|bi| (0..h).map(|hi| (0..t).map(|ti| row(bi, ti, hi)).collect()).collect()).collect()
 }
 
 fn mat<B: Backend>(t: Tensor<B, 2>) -> Mat {

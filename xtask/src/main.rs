@@ -34,15 +34,17 @@ enum Task {
     Profile(NsaArgs),
     /// Benchmarks, built in release mode; each writes its JSON under `--out`.
     ///
-    /// `train`: the training run (`nsa bench-train`; after `--`: --config, --batch-size,
-    /// --precision, --steps, --warmup, --kernel-cache, --devices), with `--anchor` beside PyTorch's
-    /// dense model of the same shape (`bench/train_anchor.py`).
+    /// `train`: the training run (`nsa bench-train`; after `--`: --config, --seq-len,
+    /// --batch-size, --precision, --steps, --warmup, --kernel-cache, --devices), with `--anchor`
+    /// beside PyTorch's dense model of the same shape and length (`bench/train_anchor.py`).
     /// `kernels`: the fused sparse-attention op (`nsa-bench kernels`; after `--`: --lengths,
     /// --iters, --precision, --check-len, --shapes).
     /// `gemm`: the linear layers' products (`nsa-bench gemm`; after `--`: --rows, --precision,
     /// --iters).
     /// `profile`: each phase of a training step (`nsa-bench profile`; after `--`: --config,
     /// --iters, --warmup, --precision, --batch-size).
+    /// `selection`: the block selection kernel (`nsa-bench selection`; after `--`: --lengths,
+    /// --check-len, --iters): its lists against the f64 reference, bf16 against f32.
     Bench {
         #[arg(value_enum)]
         what: BenchKind,
@@ -55,7 +57,7 @@ enum Task {
         #[arg(long)]
         scaling: bool,
         /// Where results go (`bench-train.json`, `anchor.jsonl`, `bench-train-1.json`,
-        /// `kernels.json`, `gemm.json`, `profile.json`).
+        /// `kernels.json`, `gemm.json`, `profile.json`, `selection.json`).
         #[arg(long, default_value = DEFAULT_OUT)]
         out: PathBuf,
         #[command(flatten)]
@@ -87,6 +89,7 @@ enum BenchKind {
     Gemm,
     Kernels,
     Profile,
+    Selection,
 }
 
 fn main() -> ExitCode {
@@ -114,6 +117,7 @@ fn main() -> ExitCode {
         Task::Bench { what: BenchKind::Kernels, nsa: a, out, .. } => nsa_bench("kernels", a, &out),
         Task::Bench { what: BenchKind::Gemm, nsa: a, out, .. } => nsa_bench("gemm", a, &out),
         Task::Bench { what: BenchKind::Profile, nsa: a, out, .. } => nsa_bench("profile", a, &out),
+        Task::Bench { what: BenchKind::Selection, nsa: a, out, .. } => nsa_bench("selection", a, &out),
         Task::Bench { what: BenchKind::Train, nsa: a, anchor, scaling, out } => {
             bench_train::run(a, anchor, scaling, &out)
         }

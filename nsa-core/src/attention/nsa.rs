@@ -1,18 +1,18 @@
 //! The NSA layer: exactly `shared/docs/nsa-spec.md`, as batched tensor code.
 //!
 //! The three branches go through `nsa_kernels::sparse_attention` (the compressed one with
-//! `Keys::Compressed`, its selection scores through `nsa_kernels::block_scores`): fused CubeCL
-//! kernels on CUDA and WGPU, masked dense attention (O(T^2) memory, `B * H_q * T^2` scores per
-//! branch) on every other backend and when `fused_kernels` is off. The top-n is
-//! `nsa_kernels`' `select_blocks` kernel where the backend has one, else a tensor-op rank that
-//! materialises `B * H_kv * T * n_sel^2` booleans.
+//! `Keys::Compressed`): fused CubeCL kernels on CUDA and WGPU, masked dense attention (O(T^2)
+//! memory, `B * H_q * T^2` scores per branch) on every other backend and when `fused_kernels`
+//! is off. The selection (scores and top-n) is `nsa_kernels::select_blocks`' one kernel where
+//! the backend has it, which writes only the block lists; else the scores in tensor ops and a
+//! tensor-op rank that materialises `B * H_kv * T * n_sel^2` booleans.
 
 use burn::module::{Module, Param};
 use burn::nn::{Initializer, Linear, LinearConfig};
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::{Bool, Int, Tensor};
+use burn::tensor::{Int, Tensor};
 use nsa_kernels::{
-    block_scores, gated_mix, gated_mix_reference, reference, sparse_attention, Keys, SparseAttentionBackend,
+    gated_mix, gated_mix_reference, reference, select_blocks, sparse_attention, Keys, Selection, SparseAttentionBackend,
 };
 
 use super::compress::Compressor;
@@ -34,14 +34,15 @@ pub enum Branch {
 pub struct NsaAux<B: Backend> {
     /// Gate values `[B, T, 3, H_q]`, branch order [`Branch`].
     pub gates: Tensor<B, 4>,
-    /// Selected blocks `[B, H_kv, T, ceil(T / l_sel)]`, shared by the heads of each group.
-    pub selected: Tensor<B, 4, Bool>,
+    /// Selected blocks `[B, T, H_kv, n]` (ascending, `-1` in unused slots), shared by the
+    /// heads of each group.
+    pub blocks: Tensor<B, 4, Int>,
 }
 
 impl<B: AutodiffBackend> NsaAux<B> {
     /// The same tensors outside the autodiff graph.
     pub fn inner(self) -> NsaAux<B::InnerBackend> {
-        NsaAux { gates: self.gates.inner(), selected: self.selected.inner() }
+        NsaAux { gates: self.gates.inner(), blocks: self.blocks.inner() }
     }
 }
 
@@ -107,11 +108,11 @@ impl<B: SparseAttentionBackend> NsaAttention<B> {
     pub fn forward_with_aux(&self, x: Tensor<B, 3>) -> (Tensor<B, 3>, NsaAux<B>) {
         let q = self.queries(x.clone());
         let (o_cmp, compressed) = self.compressed_branch(q.clone(), x.clone());
-        let (selected, blocks) = self.select(q.clone(), compressed, &x);
-        let o_slc = self.selected_branch(q.clone(), x.clone(), blocks);
+        let blocks = self.select(q.clone(), compressed, &x);
+        let o_slc = self.selected_branch(q.clone(), x.clone(), blocks.clone());
         let o_win = self.window_branch(q, x.clone());
         let (out, gates) = self.mix(x, [o_cmp, o_slc, o_win]);
-        (out, NsaAux { gates, selected })
+        (out, NsaAux { gates, blocks })
     }
 
     /// Rotated queries `[B, T, H_q, d_k]` for `x: [B, T, dim]`.
@@ -138,42 +139,32 @@ impl<B: SparseAttentionBackend> NsaAttention<B> {
         (out, Some((k_cmp, lse)))
     }
 
-    /// The selected blocks `[B, H_kv, T, n_sel]` for `x: [B, T, dim]`, ranked by the scores of
-    /// the compressed branch's probabilities (`None` before the first compressed block: only
-    /// the forced blocks are taken), and the same selection as the kernels' block lists
-    /// `[B, T, H_kv, n]`.
+    /// The selected blocks `[B, T, H_kv, n]` (ascending, `-1` in unused slots) for
+    /// `x: [B, T, dim]`, ranked by the scores of the compressed branch's probabilities (`None`
+    /// before the first compressed block: only the forced blocks and the lowest-index ties).
     pub fn select(
         &self,
         q: Tensor<B, 4>,
         compressed: Option<(Tensor<B, 4>, Tensor<B, 3>)>,
         x: &Tensor<B, 3>,
-    ) -> (Tensor<B, 4, Bool>, Tensor<B, 4, Int>) {
+    ) -> Tensor<B, 4, Int> {
         let c = &self.config;
         let [b, t, _] = x.dims();
         let scores = match compressed {
             Some((k, lse)) => {
                 let (q, k, lse) = (q.detach(), k.detach(), lse.detach());
-                match c.fused_kernels {
-                    true => block_scores(q, k, lse, c.l, c.d, c.l_sel),
-                    false => reference::block_scores(q, k, lse, c.l, c.d, c.l_sel),
+                let selection = Selection { length: c.l, stride: c.d, block_size: c.l_sel, n: c.n };
+                // The backend's one-pass kernel where it has one, else the same rule in tensor ops.
+                if c.fused_kernels {
+                    if let Some(list) = select_blocks(q.clone(), k.clone(), lse.clone(), selection) {
+                        return list;
+                    }
                 }
+                reference::block_scores(q, k, lse, c.l, c.d, c.l_sel)
             }
             None => Tensor::zeros([b, c.n_kv_heads, t, num_selection_blocks(t, c.l_sel)], (&x.device(), x.dtype())),
         };
-        // The backend's top-n kernel where it has one, else the tensor-op top-n (the same rule).
-        let kernel = match c.fused_kernels {
-            true => B::select_blocks(scores.clone().into_primitive().tensor(), c.l_sel, c.n),
-            false => None,
-        };
-        match kernel {
-            Some((list, taken)) => {
-                (Tensor::<B, 4, Int>::from_primitive(taken).equal_elem(1), Tensor::from_primitive(list))
-            }
-            None => {
-                let selected = select_top_n(scores, c.l_sel, c.n);
-                (selected.clone(), selected_list(selected, c.n))
-            }
-        }
+        selected_list(select_top_n(scores, c.l_sel, c.n), c.n)
     }
 
     /// The selected branch over block lists `[B, T, H_kv, n]`.

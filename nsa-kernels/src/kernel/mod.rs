@@ -23,5 +23,4 @@ pub mod primitives;
 pub mod rms_norm;
 pub mod row_delta;
 pub mod selection;
-pub mod top_n;
 pub mod window;

@@ -1,6 +1,6 @@
-//! The compressed branch's kernels (`Keys::Compressed` and `block_scores`) on WGPU (Mesa
-//! lavapipe in CI, f32) against the reference tensor path in f64 on the CPU: output, log-sum-exp,
-//! the gradients of q, k and v, and the selection scores, on fresh random inputs. The reference
+//! The compressed branch's kernels (`Keys::Compressed`) on WGPU (Mesa lavapipe in CI, f32)
+//! against the reference tensor path in f64 on the CPU: output, log-sum-exp and the gradients
+//! of q, k and v, on fresh random inputs (the selection that follows: `select_kernel.rs`). The reference
 //! path itself is held to the float64 loops of the spec by the layer parity tests.
 //!
 //! Shapes cover rows that see no block (every `t < l - 1`), ragged `T`, `l % d != 0`, groups of
@@ -12,7 +12,7 @@
 use burn::backend::wgpu::{CubeBackend, WgpuDevice, WgpuRuntime};
 use burn::backend::Autodiff;
 use burn::tensor::{backend::AutodiffBackend, Tensor, TensorData};
-use nsa_kernels::{block_scores, sparse_attention, Keys, SparseAttentionBackend};
+use nsa_kernels::{sparse_attention, Keys, SparseAttentionBackend};
 use nsa_tests::{fresh_rng, max_rel_err, normal, to_vec, A64};
 use rand::rngs::StdRng;
 
@@ -47,10 +47,10 @@ impl Case {
         (t - l) / d + 1
     }
 
-    /// `[out, lse of the rows that see a block, dq, dk, dv, scores]` on `B`.
-    fn run<B: AutodiffBackend + SparseAttentionBackend>(&self, device: &B::Device) -> [Vec<f64>; 6] {
+    /// `[out, lse of the rows that see a block, dq, dk, dv]` on `B`.
+    fn run<B: AutodiffBackend + SparseAttentionBackend>(&self, device: &B::Device) -> [Vec<f64>; 5] {
         let [b, t, h_q, h_kv, d_k, d_v] = self.dims;
-        let [l, d, l_sel] = self.geometry;
+        let [l, d, _] = self.geometry;
         let n = Self::blocks(t, self.geometry);
         let tensor = |data: &[f64], shape: [usize; 4]| {
             Tensor::<B, 4>::from_data(TensorData::new(data.to_vec(), shape), device).require_grad()
@@ -59,20 +59,19 @@ impl Case {
         let k = tensor(&self.k, [b, n, h_kv, d_k]);
         let v = tensor(&self.v, [b, n, h_kv, d_v]);
         let (out, lse) = sparse_attention(q.clone(), k.clone(), v.clone(), &Keys::Compressed { length: l, stride: d });
-        let scores = block_scores(q.clone().detach(), k.clone().detach(), lse.clone(), l, d, l_sel);
         let grad_out = Tensor::<B, 4>::from_data(TensorData::new(self.grad_out.clone(), [b, t, h_q, d_v]), device);
         let grads = (out.clone() * grad_out).sum().backward();
         let grad = |x: &Tensor<B, 4>| to_vec(x.grad(&grads).expect("input has a gradient"));
         // Rows before the first block carry a log-sum-exp of -1e30, which would swamp the
         // relative error: they are checked through their zero output and gradients instead.
         let lse = to_vec(lse.narrow(1, l - 1, t + 1 - l));
-        [to_vec(out), lse, grad(&q), grad(&k), grad(&v), to_vec(scores)]
+        [to_vec(out), lse, grad(&q), grad(&k), grad(&v)]
     }
 
     fn check<B: AutodiffBackend + SparseAttentionBackend>(&self, device: &B::Device, tol: f64) {
         let want = self.run::<A64>(&Default::default());
         let got = self.run::<B>(device);
-        for (i, name) in ["out", "lse", "dq", "dk", "dv", "scores"].iter().enumerate() {
+        for (i, name) in ["out", "lse", "dq", "dk", "dv"].iter().enumerate() {
             let err = max_rel_err(&got[i], &want[i]);
             assert!(err <= tol, "{name}: relative error {err:e} > {tol:e} for {:?} {:?}", self.dims, self.geometry);
         }
@@ -106,4 +105,38 @@ fn compressed_kernels_match_the_reference() {
 fn compressed_kernels_through_fusion_match_the_reference() {
     let mut rng = fresh_rng("compressed_kernels_through_fusion_match_the_reference");
     Case::new(&mut rng, [2, 45, 6, 1, 16, 8], [8, 4, 8]).check::<WgpuFusion>(&WgpuDevice::default(), 1e-5);
+}
+
+/// The branch a few queries at a time (the long-context path: chunks bound its score matrices)
+/// against the whole sequence in one chunk: output, log-sum-exp and the three gradients, with a
+/// ragged last chunk, rows that see no block in the first, and batch 2.
+#[test]
+fn compressed_kernels_in_chunks_match_one_chunk() {
+    use burn::tensor::TensorPrimitive;
+    use nsa_kernels::compressed::Problem;
+    type Cube = CubeBackend<WgpuRuntime, f32, i32, u32>;
+    let device = WgpuDevice::default();
+    let mut rng = fresh_rng("compressed_kernels_in_chunks_match_one_chunk");
+    let ([b, t, h_q, h_kv, d_k, d_v], [l, d]) = ([2, 150, 6, 2, 16, 8], [8, 4]);
+    let n = (t - l) / d + 1;
+    let mut primitive = |shape: [usize; 4]| {
+        let data = normal(&mut rng, shape.iter().product(), 1.0);
+        Tensor::<Cube, 4>::from_data(TensorData::new(data, shape), &device).into_primitive().tensor()
+    };
+    let (q, k, v) = (primitive([b, t, h_q, d_k]), primitive([b, n, h_kv, d_k]), primitive([b, n, h_kv, d_v]));
+    let grad_out = primitive([b, t, h_q, d_v]);
+    let run = |problem: Problem<WgpuRuntime>| {
+        let (out, lse) = problem.forward();
+        let grads = problem.backward(lse.clone(), grad_out.clone());
+        let host = |x| to_vec(Tensor::<Cube, 4>::from_primitive(TensorPrimitive::Float(x)));
+        let lse = to_vec(Tensor::<Cube, 3>::from_primitive(TensorPrimitive::Float(lse)).narrow(1, l - 1, t + 1 - l));
+        let [dq, dk, dv] = grads.map(host);
+        [host(out), lse, dq, dk, dv]
+    };
+    let whole = run(Problem::new(q.clone(), k.clone(), v.clone(), l, d));
+    let chunked = run(Problem::new(q, k, v, l, d).with_chunk_queries(32));
+    for (i, name) in ["out", "lse", "dq", "dk", "dv"].iter().enumerate() {
+        let err = max_rel_err(&chunked[i], &whole[i]);
+        assert!(err <= 1e-5, "{name}: chunks differ from one chunk by {err:e}");
+    }
 }

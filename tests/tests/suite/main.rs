@@ -23,4 +23,5 @@ mod norm;
 mod optimizer;
 mod parity;
 mod phi;
+mod select_kernel;
 mod selection;

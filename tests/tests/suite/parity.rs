@@ -2,7 +2,9 @@
 
 use nsa_core::{NsaConfig, Phi};
 use nsa_tests::reference::nsa_reference;
-use nsa_tests::{fresh_rng, max_rel_err, random_input, randomized, small_config, to_vec, weights_of, B64};
+use nsa_tests::{
+    fresh_rng, max_rel_err, random_input, randomized, selection_sets, small_config, to_vec, weights_of, B64,
+};
 
 /// Small-shape base: l=8, d=4, l_sel=8, n=4, w=16.
 fn base() -> NsaConfig {
@@ -23,16 +25,14 @@ fn check(name: &str, cfg: NsaConfig, batch: usize, t: usize) -> usize {
     let err = max_rel_err(&to_vec(out), &expected.output.concat());
     assert!(err <= 1e-5, "{name}: output differs from the reference by {err:e} (relative)");
 
-    let n_sel = t.div_ceil(cfg.l_sel);
-    let mask: Vec<bool> = aux.selected.into_data().to_vec().unwrap();
+    let sets = selection_sets(aux.blocks);
     let mut contested = 0;
     for b in 0..batch {
         for kh in 0..cfg.n_kv_heads {
             for q in 0..t {
-                let row = &mask[((b * cfg.n_kv_heads + kh) * t + q) * n_sel..][..n_sel];
-                let got: Vec<usize> = (0..n_sel).filter(|j| row[*j]).collect();
+                let got = &sets[b][kh][q];
                 let want = &expected.selected[b][kh][q];
-                assert_eq!(&got, want, "{name}: batch {b}, kv head {kh}, query {q}: selected blocks differ");
+                assert_eq!(got, want, "{name}: batch {b}, kv head {kh}, query {q}: selected blocks differ");
                 contested += usize::from(q / cfg.l_sel + 1 > cfg.n);
             }
         }

@@ -33,7 +33,7 @@ fn mlp_phi_at_initialisation_equals_avg() {
     let (out_avg, aux_avg) = avg.forward_with_aux(x.clone());
     let err = max_rel_err(&to_vec(out_mlp), &to_vec(out_avg.clone()));
     assert!(err <= 1e-12, "mlp phi at init differs from avg by {err:e}");
-    assert_eq!(aux_mlp.selected.into_data(), aux_avg.selected.into_data());
+    assert_eq!(aux_mlp.blocks.into_data(), aux_avg.blocks.into_data());
 
     // The comparison is live: a trained (random) mlp phi gives a different output.
     let mut trained = mlp;

@@ -5,9 +5,10 @@ use burn::tensor::{Tensor, TensorData};
 use nsa_core::attention::selection::select_top_n;
 use nsa_core::{NsaAttention, NsaConfig};
 use nsa_tests::reference::select_blocks;
-use nsa_tests::{fresh_rng, normal, random_input, randomized, small_config, to_vec, B64};
+use nsa_tests::{fresh_rng, normal, random_input, randomized, selection_sets, small_config, to_vec, B64};
 
-fn selection_sets(mask: Tensor<B64, 4, burn::tensor::Bool>) -> Vec<Vec<usize>> {
+/// A selection mask `[B, H, T, nb]` as the selected blocks of each row `(b, h, t)`.
+fn mask_sets(mask: Tensor<B64, 4, burn::tensor::Bool>) -> Vec<Vec<usize>> {
     let [_, _, _, nb] = mask.dims();
     let flat: Vec<bool> = mask.into_data().to_vec().unwrap();
     flat.chunks(nb).map(|row| (0..nb).filter(|j| row[*j]).collect()).collect()
@@ -46,7 +47,7 @@ fn selection_depends_only_on_the_group_sum() {
     let mut permuted = layer.clone();
     permuted.query.weight = Param::from_tensor(Tensor::from_data(TensorData::new(new, [rows, cols]), &device));
     let (_, after) = permuted.forward_with_aux(x);
-    assert_eq!(selection_sets(before.selected), selection_sets(after.selected));
+    assert_eq!(selection_sets(before.blocks), selection_sets(after.blocks));
 }
 
 #[test]
@@ -58,7 +59,7 @@ fn forced_blocks_always_selected_and_counts_are_exact() {
     let layer: NsaAttention<B64> = randomized(cfg.init_nsa(t, 0.02, 0.02, &device), &mut rng, 0.4);
     let (x, _) = random_input::<B64>(&mut rng, 2, t, cfg.dim, &device);
     let (_, aux) = layer.forward_with_aux(x);
-    for (row, blocks) in selection_sets(aux.selected).iter().enumerate() {
+    for (row, blocks) in selection_sets(aux.blocks).concat().concat().iter().enumerate() {
         let q = row % t;
         let current = q / cfg.l_sel;
         assert!(blocks.contains(&0), "query {q}: block 0 missing from {blocks:?}");
@@ -77,7 +78,7 @@ fn ties_go_to_the_lower_block_index_deterministically() {
     let device = Default::default();
     let (t, nb, l_sel, n) = (100, 10, 10, 6);
     let scores = Tensor::<B64, 4>::ones([1, 1, t, nb], &device);
-    let first = selection_sets(select_top_n(scores.clone(), l_sel, n));
+    let first = mask_sets(select_top_n(scores.clone(), l_sel, n));
     for (q, blocks) in first.iter().enumerate() {
         let current = q / l_sel;
         let mut want: Vec<usize> = vec![0];
@@ -88,7 +89,7 @@ fn ties_go_to_the_lower_block_index_deterministically() {
         assert_eq!(blocks, &want, "query {q}");
     }
     for _ in 0..3 {
-        assert_eq!(selection_sets(select_top_n(scores.clone(), l_sel, n)), first);
+        assert_eq!(mask_sets(select_top_n(scores.clone(), l_sel, n)), first);
     }
 }
 
@@ -101,43 +102,8 @@ fn top_n_matches_the_reference_on_random_scores_with_ties() {
     // Values on a coarse grid, so many scores tie exactly.
     let values: Vec<f64> = normal(&mut rng, t * nb, 1.0).iter().map(|v| (v * 2.0).round()).collect();
     let scores = Tensor::<B64, 4>::from_data(TensorData::new(values.clone(), [1, 1, t, nb]), &device);
-    let got = selection_sets(select_top_n(scores, l_sel, n));
+    let got = mask_sets(select_top_n(scores, l_sel, n));
     for q in 0..t {
         assert_eq!(got[q], select_blocks(q, &values[q * nb..(q + 1) * nb], l_sel, n), "query {q}");
-    }
-}
-
-/// The backend's top-n kernel (WGPU through Burn's fusion, as a GPU run calls it) on random
-/// scores with planted exact ties, several batches and KV heads: its 0/1 selection and its
-/// block lists equal the reference sort.
-#[test]
-fn top_n_kernel_matches_the_reference_on_wgpu() {
-    use burn::backend::wgpu::WgpuDevice;
-    use burn::tensor::Int;
-    use nsa_kernels::SparseAttentionBackend;
-    type Wgpu = burn::backend::Autodiff<burn::backend::Wgpu>;
-    let device = WgpuDevice::default();
-    let mut rng = fresh_rng("top_n_kernel");
-    let (b, h, t, l_sel, n): (usize, usize, usize, usize, usize) = (2, 2, 130, 8, 5);
-    let nb = t.div_ceil(l_sel);
-    let values: Vec<f64> = normal(&mut rng, b * h * t * nb, 1.0).iter().map(|v| (v * 2.0).round()).collect();
-    let scores = Tensor::<Wgpu, 4>::from_data(TensorData::new(values.clone(), [b, h, t, nb]), &device);
-    let (list, taken) = <Wgpu as SparseAttentionBackend>::select_blocks(scores.into_primitive().tensor(), l_sel, n)
-        .expect("WGPU has the kernel");
-    let ints = |x| Tensor::<Wgpu, 4, Int>::from_primitive(x).into_data().convert::<i64>().to_vec::<i64>().unwrap();
-    let (list, taken) = (ints(list), ints(taken));
-    for bi in 0..b {
-        for hi in 0..h {
-            for q in 0..t {
-                let row = ((bi * h + hi) * t + q) * nb;
-                let want = select_blocks(q, &values[row..row + nb], l_sel, n);
-                let got: Vec<usize> = (0..nb).filter(|j| taken[row + j] == 1).collect();
-                assert_eq!(got, want, "batch {bi}, head {hi}, query {q}: selection");
-                let at = ((bi * t + q) * h + hi) * n;
-                let mut listed: Vec<i64> = want.iter().map(|&j| j as i64).collect();
-                listed.resize(n, -1);
-                assert_eq!(&list[at..at + n], &listed[..], "batch {bi}, head {hi}, query {q}: list");
-            }
-        }
     }
 }

@@ -1,5 +1,5 @@
 //! The compressed branch's row kernels around its dense products (probabilities, score
-//! gradients, the selection's block scores).
+//! gradients), and which compressed blocks a query sees.
 
 pub mod rows;
-pub mod scores;
+pub mod visible;

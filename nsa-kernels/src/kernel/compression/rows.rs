@@ -5,8 +5,9 @@
 //! - [`swap_middle_axes`] moves each head's rows between the layer's `[B, T, H, d]` and the
 //!   products' one-matrix-per-head `[B, H, T, d]`, a whole 16-byte vector per unit.
 //! - [`expand_heads`] lays each query head's copy of its KV head's keys (or values) out as one
-//!   matrix of the batch, zero rows padding `N` to the products' width; [`sum_heads`] adds the
-//!   group's heads back for dK and dV.
+//!   matrix of the batch, zero rows padding `N` to the products' width; [`add_leading_rows`]
+//!   adds a query chunk's dK or dV share (over the keys it sees) to the sum, and [`sum_heads`]
+//!   adds the group's heads back.
 //! - [`compressed_probs`] turns a row of raw scores into the masked softmax (query `t` sees the
 //!   blocks complete at `t`) and its log-sum-exp; [`compressed_grad_scores`] recomputes those
 //!   probabilities from the log-sum-exp and gives the scores' gradient
@@ -17,7 +18,7 @@
 
 use cubecl::prelude::*;
 
-use super::scores::visible_blocks;
+use super::visible::visible_blocks;
 use crate::kernel::primitives::rows::{offset3, NEG_LARGE};
 
 /// Units per row of the row kernels. A row is short (`N` padded to 16: 128 columns at T = 2048),
@@ -25,27 +26,38 @@ use crate::kernel::primitives::rows::{offset3, NEG_LARGE};
 /// per unit.
 pub const ROW_UNITS: usize = 8;
 
-/// `src [A, X, Y, d]` -> `dst [A, Y, X, d]`, both contiguous, indexed in vectors of `vector`
-/// elements (`vector` divides `d`).
+/// `dst[a, y0 + y, x] = src[a, x0 + x, y]` (rows of `d`, both contiguous) for `y < y_len`,
+/// `x < x_len`: the axes of `[A, X, Y, d]` swapped into `[A, Y, X, d]`, and a window of `X`
+/// read or of `Y` written (a chunk of queries taken from the layer's `[B, T, H, d]`, or a
+/// chunk's `[B, H, T, d]` rows put back). Indexed in vectors of `vector` elements (`vector`
+/// divides `d`); one unit per vector of the window.
 #[cube(launch)]
+#[allow(clippy::too_many_arguments)]
 pub fn swap_middle_axes<F: Float, N: Size>(
     src: &Tensor<Vector<F, N>>,
     dst: &mut Tensor<Vector<F, N>>,
+    x0: u32,
+    y0: u32,
+    x_len: u32,
+    y_len: u32,
     #[comptime] vector: usize,
     #[define(F)] _dtype: StorageType,
 ) {
+    let per_row = dst.shape(3) / vector;
+    let (x_len, y_len) = (x_len as usize, y_len as usize);
     let pos = ABSOLUTE_POS;
-    if pos >= dst.len() {
+    if pos >= dst.shape(0) * y_len * x_len * per_row {
         terminate!();
     }
-    let per_row = dst.shape(3) / vector;
-    let (y_len, x_len) = (dst.shape(1), dst.shape(2));
     let c = pos % per_row;
     let row = pos / per_row;
     let x = row % x_len;
     let y = (row / x_len) % y_len;
     let a = row / (x_len * y_len);
-    dst[pos] = src[((a * x_len + x) * y_len + y) * per_row + c];
+    let (src_x, src_y) = (src.shape(1), src.shape(2));
+    let dst_y = dst.shape(1);
+    dst[((a * dst_y + y0 as usize + y) * x_len + x) * per_row + c] =
+        src[((a * src_x + x0 as usize + x) * src_y + y) * per_row + c];
 }
 
 /// `src [B, N, H_kv, d]` -> `dst [B * H_q, width, d]` (contiguous): matrix `b * H_q + h` holds
@@ -101,8 +113,23 @@ pub fn sum_heads<F: Float>(
     dst[pos] = F::cast_from(total);
 }
 
-/// Which row of `[B * H_q, T, width]` a unit serves, and where that row's statistics sit in
-/// `[B, T, H_q]`. Units past the last row serve it again and write nothing.
+/// `acc [A, W, d] += part [A, w, d]` on the first `w <= W` rows of each matrix (f32, both
+/// contiguous): a query chunk's dK or dV share, over the keys the chunk sees, added to the sum.
+#[cube(launch)]
+pub fn add_leading_rows(acc: &mut Tensor<f32>, part: &Tensor<f32>) {
+    let pos = ABSOLUTE_POS;
+    if pos >= part.len() {
+        terminate!();
+    }
+    let (w, d) = (part.shape(1), part.shape(2));
+    let a = pos / (w * d);
+    let at = a * acc.shape(1) * d + pos % (w * d);
+    acc[at] = acc[at] + part[pos];
+}
+
+/// Which row of a chunk's `[B * H_q, T_c, width]` (queries `t0..t0 + T_c`) a unit serves, and
+/// where that row's statistics sit in `[B, T, H_q]`. Units past the last row serve it again and
+/// write nothing.
 #[derive(CubeType)]
 struct ScoreRow {
     active: bool,
@@ -118,13 +145,13 @@ struct ScoreRow {
 
 #[cube]
 impl ScoreRow {
-    fn new(scores: &Tensor<f32>, lse: &Tensor<f32>, length: u32, stride: u32, n: u32) -> ScoreRow {
+    fn new(scores: &Tensor<f32>, lse: &Tensor<f32>, t0: u32, length: u32, stride: u32, n: u32) -> ScoreRow {
         let (t_len, width, h_q) = (scores.shape(1), scores.shape(2), lse.shape(2));
         let rows = scores.shape(0) * t_len;
         let row = ABSOLUTE_POS / ROW_UNITS;
         let active = row < rows;
         let row = min(row, rows - 1);
-        let (bh, t) = (row / t_len, row % t_len);
+        let (bh, t) = (row / t_len, t0 as usize + row % t_len);
         let (b, h) = (bh / h_q, bh % h_q);
         ScoreRow {
             active,
@@ -166,10 +193,10 @@ impl ScoreRow {
     }
 }
 
-/// Raw scores `q . k` `[B * H_q, T, width]` (f32) -> probabilities `probs` (same shape, the
-/// storage type; zero where masked) and `lse [B, T, H_q]` (f32; `NEG_LARGE` for a row that sees
-/// no block). Query `t` sees blocks `i < n` with `i * stride + length - 1 <= t`. Cube
-/// `ROW_UNITS * rows` units.
+/// Raw scores `q . k` `[B * H_q, T_c, width]` (f32) of queries `t0..t0 + T_c` -> probabilities
+/// `probs` (same shape, the storage type; zero where masked) and their rows of
+/// `lse [B, T, H_q]` (f32; `NEG_LARGE` for a row that sees no block). Query `t` sees blocks
+/// `i < n` with `i * stride + length - 1 <= t`. Cube `ROW_UNITS * rows` units.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 pub fn compressed_probs<F: Float>(
@@ -177,13 +204,14 @@ pub fn compressed_probs<F: Float>(
     probs: &mut Tensor<F>,
     lse: &mut Tensor<f32>,
     scale: f32,
+    t0: u32,
     length: u32,
     stride: u32,
     n: u32,
     #[comptime] rows: usize,
     #[define(F)] _dtype: StorageType,
 ) {
-    let row = ScoreRow::new(scores, lse, length, stride, n);
+    let row = ScoreRow::new(scores, lse, t0, length, stride, n);
     let mut partials = SharedMemory::<f32>::new(rows * ROW_UNITS);
     let width = scores.shape(2);
 
@@ -218,8 +246,8 @@ pub fn compressed_probs<F: Float>(
     }
 }
 
-/// Raw scores and the probabilities' gradient `dp = dO . v` (`[B * H_q, T, width]`, f32) and
-/// the forward's `lse` -> the raw scores' gradient `p (dp - sum_j p_j dp_j) scale` and the
+/// Raw scores and the probabilities' gradient `dp = dO . v` (`[B * H_q, T_c, width]`, f32, of
+/// queries `t0..t0 + T_c`) and the forward's `lse` -> the raw scores' gradient `p (dp - sum_j p_j dp_j) scale` and the
 /// probabilities `p` (both the storage type, zero where masked). Cube `ROW_UNITS * rows` units.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
@@ -230,13 +258,14 @@ pub fn compressed_grad_scores<F: Float>(
     grad_scores: &mut Tensor<F>,
     probs: &mut Tensor<F>,
     scale: f32,
+    t0: u32,
     length: u32,
     stride: u32,
     n: u32,
     #[comptime] rows: usize,
     #[define(F)] _dtype: StorageType,
 ) {
-    let row = ScoreRow::new(scores, lse, length, stride, n);
+    let row = ScoreRow::new(scores, lse, t0, length, stride, n);
     let mut partials = SharedMemory::<f32>::new(rows * ROW_UNITS);
     let width = scores.shape(2);
     let row_lse = lse[row.stat];

@@ -1,0 +1,167 @@
+//! `nsa-bench selection`: the block selection kernel (`nsa_kernels::select_blocks`: the spec's
+//! scores and top-n in one pass) on the device, at the production shape and geometry.
+//!
+//! Per length: the kernel's f32 lists against the float64 reference on the CPU (scores by
+//! `nsa_kernels::reference::block_scores`, top-n by nsa-core's tensor-op rank; up to
+//! `--check-len`, as the reference materialises `T x n_sel^2` booleans), skipping only rows
+//! whose reference cut is a near-tie f32 cannot rank; the share of rows whose bf16 selection
+//! (bf16 q and keys, the bf16 branch's log-sum-exp) differs from the f32 one; and the kernel's
+//! synced median time. Inputs are standard normal `q` and compressed keys (scores of order 1,
+//! so selections are decided, not near-uniform).
+
+use burn::tensor::backend::Backend;
+use burn::tensor::{DType, Distribution, Int, Tensor};
+use nsa_kernels::{select_blocks, sparse_attention, Keys, Selection, SparseAttentionBackend};
+use serde::Serialize;
+
+use crate::timing::median_ms;
+
+/// The production shape: 12 query heads on 2 KV heads of 64, `l = 32, d = 16, l' = 64, n = 16`.
+const H_Q: usize = 12;
+const H_KV: usize = 2;
+const D: usize = 64;
+const SELECTION: Selection = Selection { length: 32, stride: 16, block_size: 64, n: 16 };
+/// Relative score gap under which f32 may rank two blocks either way.
+const NEAR_TIE: f64 = 1e-5;
+
+#[derive(Serialize, Debug)]
+pub struct SelectionRow {
+    pub t: usize,
+    /// Query rows `(t, KV head)`.
+    pub rows: usize,
+    pub f32_ms: f64,
+    /// Against the f64 reference: rows compared, rows that differ, near-tie rows skipped.
+    pub checked: Option<usize>,
+    pub mismatches: Option<usize>,
+    pub near_ties: Option<usize>,
+    /// bf16 against f32 (CUDA only).
+    pub bf16_ms: Option<f64>,
+    pub bf16_flips: Option<usize>,
+}
+
+impl SelectionRow {
+    pub fn ok(&self) -> bool {
+        self.mismatches.unwrap_or(0) == 0
+    }
+}
+
+/// The compressed branch's inputs at length `t` in `dtype`, and its log-sum-exp from the fused
+/// forward.
+fn inputs<B: Backend + SparseAttentionBackend>(
+    q: &Tensor<B, 4>,
+    k: &Tensor<B, 4>,
+    dtype: DType,
+) -> (Tensor<B, 4>, Tensor<B, 4>, Tensor<B, 3>) {
+    let (q, k) = (q.clone().cast(dtype), k.clone().cast(dtype));
+    let keys = Keys::Compressed { length: SELECTION.length, stride: SELECTION.stride };
+    let (_, lse) = sparse_attention(q.clone(), k.clone(), k.clone(), &keys);
+    (q, k, lse)
+}
+
+fn lists<B: Backend + SparseAttentionBackend>(
+    q: &Tensor<B, 4>,
+    k: &Tensor<B, 4>,
+    lse: &Tensor<B, 3>,
+) -> Tensor<B, 4, Int> {
+    select_blocks(q.clone(), k.clone(), lse.clone(), SELECTION).expect("the backend has the selection kernel")
+}
+
+fn host_ints<B: Backend>(t: Tensor<B, 4, Int>) -> Vec<i64> {
+    t.into_data().convert::<i64>().to_vec::<i64>().expect("int tensor data")
+}
+
+pub fn bench_selection<B: Backend + SparseAttentionBackend>(
+    device: &B::Device,
+    lengths: &[usize],
+    check_len: usize,
+    iters: usize,
+    bf16: bool,
+) -> Vec<SelectionRow> {
+    lengths
+        .iter()
+        .map(|&t| {
+            let n_keys = (t.max(SELECTION.length) - SELECTION.length) / SELECTION.stride + 1;
+            let q = Tensor::<B, 4>::random([1, t, H_Q, D], Distribution::Normal(0.0, 1.0), device);
+            let k = Tensor::<B, 4>::random([1, n_keys, H_KV, D], Distribution::Normal(0.0, 1.0), device);
+            let (q32, k32, lse32) = inputs(&q, &k, DType::F32);
+            let f32_lists = lists(&q32, &k32, &lse32);
+            let f32_ms = median_ms::<B>(device, iters, || drop(lists(&q32, &k32, &lse32)));
+            let got = host_ints(f32_lists);
+            let check = (t <= check_len).then(|| check_against_f64(&q32, &k32, &lse32, &got)).flatten();
+            let (checked, mismatches, near_ties) = (check.map(|c| c.0), check.map(|c| c.1), check.map(|c| c.2));
+            let (bf16_ms, bf16_flips) = match bf16 {
+                true => {
+                    let (qb, kb, lseb) = inputs(&q, &k, DType::BF16);
+                    let flips = host_ints(lists(&qb, &kb, &lseb))
+                        .chunks(SELECTION.n)
+                        .zip(got.chunks(SELECTION.n))
+                        .filter(|(a, b)| a != b)
+                        .count();
+                    (Some(median_ms::<B>(device, iters, || drop(lists(&qb, &kb, &lseb)))), Some(flips))
+                }
+                false => (None, None),
+            };
+            let row = SelectionRow { t, rows: t * H_KV, f32_ms, checked, mismatches, near_ties, bf16_ms, bf16_flips };
+            println!("{row:?}");
+            row
+        })
+        .collect()
+}
+
+/// The kernel's lists `got` (`[1, T, H_kv, n]` flat) against the f64 reference on the CPU fed the
+/// same values: `(rows compared, rows that differ, near-tie rows skipped)`; `None` without the
+/// `cpu` feature.
+#[cfg(not(feature = "cpu"))]
+fn check_against_f64<B: Backend>(
+    _: &Tensor<B, 4>,
+    _: &Tensor<B, 4>,
+    _: &Tensor<B, 3>,
+    _: &[i64],
+) -> Option<(usize, usize, usize)> {
+    None
+}
+
+#[cfg(feature = "cpu")]
+fn check_against_f64<B: Backend>(
+    q: &Tensor<B, 4>,
+    k: &Tensor<B, 4>,
+    lse: &Tensor<B, 3>,
+    got: &[i64],
+) -> Option<(usize, usize, usize)> {
+    use nsa_core::attention::selection::{select_top_n, selected_list};
+    type Cpu = burn::backend::NdArray<f64>;
+    let cpu = Default::default();
+    let to_cpu4 = |x: &Tensor<B, 4>| Tensor::<Cpu, 4>::from_data(x.to_data().convert::<f64>(), &cpu);
+    let lse = Tensor::<Cpu, 3>::from_data(lse.to_data().convert::<f64>(), &cpu);
+    let s = SELECTION;
+    let scores = nsa_kernels::reference::block_scores(to_cpu4(q), to_cpu4(k), lse, s.length, s.stride, s.block_size);
+    let [_, h_kv, t_len, nb] = scores.dims();
+    let values = scores.to_data().convert::<f64>().to_vec::<f64>().expect("float data");
+    let want = host_ints(selected_list(select_top_n(scores, s.block_size, s.n), s.n));
+    let (mut checked, mut mismatches, mut near_ties) = (0, 0, 0);
+    for hk in 0..h_kv {
+        for t in 0..t_len {
+            let at = (t * h_kv + hk) * s.n;
+            let row = &values[(hk * t_len + t) * nb..][..nb];
+            if near_tie(t, row, &want[at..at + s.n]) {
+                near_ties += 1;
+                continue;
+            }
+            checked += 1;
+            mismatches += usize::from(got[at..at + s.n] != want[at..at + s.n]);
+        }
+    }
+    Some((checked, mismatches, near_ties))
+}
+
+#[cfg(feature = "cpu")]
+/// Whether the lowest score taken on merit and the highest left out are closer than f32 ranks.
+fn near_tie(t: usize, scores: &[f64], chosen: &[i64]) -> bool {
+    let current = t / SELECTION.block_size;
+    let merit = |j: usize| j != 0 && j != current && j + 1 != current;
+    let taken = |j: usize| chosen.contains(&(j as i64));
+    let low = (1..=current).filter(|&j| merit(j) && taken(j)).map(|j| scores[j]).fold(f64::INFINITY, f64::min);
+    let high = (1..=current).filter(|&j| merit(j) && !taken(j)).map(|j| scores[j]).fold(f64::NEG_INFINITY, f64::max);
+    let top = scores.iter().cloned().fold(0.0, f64::max);
+    (low - high).abs() <= NEAR_TIE * top
+}

@@ -1,0 +1,367 @@
+//! Which blocks each query selects, in one pass from the compressed branch: the spec's scores
+//! (Eq. 9's overlap weights, Eq. 10's sum over a group's heads) and its top-n with forced
+//! blocks, with no `T x N` or `T x n_sel` tensor in device memory: only the block lists are
+//! written.
+//!
+//! A cube serves `rows` consecutive queries of one `(b, hk)`, one plane of [`LANES`] units per
+//! query (`crate::tiling::SelectionTiling`), and keeps each query's block scores in shared memory
+//! (at most `blocks` of them).
+//! 1. [`add_chunk_mass`]: the compressed keys visible to the cube's last query, [`LANES`] at a
+//!    time, staged once for all its queries; lane `c` of a query's plane turns key `c` into
+//!    `p = sum_h exp(q_h . k scale - lse_h)` (0 where the key is not visible to that query),
+//!    then the lane owning selection block `j` adds `p * overlap` of each key meeting it, keys
+//!    in ascending order. The sum is the same sequence of additions wherever the chunk
+//!    boundaries fall, so equal key sets give bit-equal scores and exact ties stay ties.
+//! 2. [`take_best`]: the forced blocks (0 and the two local ones), then per round a plane-wide
+//!    argmax (highest score, ties to the lower index) over the blocks not yet taken.
+//! 3. [`write_list`]: the taken blocks in ascending order, `-1` in the unused slots.
+//!
+//! The scores are not divided by the block length `l`: a positive factor changes no ranking.
+
+use cubecl::prelude::*;
+
+use crate::kernel::compression::visible::visible_blocks;
+use crate::kernel::primitives::rows::offset3;
+use crate::kernel::primitives::staging::stage_rows;
+use crate::tiling::SELECTION_LANES as LANES;
+
+/// A taken block's score (real scores are sums of probabilities, never negative).
+const TAKEN: f32 = -1.0;
+
+/// `q [B, T, H_q, d_k]`, compressed keys `k [B, N, H_kv, d_k]` (block `i` covering raw
+/// tokens `[i * stride, i * stride + length)`), the compressed branch's `lse [B, T, H_q]` (f32)
+/// -> `list [B, T, H_kv, n]`: the blocks of `block_size` tokens query `t` attends, ascending,
+/// `-1` in unused slots. Cube `(LANES, rows)`; `blocks >= ceil(T / block_size)`.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+pub fn select_top_n<F: Float, I: Int>(
+    q: &Tensor<F>,
+    k: &Tensor<F>,
+    lse: &Tensor<f32>,
+    list: &mut Tensor<I>,
+    scale: f32,
+    length: u32,
+    stride: u32,
+    block_size: u32,
+    #[comptime] g: usize,
+    #[comptime] d_k: usize,
+    #[comptime] rows: usize,
+    #[comptime] blocks: usize,
+    #[comptime] n: usize,
+    #[define(F, I)] _dtypes: [StorageType; 2],
+) {
+    let (t_len, h_kv) = (q.shape(1), k.shape(2));
+    let tiles = t_len.div_ceil(rows);
+    let cube = CUBE_POS;
+    if cube >= q.shape(0) * h_kv * tiles {
+        terminate!();
+    }
+    let tile = cube % tiles;
+    let hk = (cube / tiles) % h_kv;
+    let b = cube / (tiles * h_kv);
+    let (lane, r) = (UNIT_POS_X as usize, UNIT_POS_Y as usize);
+    let t0 = tile * rows;
+    let t_last = min(t0 + rows, t_len) - 1;
+    // Rows past the sequence end take part in every barrier and write nothing.
+    let t = min(t0 + r, t_len - 1);
+    let geometry = Geometry { length: length as usize, stride: stride as usize, block_size: block_size as usize };
+
+    let mut queries = SharedMemory::<f32>::new(rows * g * d_k);
+    let mut stats = SharedMemory::<f32>::new(rows * g);
+    let mut scores = SharedMemory::<f32>::new(rows * blocks);
+    stage_queries::<F>(q, lse, &mut queries, &mut stats, &mut scores, b, hk, t0, scale, g, d_k, rows, blocks);
+    sync_cube();
+
+    let mut keys = SharedMemory::<f32>::new(LANES * (d_k + 1));
+    let mut mass = SharedMemory::<f32>::new(rows * LANES);
+    let n_keys = k.shape(1);
+    let visible = visible_blocks(t, n_keys, geometry.length, geometry.stride);
+    let walk_end = visible_blocks(t_last, n_keys, geometry.length, geometry.stride);
+    let mut first = 0usize;
+    while first < walk_end {
+        let count = min(walk_end - first, LANES);
+        stage_rows::<F, f32>(k, &mut keys, 0usize, b, first, count, hk, LANES, d_k, comptime!(d_k + 1));
+        sync_cube();
+        let mut p = 0.0f32;
+        if first + lane < visible {
+            p = group_mass(&queries, &stats, &keys, r, lane, g, d_k);
+        }
+        mass[r * LANES + lane] = p;
+        sync_cube();
+        add_chunk_mass(&mass, &mut scores, &geometry, r, lane, first, count, blocks);
+        sync_cube();
+        first += count;
+    }
+
+    let mut chosen = SharedMemory::<u32>::new(rows * n);
+    let mut taken = SharedMemory::<u32>::new(rows);
+    let mut best_score = SharedMemory::<f32>::new(rows * LANES);
+    let mut best_block = SharedMemory::<u32>::new(rows * LANES);
+    take_best(
+        &mut scores,
+        &mut chosen,
+        &mut taken,
+        &mut best_score,
+        &mut best_block,
+        t / geometry.block_size,
+        r,
+        lane,
+        blocks,
+        n,
+    );
+    if t0 + r < t_len {
+        write_list::<I>(list, &chosen, &taken, offset3::<I>(list, b, t, hk), r, lane, n);
+    }
+}
+
+/// The compressed blocks' geometry and the selection block size, in tokens.
+#[derive(CubeType, Clone)]
+struct Geometry {
+    length: usize,
+    stride: usize,
+    block_size: usize,
+}
+
+/// Stages the `g` heads' query rows of positions `t0..t0 + rows` (times `scale`, f32) and
+/// their log-sum-exps, zeros past the sequence end, and zeroes the rows' block scores.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn stage_queries<F: Float>(
+    q: &Tensor<F>,
+    lse: &Tensor<f32>,
+    queries: &mut SharedMemory<f32>,
+    stats: &mut SharedMemory<f32>,
+    scores: &mut SharedMemory<f32>,
+    b: usize,
+    hk: usize,
+    t0: usize,
+    scale: f32,
+    #[comptime] g: usize,
+    #[comptime] d_k: usize,
+    #[comptime] rows: usize,
+    #[comptime] blocks: usize,
+) {
+    let t_len = q.shape(1);
+    let units = CUBE_DIM as usize;
+    let mut idx = UNIT_POS as usize;
+    while idx < rows * g * d_k {
+        let (row, rest) = (idx / (g * d_k), idx % (g * d_k));
+        let mut value = 0.0f32;
+        if t0 + row < t_len {
+            value = f32::cast_from(q[offset3::<F>(q, b, t0 + row, hk * g + rest / d_k) + rest % d_k]) * scale;
+        }
+        queries[idx] = value;
+        idx += units;
+    }
+    idx = UNIT_POS as usize;
+    while idx < rows * g {
+        let mut value = 0.0f32;
+        if t0 + idx / g < t_len {
+            value = lse[offset3::<f32>(lse, b, t0 + idx / g, hk * g + idx % g)];
+        }
+        stats[idx] = value;
+        idx += units;
+    }
+    idx = UNIT_POS as usize;
+    while idx < rows * blocks {
+        scores[idx] = 0.0f32;
+        idx += units;
+    }
+}
+
+/// `sum_h exp(q_h . k - lse_h)` over the group's heads for query row `r` and staged key `key`
+/// (queries pre-scaled): each key element is read once for all `g` heads.
+#[cube]
+fn group_mass(
+    queries: &SharedMemory<f32>,
+    stats: &SharedMemory<f32>,
+    keys: &SharedMemory<f32>,
+    r: usize,
+    key: usize,
+    #[comptime] g: usize,
+    #[comptime] d_k: usize,
+) -> f32 {
+    let mut dots = Array::<f32>::new(g);
+    #[unroll]
+    for h in 0..g {
+        dots[h] = 0.0f32;
+    }
+    let (q_at, k_at) = (r * g * d_k, key * (d_k + 1));
+    for e in 0..d_k {
+        let k_e = keys[k_at + e];
+        #[unroll]
+        for h in 0..g {
+            dots[h] += queries[q_at + h * d_k + e] * k_e;
+        }
+    }
+    let mut p = 0.0f32;
+    #[unroll]
+    for h in 0..g {
+        p += (dots[h] - stats[r * g + h]).exp();
+    }
+    p
+}
+
+/// Adds the chunk's key masses (`mass[r][c]` for keys `first + c`, `c < count`) to query row
+/// `r`'s scores of the selection blocks they meet, each times its overlap in tokens; lane
+/// `lane` owns blocks `j_lo + lane, j_lo + lane + LANES, ..`, so no two units add to one score.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn add_chunk_mass(
+    mass: &SharedMemory<f32>,
+    scores: &mut SharedMemory<f32>,
+    geometry: &Geometry,
+    r: usize,
+    lane: usize,
+    first: usize,
+    count: usize,
+    #[comptime] blocks: usize,
+) {
+    let (length, stride, size) = (geometry.length, geometry.stride, geometry.block_size);
+    let j_end = ((first + count - 1) * stride + length - 1) / size + 1;
+    let mut j = (first * stride) / size + lane;
+    while j < j_end {
+        let (start, end) = (j * size, (j + 1) * size);
+        // Keys of the chunk with `i * stride < end` and `i * stride + length > start`.
+        let mut i = first;
+        if start + 1 > length {
+            i = max(first, (start + 1 - length + stride - 1) / stride);
+        }
+        let i_end = min(first + count, (end - 1) / stride + 1);
+        let mut total = scores[r * blocks + j];
+        while i < i_end {
+            let overlap = min(i * stride + length, end) - max(i * stride, start);
+            total += mass[r * LANES + i - first] * f32::cast_from(overlap as u32);
+            i += 1;
+        }
+        scores[r * blocks + j] = total;
+        j += LANES;
+    }
+}
+
+/// Query row `r`'s selection into `chosen[r * n..]` (unordered, `taken[r]` of them): the forced
+/// blocks 0, `current - 1` and `current`, then up to `n` in all of the eligible blocks
+/// (`j <= current`) with the highest scores, ties to the lower index, one per round. Called by
+/// every unit of the cube (it synchronises).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn take_best(
+    scores: &mut SharedMemory<f32>,
+    chosen: &mut SharedMemory<u32>,
+    taken: &mut SharedMemory<u32>,
+    best_score: &mut SharedMemory<f32>,
+    best_block: &mut SharedMemory<u32>,
+    current: usize,
+    r: usize,
+    lane: usize,
+    #[comptime] blocks: usize,
+    #[comptime] n: usize,
+) {
+    let row = r * blocks;
+    if lane == 0 {
+        let mut count = 1usize;
+        chosen[r * n] = 0u32;
+        scores[row] = TAKEN;
+        if current >= 1 {
+            chosen[r * n + count] = current as u32;
+            scores[row + current] = TAKEN;
+            count += 1;
+        }
+        if current >= 2 {
+            chosen[r * n + count] = (current - 1) as u32;
+            scores[row + current - 1] = TAKEN;
+            count += 1;
+        }
+        taken[r] = count as u32;
+    }
+    sync_cube();
+    let at = r * LANES;
+    // Block 0 is always forced, so at most `n - 1` blocks are chosen by score.
+    for _round in 0..comptime!(n - 1) {
+        let mut best = f32::new(TAKEN);
+        let mut best_j = 0u32;
+        let mut j = lane;
+        while j <= current {
+            let s = scores[row + j];
+            // Ascending `j`: a strict comparison keeps the lower index of a tie.
+            if s > best {
+                best = s;
+                best_j = j as u32;
+            }
+            j += LANES;
+        }
+        best_score[at + lane] = best;
+        best_block[at + lane] = best_j;
+        // Halvings of the plane: `LANES` is 32.
+        merge_best(best_score, best_block, at, lane, 16usize);
+        merge_best(best_score, best_block, at, lane, 8usize);
+        merge_best(best_score, best_block, at, lane, 4usize);
+        merge_best(best_score, best_block, at, lane, 2usize);
+        merge_best(best_score, best_block, at, lane, 1usize);
+        sync_cube();
+        if lane == 0 {
+            let count = taken[r] as usize;
+            if count < n && best_score[at] > TAKEN {
+                let j = best_block[at];
+                chosen[r * n + count] = j;
+                scores[row + j as usize] = TAKEN;
+                taken[r] = (count + 1) as u32;
+            }
+        }
+        sync_cube();
+    }
+}
+
+/// One halving of a plane's argmax: lane `lane < step` keeps the better of its candidate and
+/// lane `lane + step`'s (higher score, ties to the lower block). Called by every unit of the
+/// cube (it synchronises).
+#[cube]
+fn merge_best(
+    best_score: &mut SharedMemory<f32>,
+    best_block: &mut SharedMemory<u32>,
+    at: usize,
+    lane: usize,
+    #[comptime] step: usize,
+) {
+    sync_cube();
+    if lane < step {
+        let (other, other_j) = (best_score[at + lane + step], best_block[at + lane + step]);
+        let (mine, mine_j) = (best_score[at + lane], best_block[at + lane]);
+        if other > mine || (other == mine && other_j < mine_j) {
+            best_score[at + lane] = other;
+            best_block[at + lane] = other_j;
+        }
+    }
+}
+
+/// Writes query row `r`'s chosen blocks in ascending order (each lane places its blocks by
+/// their rank among the chosen) and `-1` in the unused slots, to `list[base..base + n]`.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn write_list<I: Int>(
+    list: &mut Tensor<I>,
+    chosen: &SharedMemory<u32>,
+    taken: &SharedMemory<u32>,
+    base: usize,
+    r: usize,
+    lane: usize,
+    #[comptime] n: usize,
+) {
+    let count = taken[r] as usize;
+    let mut slot = lane;
+    while slot < n {
+        if slot < count {
+            let j = chosen[r * n + slot];
+            let mut rank = 0usize;
+            for m in 0..count {
+                if chosen[r * n + m] < j {
+                    rank += 1;
+                }
+            }
+            list[base + rank] = I::cast_from(j);
+        } else {
+            list[base + slot] = I::new(-1);
+        }
+        slot += LANES;
+    }
+}
