@@ -27,10 +27,10 @@ fn check(name: &str, cfg: NsaConfig, batch: usize, t: usize) -> usize {
 
     let sets = selection_sets(aux.blocks);
     let mut contested = 0;
-    for b in 0..batch {
-        for kh in 0..cfg.n_kv_heads {
-            for q in 0..t {
-                let got = &sets[b][kh][q];
+    assert_eq!((sets.len(), sets[0].len(), sets[0][0].len()), (batch, cfg.n_kv_heads, t));
+    for (b, heads) in sets.iter().enumerate() {
+        for (kh, queries) in heads.iter().enumerate() {
+            for (q, got) in queries.iter().enumerate() {
                 let want = &expected.selected[b][kh][q];
                 assert_eq!(got, want, "{name}: batch {b}, kv head {kh}, query {q}: selected blocks differ");
                 contested += usize::from(q / cfg.l_sel + 1 > cfg.n);

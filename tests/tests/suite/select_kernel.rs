@@ -150,10 +150,11 @@ impl Case {
         let lse_tensor = Tensor::<B, 3>::from_data(TensorData::new(lse.clone(), [b, t_len, h_q]), device);
         let list = select_blocks(q, k, lse_tensor, self.selection).expect("the backend has the kernel");
         let got = selection_sets(list);
+        assert_eq!((got.len(), got[0].len(), got[0][0].len()), (b, h_kv, t_len));
         let mut skipped = 0;
-        for bi in 0..b {
-            for hk in 0..h_kv {
-                for t in 0..t_len {
+        for (bi, heads) in got.iter().enumerate() {
+            for (hk, rows) in heads.iter().enumerate() {
+                for (t, listed) in rows.iter().enumerate() {
                     let scores = self.block_scores(&lse, bi, hk, t);
                     let want = reference_top_n(t, &scores, self.selection.block_size, self.selection.n);
                     if !self.exact_ties() && self.near_tie(t, &scores, &want) {
@@ -161,7 +162,7 @@ impl Case {
                         continue;
                     }
                     assert_eq!(
-                        got[bi][hk][t], want,
+                        listed, &want,
                         "{:?} {:?} periodic {}: batch {bi}, kv head {hk}, query {t}",
                         self.dims, self.selection, self.periodic
                     );
