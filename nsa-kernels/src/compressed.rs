@@ -82,7 +82,7 @@ impl<R: CubeRuntime> Problem<R> {
         let out = self.empty(Shape::new([b, t, h_q, self.v.meta.shape()[3]]), dtype);
         let lse = self.empty(Shape::new([b, t, h_q]), DType::F32);
         for (t0, len) in self.chunks() {
-            let (k, v) = (leading_rows(&k, self.chunk_width(t0 + len)), leading_rows(&v, self.chunk_width(t0 + len)));
+            let (k, v) = self.chunk_keys(&k, &v, t0 + len);
             let scores = batched_gemm(take_chunk(&self.q, t0, len), k, false, true, DType::F32);
             let probs = self.empty(scores.meta.shape().clone(), dtype);
             let (count, dim) = self.row_plan(len);
@@ -119,7 +119,7 @@ impl<R: CubeRuntime> Problem<R> {
         // The last chunk first: it sees every key, so its shares start the sums at full width.
         for (t0, len) in self.chunks().into_iter().rev() {
             let (q, grad_out) = (take_chunk(&self.q, t0, len), take_chunk(&grad_out, t0, len));
-            let (k, v) = (leading_rows(&k, self.chunk_width(t0 + len)), leading_rows(&v, self.chunk_width(t0 + len)));
+            let (k, v) = self.chunk_keys(&k, &v, t0 + len);
             let scores = batched_gemm(q.clone(), k.clone(), false, true, DType::F32);
             let grad_probs = batched_gemm(grad_out.clone(), v, false, true, DType::F32);
             let grad_scores = self.empty(scores.meta.shape().clone(), dtype);
@@ -172,6 +172,12 @@ impl<R: CubeRuntime> Problem<R> {
         let (length, stride) = (self.length as usize, self.stride as usize);
         let seen = if t_end >= length { ((t_end - length) / stride + 1).min(self.n() as usize) } else { 0 };
         seen.max(1).next_multiple_of(WIDTH_MULTIPLE)
+    }
+
+    /// The expanded keys and values (`[B * H_q, width, d]`) the queries before `t_end` see.
+    fn chunk_keys(&self, k: &CubeTensor<R>, v: &CubeTensor<R>, t_end: usize) -> (CubeTensor<R>, CubeTensor<R>) {
+        let width = self.chunk_width(t_end);
+        (leading_rows(k, width), leading_rows(v, width))
     }
 
     /// Compressed blocks `N`.

@@ -57,7 +57,8 @@ const SOURCES: &[(&str, &str)] = &[
     ("norm/cube.rs", include_str!("norm/cube.rs")),
     ("optim/kernel.rs", include_str!("optim/kernel.rs")),
     ("optim/cube.rs", include_str!("optim/cube.rs")),
-    ("tiling.rs", include_str!("tiling.rs")),
+    ("tiling/mod.rs", include_str!("tiling/mod.rs")),
+    ("tiling/selection.rs", include_str!("tiling/selection.rs")),
     ("top_n.rs", include_str!("top_n.rs")),
     ("Cargo.lock", include_str!("../../Cargo.lock")),
 ];

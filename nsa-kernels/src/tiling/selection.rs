@@ -1,0 +1,47 @@
+//! The block selection's split of work (see `kernel::selection::top_n`).
+
+/// Block selection (see `kernel::selection::top_n`): a cube of `rows` planes serves `rows`
+/// consecutive queries, keeping each one's `blocks` block scores in shared memory beside the
+/// queries and a chunk of compressed keys. More rows share each staged key chunk; the scores
+/// grow with `T`, so long sequences take fewer rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SelectionTiling {
+    pub rows: usize,
+    pub blocks: usize,
+}
+
+/// Units per query of the block selection: one plane.
+pub const SELECTION_LANES: usize = 32;
+/// Queries a selection cube holds at most.
+const SELECTION_ROWS: usize = 8;
+/// Shared memory a selection cube may use (dynamic above 48 KiB on CUDA, as [`super::MMA_SHARED`]).
+pub const SELECTION_SHARED: usize = 96 * 1024;
+
+impl SelectionTiling {
+    /// For `t` queries, blocks of `block_size` tokens, `n` per query, groups of `g` heads of
+    /// `d_k`, in `shared` bytes; an error line when even one query's scores do not fit.
+    pub fn plan(t: usize, block_size: usize, n: usize, g: usize, d_k: usize, shared: usize) -> Result<Self, String> {
+        // Rounded up to a plane, so that nearby lengths share one compiled kernel.
+        let blocks = t.div_ceil(block_size).max(1).next_multiple_of(SELECTION_LANES);
+        let shared = shared.min(SELECTION_SHARED);
+        let fits = |rows: usize| Self { rows, blocks }.shared_floats(g, d_k, n) * 4 <= shared;
+        match (1..=SELECTION_ROWS).rev().find(|&rows| fits(rows)) {
+            Some(rows) => Ok(Self { rows, blocks }),
+            None => Err(format!(
+                "sequence too long for the block selection on this device: {} selection blocks of {block_size} \
+                 tokens need {} KiB of shared memory, the device gives a cube {} KiB",
+                t.div_ceil(block_size),
+                Self { rows: 1, blocks }.shared_floats(g, d_k, n) * 4 / 1024,
+                shared / 1024
+            )),
+        }
+    }
+
+    /// Shared memory the kernel declares (f32 and u32 words): a chunk of keys, then per query
+    /// its `g` query rows and log-sum-exps, block scores, the chunk's key masses, the argmax's
+    /// two exchange rows, and the chosen blocks with their count.
+    pub fn shared_floats(&self, g: usize, d_k: usize, n: usize) -> usize {
+        let per_query = g * d_k + g + self.blocks + 3 * SELECTION_LANES + n + 1;
+        SELECTION_LANES * (d_k + 1) + self.rows * per_query
+    }
+}
