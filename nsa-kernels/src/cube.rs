@@ -1,6 +1,6 @@
-//! [`SparseAttentionBackend`] for `CubeBackend` (CUDA, WGPU): the compressed branch runs its own
-//! products and row kernels ([`compressed`]); a window or selection chooses its plans
-//! ([`crate::plan`]) from the problem and the device, and [`crate::launch`] runs them.
+//! [`SparseAttentionBackend`] for `CubeBackend` (CUDA, WGPU): a window or selection chooses its
+//! plans ([`crate::plan`]) from the problem and the device, and [`crate::launch`] runs them; the
+//! compressed branch ([`compressed`]) runs as a window over its interleaved rows.
 
 use burn::tensor::Shape;
 use burn_cubecl::kernel::into_contiguous;
@@ -46,7 +46,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
         keys: &Keys<Self>,
     ) -> (CubeTensor<R>, CubeTensor<R>) {
         if let Keys::Compressed { length, stride } = keys {
-            return compressed::Problem::new(q, k, v, *length, *stride).forward();
+            return compressed::forward::<R, F, I, BT>(q, k, v, *length, *stride);
         }
         let plan = ForwardPlan::choose(&problem(&q, &k, &v, keys), &capabilities(&q.client));
         forward_with(q, k, v, keys, &plan)
@@ -62,7 +62,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
         keys: &Keys<Self>,
     ) -> SparseAttentionGrads<Self> {
         if let Keys::Compressed { length, stride } = keys {
-            let [q, k, v] = compressed::Problem::new(q, k, v, *length, *stride).backward(lse, grad_out);
+            let [q, k, v] = compressed::backward::<R, F, I, BT>(q, k, v, out, lse, grad_out, *length, *stride);
             return SparseAttentionGrads { q, k, v };
         }
         let plan = BackwardPlan::choose(&problem(&q, &k, &v, keys), &capabilities(&q.client));

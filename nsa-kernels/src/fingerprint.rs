@@ -11,6 +11,7 @@ pub static KERNEL_FINGERPRINT: std::sync::LazyLock<u64> = std::sync::LazyLock::n
 /// What the kernels are built from: every file of `kernel/` (a test holds the list to the
 /// directory), the launch code and tilings, and the lock file.
 const SOURCES: &[(&str, &str)] = &[
+    ("kernel/compression/interleave.rs", include_str!("kernel/compression/interleave.rs")),
     ("kernel/compression/mod.rs", include_str!("kernel/compression/mod.rs")),
     ("kernel/compression/rows.rs", include_str!("kernel/compression/rows.rs")),
     ("kernel/compression/visible.rs", include_str!("kernel/compression/visible.rs")),
@@ -50,7 +51,9 @@ const SOURCES: &[(&str, &str)] = &[
     ("launch/mod.rs", include_str!("launch/mod.rs")),
     ("launch/forward.rs", include_str!("launch/forward.rs")),
     ("launch/backward.rs", include_str!("launch/backward.rs")),
-    ("compressed.rs", include_str!("compressed.rs")),
+    ("compressed/mod.rs", include_str!("compressed/mod.rs")),
+    ("compressed/interleaved.rs", include_str!("compressed/interleaved.rs")),
+    ("compressed/products.rs", include_str!("compressed/products.rs")),
     ("cube.rs", include_str!("cube.rs")),
     ("launch/index.rs", include_str!("launch/index.rs")),
     ("mix/cube.rs", include_str!("mix/cube.rs")),

@@ -1,5 +1,7 @@
 //! Which kernels run a window or selection call: the [`Problem`] (shapes, storage type, key
 //! set), what the device can do ([`Capabilities`], probed once per call), and one plan per pass.
+//! The compressed branch runs as a window over its interleaved rows
+//! (`crate::compressed::interleaved`), so these rules choose its kernels too.
 //! [`ForwardPlan::choose`] and [`BackwardPlan::choose`] are the rule table; docs/kernels.md
 //! lists it with the reason for each rule. `nsa_kernels::launch` runs a plan, chosen or forced
 //! ([`ForwardPlan::candidates`], [`BackwardPlan::candidates`]: every plan that can run a problem

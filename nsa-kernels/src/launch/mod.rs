@@ -74,7 +74,7 @@ pub fn problem<R: CubeRuntime, B: burn::tensor::backend::Backend>(
     let keys = match keys {
         Keys::Window { w } => KeyKind::Window { w: *w },
         Keys::Selected { block_size, .. } => KeyKind::Selected { block_size: *block_size },
-        Keys::Compressed { .. } => panic!("the compressed branch has no plan: it runs `compressed::Problem`"),
+        Keys::Compressed { .. } => panic!("the compressed branch runs as a window: `compressed::Interleaved`"),
     };
     Problem { heads_q, heads_kv, d_k, d_v, dtype: q.dtype, keys }
 }

@@ -6,8 +6,10 @@
 //! Shapes cover rows that see no block (every `t < l - 1`), ragged `T`, `l % d != 0`, groups of
 //! 1, 2 and 6, `d_k != d_v` (and head dims that are not multiples of 4), batch 2, block counts
 //! that pad the products' width (149 blocks) and several cubes of score rows; one case runs
-//! through Burn's fusion. The products run in Burn's matmul here (cuBLASLt on CUDA, checked by
-//! `nsa-bench kernels`).
+//! through Burn's fusion, and strides of 1 and longer than a block. The branch runs as a causal
+//! attention over its interleaved rows (`nsa_kernels::compressed::Interleaved`: the window
+//! kernels, portable here, tensor cores on CUDA, checked there by `nsa-bench kernels`); the
+//! chunked products it falls back to are held to one chunk below.
 
 use burn::backend::wgpu::{CubeBackend, WgpuDevice, WgpuRuntime};
 use burn::backend::Autodiff;
@@ -85,6 +87,9 @@ fn cases(rng: &mut StdRng) -> Vec<Case> {
         Case::new(rng, [1, 50, 4, 2, 8, 12], [6, 4, 4]),
         // Head dims that are not multiples of 4.
         Case::new(rng, [1, 40, 4, 2, 6, 10], [8, 4, 8]),
+        // A stride of 1 (one query per group: no key copies), and a stride longer than a block.
+        Case::new(rng, [1, 30, 2, 1, 8, 8], [4, 1, 4]),
+        Case::new(rng, [2, 45, 4, 2, 8, 8], [5, 8, 8]),
         // 149 blocks: the products' width padded to 160.
         Case::new(rng, [1, 600, 2, 2, 16, 16], [8, 4, 16]),
         // The production group and head dim (g = 6, d = 64, l = 32, d = 16, l' = 64), several
@@ -113,7 +118,7 @@ fn compressed_kernels_through_fusion_match_the_reference() {
 #[test]
 fn compressed_kernels_in_chunks_match_one_chunk() {
     use burn::tensor::TensorPrimitive;
-    use nsa_kernels::compressed::Problem;
+    use nsa_kernels::compressed::Products;
     type Cube = CubeBackend<WgpuRuntime, f32, i32, u32>;
     let device = WgpuDevice::default();
     let mut rng = fresh_rng("compressed_kernels_in_chunks_match_one_chunk");
@@ -125,7 +130,7 @@ fn compressed_kernels_in_chunks_match_one_chunk() {
     };
     let (q, k, v) = (primitive([b, t, h_q, d_k]), primitive([b, n, h_kv, d_k]), primitive([b, n, h_kv, d_v]));
     let grad_out = primitive([b, t, h_q, d_v]);
-    let run = |problem: Problem<WgpuRuntime>| {
+    let run = |problem: Products<WgpuRuntime>| {
         let (out, lse) = problem.forward();
         let grads = problem.backward(lse.clone(), grad_out.clone());
         let host = |x| to_vec(Tensor::<Cube, 4>::from_primitive(TensorPrimitive::Float(x)));
@@ -133,8 +138,8 @@ fn compressed_kernels_in_chunks_match_one_chunk() {
         let [dq, dk, dv] = grads.map(host);
         [host(out), lse, dq, dk, dv]
     };
-    let whole = run(Problem::new(q.clone(), k.clone(), v.clone(), l, d));
-    let chunked = run(Problem::new(q, k, v, l, d).with_chunk_queries(32));
+    let whole = run(Products::new(q.clone(), k.clone(), v.clone(), l, d));
+    let chunked = run(Products::new(q, k, v, l, d).with_chunk_queries(32));
     for (i, name) in ["out", "lse", "dq", "dk", "dv"].iter().enumerate() {
         let err = max_rel_err(&chunked[i], &whole[i]);
         assert!(err <= 1e-5, "{name}: chunks differ from one chunk by {err:e}");

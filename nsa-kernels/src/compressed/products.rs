@@ -1,6 +1,6 @@
-//! The compressed branch on `CubeBackend`: the problem (shapes, block geometry), its products as
-//! batched GEMMs ([`batched_gemm`]: cuBLASLt on CUDA) around the row kernels of
-//! [`crate::kernel::compression::rows`].
+//! The compressed branch as batched dense products ([`batched_gemm`]: cuBLASLt on CUDA) around
+//! the row kernels of [`crate::kernel::compression::rows`], a chunk of queries at a time: the
+//! path for what [`super::interleaved`] does not take.
 
 use burn::tensor::{DType, Shape};
 use burn_cubecl::kernel::into_contiguous;
@@ -15,14 +15,14 @@ use crate::kernel::compression::rows::{self as compressed_rows, ROW_UNITS};
 
 /// Rows of the score matrix per cube of the row kernels.
 const ROWS_PER_CUBE: usize = 32;
-/// Device memory a chunk of queries' score matrices may take (see [`Problem::chunks`]).
+/// Device memory a chunk of queries' score matrices may take (see [`Products::chunks`]).
 const CHUNK_BYTES: usize = 1 << 30;
 /// The products' key width is a multiple of this: 16-byte aligned bf16 and f32 rows.
 const WIDTH_MULTIPLE: usize = 16;
 
 /// `q [B, T, H_q, d_k]` against compressed `k [B, N, H_kv, d_k]`, `v [B, N, H_kv, d_v]`, block
 /// `i` covering raw tokens `[i * stride, i * stride + length)`.
-pub struct Problem<R: CubeRuntime> {
+pub struct Products<R: CubeRuntime> {
     q: CubeTensor<R>,
     k: CubeTensor<R>,
     v: CubeTensor<R>,
@@ -34,7 +34,7 @@ pub struct Problem<R: CubeRuntime> {
     chunk_queries: Option<usize>,
 }
 
-impl<R: CubeRuntime> Problem<R> {
+impl<R: CubeRuntime> Products<R> {
     pub fn new(q: CubeTensor<R>, k: CubeTensor<R>, v: CubeTensor<R>, length: usize, stride: usize) -> Self {
         let (qs, ks, vs) = (q.meta.shape().clone(), k.meta.shape().clone(), v.meta.shape().clone());
         assert!(qs.num_dims() == 4 && ks.num_dims() == 4 && vs.num_dims() == 4, "attention takes [B, T, H, d] tensors");
@@ -42,7 +42,7 @@ impl<R: CubeRuntime> Problem<R> {
         assert!(qs[3] == ks[3] && ks[2] > 0 && qs[2] % ks[2] == 0, "q and k head dims or head counts disagree");
         assert!(length > 0 && stride > 0, "compressed blocks need a length and a stride");
         let (d_k, g) = (qs[3], qs[2] / ks[2]);
-        Problem {
+        Products {
             q: into_contiguous(q),
             k: into_contiguous(k),
             v: into_contiguous(v),
