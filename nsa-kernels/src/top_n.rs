@@ -45,10 +45,12 @@ pub fn select_blocks<R: CubeRuntime>(
     let cubes = b * h_kv * t.div_ceil(tiling.rows);
     let count = calculate_cube_count_elemwise(&client, cubes * dim.num_elems() as usize, dim);
     let as_u32 = |x: usize| u32::try_from(x).expect("selection geometry fits in u32");
+    let vector = SelectionTiling::vector(d_k);
     select_top_n::launch::<R>(
         &client,
         count,
         dim,
+        vector,
         q.clone().into_tensor_arg(),
         k.into_tensor_arg(),
         lse.into_tensor_arg(),
@@ -62,6 +64,7 @@ pub fn select_blocks<R: CubeRuntime>(
         tiling.rows,
         tiling.blocks,
         selection.n,
+        vector,
         [q.dtype.into(), int.into()],
     );
     list

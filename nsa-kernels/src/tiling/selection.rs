@@ -12,6 +12,11 @@ pub struct SelectionTiling {
 
 /// Units per query of the block selection: one plane.
 pub const SELECTION_LANES: usize = 32;
+/// Compressed keys a lane scores per staged chunk: each staged query element it reads serves
+/// that many keys (the products are bound by shared-memory loads).
+pub const SELECTION_KEYS_PER_LANE: usize = 4;
+/// Compressed keys staged per chunk.
+pub const SELECTION_CHUNK: usize = SELECTION_LANES * SELECTION_KEYS_PER_LANE;
 /// Queries a selection cube holds at most.
 const SELECTION_ROWS: usize = 8;
 /// Shared memory a selection cube may use (dynamic above 48 KiB on CUDA, as [`super::MMA_SHARED`]).
@@ -37,11 +42,17 @@ impl SelectionTiling {
         }
     }
 
-    /// Shared memory the kernel declares (f32 and u32 words): a chunk of keys, then per query
-    /// its `g` query rows and log-sum-exps, block scores, the chunk's key masses, the argmax's
-    /// two exchange rows, and the chosen blocks with their count.
+    /// Shared memory the kernel declares (f32 and u32 words): a chunk of keys (rows padded by
+    /// at most 4 words), then per query its `g` query rows and log-sum-exps, block scores, the
+    /// chunk's key masses, the argmax's two exchange rows, and the chosen blocks with their count.
     pub fn shared_floats(&self, g: usize, d_k: usize, n: usize) -> usize {
-        let per_query = g * d_k + g + self.blocks + 3 * SELECTION_LANES + n + 1;
-        SELECTION_LANES * (d_k + 1) + self.rows * per_query
+        let per_query = g * d_k + g + self.blocks + SELECTION_CHUNK + 2 * SELECTION_LANES + n + 1;
+        SELECTION_CHUNK * (d_k + 4) + self.rows * per_query
+    }
+
+    /// f32 elements per shared-memory read of the staged query and key rows: 4 (16 bytes)
+    /// where `d_k` allows.
+    pub fn vector(d_k: usize) -> usize {
+        [4, 2, 1].into_iter().find(|v| d_k.is_multiple_of(*v)).unwrap_or(1)
     }
 }

@@ -6,12 +6,13 @@
 //! A cube serves `rows` consecutive queries of one `(b, hk)`, one plane of [`LANES`] units per
 //! query (`crate::tiling::SelectionTiling`), and keeps each query's block scores in shared memory
 //! (at most `blocks` of them).
-//! 1. [`add_chunk_mass`]: the compressed keys visible to the cube's last query, [`LANES`] at a
-//!    time, staged once for all its queries; lane `c` of a query's plane turns key `c` into
-//!    `p = sum_h exp(q_h . k scale - lse_h)` (0 where the key is not visible to that query),
-//!    then the lane owning selection block `j` adds `p * overlap` of each key meeting it, keys
-//!    in ascending order. The sum is the same sequence of additions wherever the chunk
-//!    boundaries fall, so equal key sets give bit-equal scores and exact ties stay ties.
+//! 1. [`add_chunk_mass`]: the compressed keys visible to the cube's last query, [`CHUNK`] at a
+//!    time, staged once for all its queries; lane `c` of a query's plane turns keys
+//!    `c, c + LANES, ..` ([`KEYS_PER_LANE`] of them) into `p = sum_h exp(q_h . k scale - lse_h)`
+//!    (0 where the key is not visible to that query), then the lane owning selection block `j`
+//!    adds `p * overlap` of each key meeting it, keys in ascending order. The sum is the same
+//!    sequence of additions wherever the chunk boundaries fall, so equal key sets give
+//!    bit-equal scores and exact ties stay ties.
 //! 2. [`take_best`]: the forced blocks (0 and the two local ones), then per round a plane-wide
 //!    argmax (highest score, ties to the lower index) over the blocks not yet taken.
 //! 3. [`write_list`]: the taken blocks in ascending order, `-1` in the unused slots.
@@ -22,8 +23,7 @@ use cubecl::prelude::*;
 
 use crate::kernel::compression::visible::visible_blocks;
 use crate::kernel::primitives::rows::offset3;
-use crate::kernel::primitives::staging::stage_rows;
-use crate::tiling::SELECTION_LANES as LANES;
+use crate::tiling::{SELECTION_CHUNK as CHUNK, SELECTION_KEYS_PER_LANE as KEYS_PER_LANE, SELECTION_LANES as LANES};
 
 /// A taken block's score (real scores are sums of probabilities, never negative).
 const TAKEN: f32 = -1.0;
@@ -31,10 +31,12 @@ const TAKEN: f32 = -1.0;
 /// `q [B, T, H_q, d_k]`, compressed keys `k [B, N, H_kv, d_k]` (block `i` covering raw
 /// tokens `[i * stride, i * stride + length)`), the compressed branch's `lse [B, T, H_q]` (f32)
 /// -> `list [B, T, H_kv, n]`: the blocks of `block_size` tokens query `t` attends, ascending,
-/// `-1` in unused slots. Cube `(LANES, rows)`; `blocks >= ceil(T / block_size)`.
+/// `-1` in unused slots. Cube `(LANES, rows)`; `blocks >= ceil(T / block_size)`. The staged
+/// query and key rows are read `vector` f32 at a time (`vector` divides `d_k`): the products
+/// are bound by shared-memory loads, each query element serving [`KEYS_PER_LANE`] keys.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-pub fn select_top_n<F: Float, I: Int>(
+pub fn select_top_n<F: Float, I: Int, V: Size>(
     q: &Tensor<F>,
     k: &Tensor<F>,
     lse: &Tensor<f32>,
@@ -48,6 +50,7 @@ pub fn select_top_n<F: Float, I: Int>(
     #[comptime] rows: usize,
     #[comptime] blocks: usize,
     #[comptime] n: usize,
+    #[comptime] vector: usize,
     #[define(F, I)] _dtypes: [StorageType; 2],
 ) {
     let (t_len, h_kv) = (q.shape(1), k.shape(2));
@@ -66,27 +69,43 @@ pub fn select_top_n<F: Float, I: Int>(
     let t = min(t0 + r, t_len - 1);
     let geometry = Geometry { length: length as usize, stride: stride as usize, block_size: block_size as usize };
 
-    let mut queries = SharedMemory::<f32>::new(rows * g * d_k);
+    let mut queries = SharedMemory::<Vector<f32, V>>::new(comptime!(rows * g * d_k / vector));
     let mut stats = SharedMemory::<f32>::new(rows * g);
     let mut scores = SharedMemory::<f32>::new(rows * blocks);
-    stage_queries::<F>(q, lse, &mut queries, &mut stats, &mut scores, b, hk, t0, scale, g, d_k, rows, blocks);
+    stage_queries::<F, V>(
+        q,
+        lse,
+        &mut queries,
+        &mut stats,
+        &mut scores,
+        b,
+        hk,
+        t0,
+        scale,
+        g,
+        d_k,
+        rows,
+        blocks,
+        vector,
+    );
     sync_cube();
 
-    let mut keys = SharedMemory::<f32>::new(LANES * (d_k + 1));
-    let mut mass = SharedMemory::<f32>::new(rows * LANES);
+    let mut keys = SharedMemory::<Vector<f32, V>>::new(comptime!(CHUNK * key_stride(d_k, vector)));
+    let mut mass = SharedMemory::<f32>::new(rows * CHUNK);
     let n_keys = k.shape(1);
     let visible = visible_blocks(t, n_keys, geometry.length, geometry.stride);
     let walk_end = visible_blocks(t_last, n_keys, geometry.length, geometry.stride);
     let mut first = 0usize;
     while first < walk_end {
-        let count = min(walk_end - first, LANES);
-        stage_rows::<F, f32>(k, &mut keys, 0usize, b, first, count, hk, LANES, d_k, comptime!(d_k + 1));
+        let count = min(walk_end - first, CHUNK);
+        stage_keys::<F, V>(k, &mut keys, b, first, count, hk, d_k, vector);
         sync_cube();
-        let mut p = 0.0f32;
-        if first + lane < visible {
-            p = group_mass(&queries, &stats, &keys, r, lane, g, d_k);
+        let p = group_mass::<V>(&queries, &stats, &keys, r, lane, g, d_k, vector);
+        #[unroll]
+        for m in 0..KEYS_PER_LANE {
+            let key = lane + m * LANES;
+            mass[r * CHUNK + key] = select(first + key < visible, p[m], 0.0f32);
         }
-        mass[r * LANES + lane] = p;
         sync_cube();
         add_chunk_mass(&mass, &mut scores, &geometry, r, lane, first, count, blocks);
         sync_cube();
@@ -122,14 +141,15 @@ struct Geometry {
     block_size: usize,
 }
 
-/// Stages the `g` heads' query rows of positions `t0..t0 + rows` (times `scale`, f32) and
-/// their log-sum-exps, zeros past the sequence end, and zeroes the rows' block scores.
+/// Stages the `g` heads' query rows of positions `t0..t0 + rows` (times `scale`, f32, in
+/// vectors of `vector`) and their log-sum-exps, zeros past the sequence end, and zeroes the
+/// rows' block scores.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn stage_queries<F: Float>(
+fn stage_queries<F: Float, V: Size>(
     q: &Tensor<F>,
     lse: &Tensor<f32>,
-    queries: &mut SharedMemory<f32>,
+    queries: &mut SharedMemory<Vector<f32, V>>,
     stats: &mut SharedMemory<f32>,
     scores: &mut SharedMemory<f32>,
     b: usize,
@@ -140,15 +160,21 @@ fn stage_queries<F: Float>(
     #[comptime] d_k: usize,
     #[comptime] rows: usize,
     #[comptime] blocks: usize,
+    #[comptime] vector: usize,
 ) {
     let t_len = q.shape(1);
     let units = CUBE_DIM as usize;
+    let per_row = comptime!(d_k / vector);
     let mut idx = UNIT_POS as usize;
-    while idx < rows * g * d_k {
-        let (row, rest) = (idx / (g * d_k), idx % (g * d_k));
-        let mut value = 0.0f32;
+    while idx < rows * g * per_row {
+        let (row, rest) = (idx / (g * per_row), idx % (g * per_row));
+        let mut value = Vector::<f32, V>::new(0.0f32);
         if t0 + row < t_len {
-            value = f32::cast_from(q[offset3::<F>(q, b, t0 + row, hk * g + rest / d_k) + rest % d_k]) * scale;
+            let at = offset3::<F>(q, b, t0 + row, hk * g + rest / per_row) + (rest % per_row) * vector;
+            #[unroll]
+            for e in 0..vector {
+                value[e] = f32::cast_from(q[at + e]) * scale;
+            }
         }
         queries[idx] = value;
         idx += units;
@@ -169,35 +195,98 @@ fn stage_queries<F: Float>(
     }
 }
 
-/// `sum_h exp(q_h . k - lse_h)` over the group's heads for query row `r` and staged key `key`
-/// (queries pre-scaled): each key element is read once for all `g` heads.
+/// Stages compressed keys `first..first + count` (at most [`CHUNK`]) of head `hk` as f32
+/// vectors, row stride [`key_stride`]; rows past `count` are zero.
 #[cube]
-fn group_mass(
-    queries: &SharedMemory<f32>,
+#[allow(clippy::too_many_arguments)]
+fn stage_keys<F: Float, V: Size>(
+    k: &Tensor<F>,
+    keys: &mut SharedMemory<Vector<f32, V>>,
+    b: usize,
+    first: usize,
+    count: usize,
+    hk: usize,
+    #[comptime] d_k: usize,
+    #[comptime] vector: usize,
+) {
+    let per_row = comptime!(d_k / vector);
+    let stride = comptime!(key_stride(d_k, vector));
+    let mut idx = UNIT_POS as usize;
+    while idx < CHUNK * per_row {
+        let (row, part) = (idx / per_row, idx % per_row);
+        let mut value = Vector::<f32, V>::new(0.0f32);
+        if row < count {
+            let at = offset3::<F>(k, b, first + row, hk) + part * vector;
+            #[unroll]
+            for e in 0..vector {
+                value[e] = f32::cast_from(k[at + e]);
+            }
+        }
+        keys[row * stride + part] = value;
+        idx += CUBE_DIM as usize;
+    }
+}
+
+/// Row stride (in vectors) of the staged keys: one vector of padding, so that the lanes' rows
+/// start in different banks.
+fn key_stride(d_k: usize, vector: usize) -> usize {
+    d_k / vector + 1
+}
+
+/// `sum_h exp(q_h . k - lse_h)` over the group's heads for query row `r` and the staged keys
+/// `lane + m * LANES` (`m < KEYS_PER_LANE`; queries pre-scaled): each query vector is read once
+/// for all the lane's keys, each key vector once for all `g` heads. Elements are added in
+/// ascending order, as a plain dot product.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn group_mass<V: Size>(
+    queries: &SharedMemory<Vector<f32, V>>,
     stats: &SharedMemory<f32>,
-    keys: &SharedMemory<f32>,
+    keys: &SharedMemory<Vector<f32, V>>,
     r: usize,
-    key: usize,
+    lane: usize,
     #[comptime] g: usize,
     #[comptime] d_k: usize,
-) -> f32 {
-    let mut dots = Array::<f32>::new(g);
+    #[comptime] vector: usize,
+) -> Array<f32> {
+    let per_row = comptime!(d_k / vector);
+    let stride = comptime!(key_stride(d_k, vector));
+    let mut dots = Array::<f32>::new(comptime!(g * KEYS_PER_LANE));
     #[unroll]
-    for h in 0..g {
-        dots[h] = 0.0f32;
+    for i in 0..g * KEYS_PER_LANE {
+        dots[i] = 0.0f32;
     }
-    let (q_at, k_at) = (r * g * d_k, key * (d_k + 1));
-    for e in 0..d_k {
-        let k_e = keys[k_at + e];
+    let q_at = r * g * per_row;
+    for part in 0..per_row {
+        let mut k_parts = Array::<Vector<f32, V>>::new(KEYS_PER_LANE);
+        #[unroll]
+        for m in 0..KEYS_PER_LANE {
+            k_parts[m] = keys[(lane + m * LANES) * stride + part];
+        }
         #[unroll]
         for h in 0..g {
-            dots[h] += queries[q_at + h * d_k + e] * k_e;
+            let q_part = queries[q_at + h * per_row + part];
+            #[unroll]
+            for m in 0..KEYS_PER_LANE {
+                let k_part = k_parts[m];
+                let mut dot = dots[m * g + h];
+                #[unroll]
+                for e in 0..vector {
+                    dot += q_part[e] * k_part[e];
+                }
+                dots[m * g + h] = dot;
+            }
         }
     }
-    let mut p = 0.0f32;
+    let mut p = Array::<f32>::new(KEYS_PER_LANE);
     #[unroll]
-    for h in 0..g {
-        p += (dots[h] - stats[r * g + h]).exp();
+    for m in 0..KEYS_PER_LANE {
+        let mut sum = 0.0f32;
+        #[unroll]
+        for h in 0..g {
+            sum += (dots[m * g + h] - stats[r * g + h]).exp();
+        }
+        p[m] = sum;
     }
     p
 }
@@ -231,7 +320,7 @@ fn add_chunk_mass(
         let mut total = scores[r * blocks + j];
         while i < i_end {
             let overlap = min(i * stride + length, end) - max(i * stride, start);
-            total += mass[r * LANES + i - first] * f32::cast_from(overlap as u32);
+            total += mass[r * CHUNK + i - first] * f32::cast_from(overlap as u32);
             i += 1;
         }
         scores[r * blocks + j] = total;
