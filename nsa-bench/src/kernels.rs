@@ -1,5 +1,5 @@
-//! `nsa-bench kernels`: the sparse-attention op, fused path, timed forward and forward+backward
-//! at the shapes, after a parity check of the op's output and gradients against the
+//! `nsa-bench kernels`: the sparse-attention op, fused path (the window, the selected blocks and
+//! the compressed branch), timed forward and forward+backward at the shapes, after a parity check of the op's output and gradients against the
 //! reference path in f64 on the CPU (`cpu` feature; on the device in the storage dtype without
 //! it). Burn's CUDA backend has no f64, and its f32 matmul may round through TF32 (10-bit
 //! mantissa, ~1e-3 relative), which would hide an f32 kernel's real error.
@@ -12,9 +12,8 @@
 //!   this is the device's time unless the host is the slower side. It is the counterpart of
 //!   `triton.testing.do_bench`, which the anchors use: CUDA events around each call, no sync
 //!   between calls. A queue also pays costs once, at its start and its closing sync, which a
-//!   mean over its runs would spread over them (with 5 runs, 0.09 ms a run at 16k, the
-//!   fourteenth session's H100 calls): the time per run is the difference between a queue of
-//!   `2 * iters` runs and one of `iters`, over `iters` ([`pipelined_ms`]).
+//!   mean over its runs would spread over them: the time per run is the difference between a
+//!   queue of `2 * iters` runs and one of `iters`, over `iters` ([`pipelined_ms`]).
 //!
 //! Timed backward passes are seeded with `dO = 1` ([`Seed::Ones`]); the parity check uses a
 //! random `dO`.
@@ -60,13 +59,22 @@ pub const SHAPES: [Shape; 4] = [
 pub const N: usize = 16;
 pub const L_SEL: usize = 64;
 pub const W: usize = 512;
-/// The compressed branch's blocks (the paper's `l` and `d`), checked for parity only.
+/// The compressed branch's blocks (the paper's `l` and `d`).
 pub const L_CMP: usize = 32;
 pub const D_CMP: usize = 16;
 
 /// The compressed branch's keys: blocks of [`L_CMP`] tokens every [`D_CMP`].
 fn compressed_keys<B: Backend>() -> Keys<B> {
     Keys::Compressed { length: L_CMP, stride: D_CMP }
+}
+
+/// Compressed blocks query `t` attends (those complete at `t`).
+fn compressed_visible(t: usize) -> usize {
+    if t + 1 >= L_CMP {
+        (t + 1 - L_CMP) / D_CMP + 1
+    } else {
+        0
+    }
 }
 
 pub struct BenchOptions {
@@ -351,12 +359,15 @@ pub fn bench_kernels<B: TrainBackend>(device: &B::Device, opts: &BenchOptions, p
             let blocks =
                 Tensor::<B::InnerBackend, 4, Int>::from_data(TensorData::new(blocks, [1, t, shape.h_kv, N]), device);
             let window_keys: usize = (0..t).map(|i| (i + 1).min(W)).sum::<usize>() * shape.h_kv;
-            let keys_inner = [Keys::Window { w: W }, Keys::selected(blocks.clone(), L_SEL)];
-            let keys_outer: [Keys<B>; 2] = [Keys::Window { w: W }, Keys::selected(Tensor::from_inner(blocks), L_SEL)];
-            for ((name, attended), (inner_keys, keys)) in [("window", window_keys), ("selected", selected_keys)]
-                .into_iter()
-                .zip(keys_inner.into_iter().zip(keys_outer))
-            {
+            let compressed_attended: usize = (0..t).map(compressed_visible).sum::<usize>() * shape.h_kv;
+            let selected_inner = Keys::selected(blocks.clone(), L_SEL);
+            let selected_outer = Keys::selected(Tensor::from_inner(blocks), L_SEL);
+            let cases = [
+                ("window", window_keys, x.clone(), Keys::Window { w: W }, Keys::Window { w: W }),
+                ("selected", selected_keys, x.clone(), selected_inner, selected_outer),
+                ("compressed", compressed_attended, x.compressed(), compressed_keys(), compressed_keys()),
+            ];
+            for (name, attended, x, inner_keys, keys) in cases {
                 let fwd = median_ms::<B::InnerBackend>(device, opts.iters, || {
                     let _ = sparse_attention(x.q.clone(), x.k.clone(), x.v.clone(), &inner_keys);
                 });

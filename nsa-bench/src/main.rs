@@ -107,7 +107,8 @@ struct SelectionArgs {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Time the fused sparse-attention op (window and selected, forward and forward+backward)
+    /// Time the fused sparse-attention op (window, selected and compressed, forward and
+    /// forward+backward)
     /// at the benchmark shapes, after a parity check against the reference on the same device.
     Kernels(KernelArgs),
     /// The linear layers' matrix products (the 125M model's shapes): parity with Burn's matmul,
