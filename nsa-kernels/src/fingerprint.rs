@@ -13,7 +13,6 @@ pub static KERNEL_FINGERPRINT: std::sync::LazyLock<u64> = std::sync::LazyLock::n
 const SOURCES: &[(&str, &str)] = &[
     ("kernel/compression/interleave.rs", include_str!("kernel/compression/interleave.rs")),
     ("kernel/compression/mod.rs", include_str!("kernel/compression/mod.rs")),
-    ("kernel/compression/rows.rs", include_str!("kernel/compression/rows.rs")),
     ("kernel/compression/visible.rs", include_str!("kernel/compression/visible.rs")),
     ("kernel/key_gradients/chunk.rs", include_str!("kernel/key_gradients/chunk.rs")),
     ("kernel/key_gradients/mod.rs", include_str!("kernel/key_gradients/mod.rs")),
@@ -36,6 +35,7 @@ const SOURCES: &[(&str, &str)] = &[
     ("kernel/primitives/walk.rs", include_str!("kernel/primitives/walk.rs")),
     ("kernel/rms_norm.rs", include_str!("kernel/rms_norm.rs")),
     ("kernel/row_delta.rs", include_str!("kernel/row_delta.rs")),
+    ("kernel/selection/block_scores.rs", include_str!("kernel/selection/block_scores.rs")),
     ("kernel/selection/dq.rs", include_str!("kernel/selection/dq.rs")),
     ("kernel/selection/index.rs", include_str!("kernel/selection/index.rs")),
     ("kernel/selection/merge.rs", include_str!("kernel/selection/merge.rs")),
@@ -53,7 +53,6 @@ const SOURCES: &[(&str, &str)] = &[
     ("launch/backward.rs", include_str!("launch/backward.rs")),
     ("compressed/mod.rs", include_str!("compressed/mod.rs")),
     ("compressed/interleaved.rs", include_str!("compressed/interleaved.rs")),
-    ("compressed/products.rs", include_str!("compressed/products.rs")),
     ("cube.rs", include_str!("cube.rs")),
     ("launch/index.rs", include_str!("launch/index.rs")),
     ("mix/cube.rs", include_str!("mix/cube.rs")),

@@ -13,9 +13,6 @@ pub mod cublaslt;
 #[cfg(feature = "fusion")]
 mod fusion;
 
-#[cfg(feature = "cube")]
-pub(crate) use cube::batched_gemm;
-
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{backend::Backend, Tensor, TensorPrimitive};
 

@@ -8,8 +8,7 @@
 //! that pad the products' width (149 blocks) and several cubes of score rows; one case runs
 //! through Burn's fusion, and strides of 1 and longer than a block. The branch runs as a causal
 //! attention over its interleaved rows (`nsa_kernels::compressed::Interleaved`: the window
-//! kernels, portable here, tensor cores on CUDA, checked there by `nsa-bench kernels`); the
-//! chunked products it falls back to are held to one chunk below.
+//! kernels, portable here, tensor cores on CUDA, checked there by `nsa-bench kernels`).
 
 use burn::backend::wgpu::{CubeBackend, WgpuDevice, WgpuRuntime};
 use burn::backend::Autodiff;
@@ -110,38 +109,4 @@ fn compressed_kernels_match_the_reference() {
 fn compressed_kernels_through_fusion_match_the_reference() {
     let mut rng = fresh_rng("compressed_kernels_through_fusion_match_the_reference");
     Case::new(&mut rng, [2, 45, 6, 1, 16, 8], [8, 4, 8]).check::<WgpuFusion>(&WgpuDevice::default(), 1e-5);
-}
-
-/// The branch a few queries at a time (the long-context path: chunks bound its score matrices)
-/// against the whole sequence in one chunk: output, log-sum-exp and the three gradients, with a
-/// ragged last chunk, rows that see no block in the first, and batch 2.
-#[test]
-fn compressed_kernels_in_chunks_match_one_chunk() {
-    use burn::tensor::TensorPrimitive;
-    use nsa_kernels::compressed::Products;
-    type Cube = CubeBackend<WgpuRuntime, f32, i32, u32>;
-    let device = WgpuDevice::default();
-    let mut rng = fresh_rng("compressed_kernels_in_chunks_match_one_chunk");
-    let ([b, t, h_q, h_kv, d_k, d_v], [l, d]) = ([2, 150, 6, 2, 16, 8], [8, 4]);
-    let n = (t - l) / d + 1;
-    let mut primitive = |shape: [usize; 4]| {
-        let data = normal(&mut rng, shape.iter().product(), 1.0);
-        Tensor::<Cube, 4>::from_data(TensorData::new(data, shape), &device).into_primitive().tensor()
-    };
-    let (q, k, v) = (primitive([b, t, h_q, d_k]), primitive([b, n, h_kv, d_k]), primitive([b, n, h_kv, d_v]));
-    let grad_out = primitive([b, t, h_q, d_v]);
-    let run = |problem: Products<WgpuRuntime>| {
-        let (out, lse) = problem.forward();
-        let grads = problem.backward(lse.clone(), grad_out.clone());
-        let host = |x| to_vec(Tensor::<Cube, 4>::from_primitive(TensorPrimitive::Float(x)));
-        let lse = to_vec(Tensor::<Cube, 3>::from_primitive(TensorPrimitive::Float(lse)).narrow(1, l - 1, t + 1 - l));
-        let [dq, dk, dv] = grads.map(host);
-        [host(out), lse, dq, dk, dv]
-    };
-    let whole = run(Products::new(q.clone(), k.clone(), v.clone(), l, d));
-    let chunked = run(Products::new(q, k, v, l, d).with_chunk_queries(32));
-    for (i, name) in ["out", "lse", "dq", "dk", "dv"].iter().enumerate() {
-        let err = max_rel_err(&chunked[i], &whole[i]);
-        assert!(err <= 1e-5, "{name}: chunks differ from one chunk by {err:e}");
-    }
 }

@@ -1,9 +1,10 @@
 //! A selection's kernels on CUDA's tensor cores, key-major over the inverted block index
 //! ([`index`]): per-block partial results and their merge (the forward), dQ where the key kernel
 //! does not fold it in, and the sum of each block's segment shares of dK/dV ([`segments`], also
-//! used by the portable key kernel); and which blocks each query selects ([`top_n`], portable:
-//! every device runs it).
+//! used by the portable key kernel); and which blocks each query selects ([`top_n`] over [`block_scores`],
+//! portable: every device runs it).
 
+pub mod block_scores;
 pub mod dq;
 pub mod index;
 pub mod merge;
