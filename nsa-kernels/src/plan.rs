@@ -16,7 +16,9 @@
 
 use burn::tensor::DType;
 
-use crate::tiling::{FlashKeyTiling, FlashSelectTiling, FlashTiling, KeyTiling, QueryPass, QueryTiling};
+use crate::tiling::{
+    FlashKeyTiling, FlashSelectTiling, FlashTiling, KeyTiling, QueryPass, QueryTiling, SelectionTiling,
+};
 use crate::tiling::{MMA_SHARED, MMA_TILE};
 
 /// Shared memory a portable cube may use at most, so that several cubes share a streaming
@@ -218,6 +220,36 @@ impl BackwardPlan {
     }
 }
 
+/// The block selection (scores and top-n, `crate::top_n`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SelectionPlan {
+    /// `kernel::selection::top_n`: f32 products on any device and storage type.
+    Portable(SelectionTiling),
+    /// `kernel::selection::top_n_mma`: the products on tensor cores.
+    TensorCore(SelectionTiling),
+}
+
+impl SelectionPlan {
+    /// Tensor cores where the device has them for the storage type and `d_k` is whole MMA
+    /// tiles (`problem` names the queries and compressed keys; its `d_v` is `d_k`), else the
+    /// portable kernel; an error line when the sequence's block scores fit neither.
+    pub fn choose(
+        problem: &Problem,
+        caps: &Capabilities,
+        t: usize,
+        block_size: usize,
+        n: usize,
+    ) -> Result<Self, String> {
+        let (g, d_k, shared) = (problem.group(), problem.d_k, caps.shared_bytes);
+        if caps.tensor_cores(problem) {
+            if let Ok(tiling) = SelectionTiling::plan_tensor_core(t, block_size, n, g, d_k, shared) {
+                return Ok(Self::TensorCore(tiling));
+            }
+        }
+        SelectionTiling::plan(t, block_size, n, g, d_k, shared).map(Self::Portable)
+    }
+}
+
 fn dedup<T: PartialEq>(plans: Vec<T>) -> Vec<T> {
     let mut out = Vec::with_capacity(plans.len());
     for plan in plans {
@@ -310,6 +342,23 @@ mod tests {
         assert_eq!(names(&sel, &no_atomics), ("selection", "portable"));
         let win = problem(SHAPES[0], WINDOW, DType::BF16);
         assert_eq!(names(&win, &no_atomics), ("window", "keys + window dQ"));
+    }
+
+    #[test]
+    fn the_selection_runs_on_tensor_cores_where_the_window_does() {
+        let choose = |dtype, caps: &Capabilities, t| {
+            let p = problem(SHAPES[0], SELECTED, dtype);
+            SelectionPlan::choose(&Problem { d_v: p.d_k, ..p }, caps, t, 64, 16).unwrap()
+        };
+        assert!(
+            matches!(choose(DType::BF16, &Capabilities::CUDA_SM90, 65_536), SelectionPlan::TensorCore(t) if t.rows == 8)
+        );
+        assert!(
+            matches!(choose(DType::BF16, &Capabilities::CUDA_SM90, 131_072), SelectionPlan::TensorCore(t) if t.rows == 4)
+        );
+        assert!(matches!(choose(DType::F32, &Capabilities::CUDA_SM90, 4096), SelectionPlan::Portable(_)));
+        let wgpu = Capabilities { shared_bytes: 64 * 1024, ..Capabilities::WGPU };
+        assert!(matches!(choose(DType::BF16, &wgpu, 4096), SelectionPlan::Portable(_)));
     }
 
     #[test]

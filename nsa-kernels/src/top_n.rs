@@ -1,4 +1,6 @@
-//! Launches the block selection ([`crate::kernel::selection::top_n`]) on `CubeBackend`.
+//! Launches the block selection on `CubeBackend`: [`SelectionPlan`] chooses the tensor-core
+//! kernel ([`crate::kernel::selection::top_n_mma`]) or the portable one
+//! ([`crate::kernel::selection::top_n`]).
 
 use burn::tensor::{DType, Shape};
 use burn_cubecl::kernel::{cast, into_contiguous};
@@ -8,7 +10,11 @@ use burn_cubecl::CubeRuntime;
 use cubecl::{calculate_cube_count_elemwise, CubeDim};
 
 use crate::api::Selection;
+use crate::kernel::primitives::layout::VECTOR;
 use crate::kernel::selection::top_n::select_top_n;
+use crate::kernel::selection::top_n_mma::select_top_n_mma;
+use crate::launch::capabilities;
+use crate::plan::{KeyKind, Problem, SelectionPlan};
 use crate::tiling::{SelectionTiling, SELECTION_LANES};
 
 /// `q [B, T, H_q, d_k]`, compressed keys `k [B, N, H_kv, d_k]` and the compressed branch's
@@ -32,8 +38,15 @@ pub fn select_blocks<R: CubeRuntime>(
     let h_kv = k.meta.shape()[2];
     let g = h_q / h_kv;
     let client = q.client.clone();
-    let shared = client.properties().hardware.max_shared_memory_size;
-    let tiling = SelectionTiling::plan(t, selection.block_size, selection.n, g, d_k, shared)
+    let problem = Problem {
+        heads_q: h_q,
+        heads_kv: h_kv,
+        d_k,
+        d_v: d_k,
+        dtype: q.dtype,
+        keys: KeyKind::Selected { block_size: selection.block_size },
+    };
+    let plan = SelectionPlan::choose(&problem, &capabilities(&client), t, selection.block_size, selection.n)
         .unwrap_or_else(|message| panic!("{message}"));
     let list = empty_device_contiguous_dtype::<R>(
         client.clone(),
@@ -41,31 +54,59 @@ pub fn select_blocks<R: CubeRuntime>(
         Shape::new([b, t, h_kv, selection.n]),
         int,
     );
+    let tiling = match plan {
+        SelectionPlan::Portable(tiling) | SelectionPlan::TensorCore(tiling) => tiling,
+    };
     let dim = CubeDim::new_2d(SELECTION_LANES as u32, tiling.rows as u32);
     let cubes = b * h_kv * t.div_ceil(tiling.rows);
     let count = calculate_cube_count_elemwise(&client, cubes * dim.num_elems() as usize, dim);
-    let as_u32 = |x: usize| u32::try_from(x).expect("selection geometry fits in u32");
-    let vector = SelectionTiling::vector(d_k);
-    select_top_n::launch::<R>(
-        &client,
-        count,
-        dim,
-        vector,
-        q.clone().into_tensor_arg(),
-        k.into_tensor_arg(),
-        lse.into_tensor_arg(),
-        list.clone().into_tensor_arg(),
-        1.0 / (d_k as f32).sqrt(),
-        as_u32(selection.length),
-        as_u32(selection.stride),
-        as_u32(selection.block_size),
-        g,
-        d_k,
-        tiling.rows,
-        tiling.blocks,
-        selection.n,
-        vector,
-        [q.dtype.into(), int.into()],
-    );
+    let (scale, dtypes) = (1.0 / (d_k as f32).sqrt(), [q.dtype.into(), int.into()]);
+    let (length, stride, block_size) = (selection.length, selection.stride, selection.block_size);
+    match plan {
+        SelectionPlan::TensorCore(_) => select_top_n_mma::launch::<R>(
+            &client,
+            count,
+            dim,
+            VECTOR,
+            q.into_tensor_arg(),
+            k.into_tensor_arg(),
+            lse.into_tensor_arg(),
+            list.clone().into_tensor_arg(),
+            scale,
+            length,
+            stride,
+            block_size,
+            g,
+            d_k,
+            tiling.rows,
+            tiling.blocks,
+            selection.n,
+            dtypes,
+        ),
+        SelectionPlan::Portable(_) => {
+            let vector = SelectionTiling::vector(d_k);
+            select_top_n::launch::<R>(
+                &client,
+                count,
+                dim,
+                vector,
+                q.into_tensor_arg(),
+                k.into_tensor_arg(),
+                lse.into_tensor_arg(),
+                list.clone().into_tensor_arg(),
+                scale,
+                length,
+                stride,
+                block_size,
+                g,
+                d_k,
+                tiling.rows,
+                tiling.blocks,
+                selection.n,
+                vector,
+                dtypes,
+            )
+        }
+    }
     list
 }

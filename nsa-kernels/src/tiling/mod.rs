@@ -406,4 +406,6 @@ mod tests {
 }
 
 mod selection;
-pub use selection::{SelectionTiling, SELECTION_CHUNK, SELECTION_KEYS_PER_LANE, SELECTION_LANES, SELECTION_SHARED};
+pub use selection::{
+    SelectionTiling, SELECTION_CHUNK, SELECTION_KEYS_PER_LANE, SELECTION_LANES, SELECTION_PROB_STRIDE, SELECTION_SHARED,
+};

@@ -17,6 +17,9 @@ pub const SELECTION_LANES: usize = 32;
 pub const SELECTION_KEYS_PER_LANE: usize = 4;
 /// Compressed keys staged per chunk.
 pub const SELECTION_CHUNK: usize = SELECTION_LANES * SELECTION_KEYS_PER_LANE;
+/// Row stride (f32) of the tensor-core kernel's probabilities: 8 words of padding, so that the
+/// 8 rows of a plane's pair stores fall in different banks.
+pub const SELECTION_PROB_STRIDE: usize = SELECTION_CHUNK + 8;
 /// Queries a selection cube holds at most.
 const SELECTION_ROWS: usize = 8;
 /// Shared memory a selection cube may use (dynamic above 48 KiB on CUDA, as [`super::MMA_SHARED`]).
@@ -48,6 +51,42 @@ impl SelectionTiling {
     pub fn shared_floats(&self, g: usize, d_k: usize, n: usize) -> usize {
         let per_query = g * d_k + g + self.blocks + SELECTION_CHUNK + 2 * SELECTION_LANES + n + 1;
         SELECTION_CHUNK * (d_k + 4) + self.rows * per_query
+    }
+
+    /// The tensor-core kernel's split (`kernel::selection::top_n_mma`): as [`Self::plan`], with
+    /// `rows` a power of two that divides the chunk's 16-key groups among the cube's planes.
+    pub fn plan_tensor_core(
+        t: usize,
+        block_size: usize,
+        n: usize,
+        g: usize,
+        d_k: usize,
+        shared: usize,
+    ) -> Result<Self, String> {
+        let blocks = t.div_ceil(block_size).max(1).next_multiple_of(SELECTION_LANES);
+        let shared = shared.min(SELECTION_SHARED);
+        [8, 4, 2, 1]
+            .into_iter()
+            .map(|rows| Self { rows, blocks })
+            .find(|tiling| tiling.tensor_core_bytes(g, d_k, n) <= shared)
+            .ok_or_else(|| format!("{} selection blocks do not fit the tensor-core selection", t.div_ceil(block_size)))
+    }
+
+    /// The query rows `(position, head)` of a tensor-core cube, in whole MMA tiles of 16.
+    pub fn row_tiles(&self, g: usize) -> usize {
+        (self.rows * g).div_ceil(16)
+    }
+
+    /// Shared memory the tensor-core kernel declares (bytes): its query rows and a chunk of
+    /// keys (16-bit, rows padded by 16 bytes), the query rows' probabilities against the chunk
+    /// and log-sum-exps (f32), then per query its block scores, the chunk's key masses and the
+    /// chosen blocks with their count (its argmax goes by plane shuffles).
+    pub fn tensor_core_bytes(&self, g: usize, d_k: usize, n: usize) -> usize {
+        let query_rows = 16 * self.row_tiles(g);
+        let staged = (query_rows + SELECTION_CHUNK) * (d_k + 8) * 2;
+        let probabilities = query_rows * (SELECTION_PROB_STRIDE + 1) * 4;
+        let per_query = self.blocks + SELECTION_CHUNK + n + 1;
+        staged + probabilities + self.rows * per_query * 4
     }
 
     /// f32 elements per shared-memory read of the staged query and key rows: 4 (16 bytes)

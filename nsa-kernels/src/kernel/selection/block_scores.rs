@@ -7,14 +7,6 @@ use cubecl::prelude::*;
 use crate::kernel::primitives::rows::offset3;
 use crate::tiling::{SELECTION_CHUNK as CHUNK, SELECTION_KEYS_PER_LANE as KEYS_PER_LANE, SELECTION_LANES as LANES};
 
-/// The compressed blocks' geometry and the selection block size, in tokens.
-#[derive(CubeType, Clone)]
-pub struct Geometry {
-    pub length: usize,
-    pub stride: usize,
-    pub block_size: usize,
-}
-
 /// Stages the `g` heads' query rows of positions `t0..t0 + rows` (times `scale`, f32, in
 /// vectors of `vector`) and their log-sum-exps, zeros past the sequence end, and zeroes the
 /// rows' block scores.
@@ -166,21 +158,24 @@ pub fn group_mass<V: Size>(
 }
 
 /// Adds the chunk's key masses (`mass[r][c]` for keys `first + c`, `c < count`) to query row
-/// `r`'s scores of the selection blocks they meet, each times its overlap in tokens; lane
+/// `r`'s scores of the selection blocks they meet (blocks of `length` tokens at `stride`,
+/// selection blocks of `size`: compile-time, so the divisions by them are cheap), each times
+/// its overlap in tokens; lane
 /// `lane` owns blocks `j_lo + lane, j_lo + lane + LANES, ..`, so no two units add to one score.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 pub fn add_chunk_mass(
     mass: &SharedMemory<f32>,
     scores: &mut SharedMemory<f32>,
-    geometry: &Geometry,
     r: usize,
     lane: usize,
     first: usize,
     count: usize,
+    #[comptime] length: usize,
+    #[comptime] stride: usize,
+    #[comptime] size: usize,
     #[comptime] blocks: usize,
 ) {
-    let (length, stride, size) = (geometry.length, geometry.stride, geometry.block_size);
     let j_end = ((first + count - 1) * stride + length - 1) / size + 1;
     let mut j = (first * stride) / size + lane;
     while j < j_end {

@@ -21,13 +21,13 @@
 
 use cubecl::prelude::*;
 
-use super::block_scores::{add_chunk_mass, group_mass, key_stride, stage_keys, stage_queries, Geometry};
+use super::block_scores::{add_chunk_mass, group_mass, key_stride, stage_keys, stage_queries};
 use crate::kernel::compression::visible::visible_blocks;
 use crate::kernel::primitives::rows::offset3;
 use crate::tiling::{SELECTION_CHUNK as CHUNK, SELECTION_KEYS_PER_LANE as KEYS_PER_LANE, SELECTION_LANES as LANES};
 
 /// A taken block's score (real scores are sums of probabilities, never negative).
-const TAKEN: f32 = -1.0;
+pub(crate) const TAKEN: f32 = -1.0;
 
 /// `q [B, T, H_q, d_k]`, compressed keys `k [B, N, H_kv, d_k]` (block `i` covering raw
 /// tokens `[i * stride, i * stride + length)`), the compressed branch's `lse [B, T, H_q]` (f32)
@@ -43,9 +43,9 @@ pub fn select_top_n<F: Float, I: Int, V: Size>(
     lse: &Tensor<f32>,
     list: &mut Tensor<I>,
     scale: f32,
-    length: u32,
-    stride: u32,
-    block_size: u32,
+    #[comptime] length: usize,
+    #[comptime] stride: usize,
+    #[comptime] block_size: usize,
     #[comptime] g: usize,
     #[comptime] d_k: usize,
     #[comptime] rows: usize,
@@ -68,7 +68,6 @@ pub fn select_top_n<F: Float, I: Int, V: Size>(
     let t_last = min(t0 + rows, t_len) - 1;
     // Rows past the sequence end take part in every barrier and write nothing.
     let t = min(t0 + r, t_len - 1);
-    let geometry = Geometry { length: length as usize, stride: stride as usize, block_size: block_size as usize };
 
     let mut queries = SharedMemory::<Vector<f32, V>>::new(comptime!(rows * g * d_k / vector));
     let mut stats = SharedMemory::<f32>::new(rows * g);
@@ -94,8 +93,8 @@ pub fn select_top_n<F: Float, I: Int, V: Size>(
     let mut keys = SharedMemory::<Vector<f32, V>>::new(comptime!(CHUNK * key_stride(d_k, vector)));
     let mut mass = SharedMemory::<f32>::new(rows * CHUNK);
     let n_keys = k.shape(1);
-    let visible = visible_blocks(t, n_keys, geometry.length, geometry.stride);
-    let walk_end = visible_blocks(t_last, n_keys, geometry.length, geometry.stride);
+    let visible = visible_blocks(t, n_keys, length, stride);
+    let walk_end = visible_blocks(t_last, n_keys, length, stride);
     let mut first = 0usize;
     while first < walk_end {
         let count = min(walk_end - first, CHUNK);
@@ -108,7 +107,7 @@ pub fn select_top_n<F: Float, I: Int, V: Size>(
             mass[r * CHUNK + key] = select(first + key < visible, p[m], 0.0f32);
         }
         sync_cube();
-        add_chunk_mass(&mass, &mut scores, &geometry, r, lane, first, count, blocks);
+        add_chunk_mass(&mass, &mut scores, r, lane, first, count, length, stride, block_size, blocks);
         sync_cube();
         first += count;
     }
@@ -123,7 +122,7 @@ pub fn select_top_n<F: Float, I: Int, V: Size>(
         &mut taken,
         &mut best_score,
         &mut best_block,
-        t / geometry.block_size,
+        t / block_size,
         r,
         lane,
         blocks,
@@ -140,7 +139,7 @@ pub fn select_top_n<F: Float, I: Int, V: Size>(
 /// every unit of the cube (it synchronises).
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn take_best(
+pub(crate) fn take_best(
     scores: &mut SharedMemory<f32>,
     chosen: &mut SharedMemory<u32>,
     taken: &mut SharedMemory<u32>,
@@ -233,7 +232,7 @@ fn merge_best(
 /// their rank among the chosen) and `-1` in the unused slots, to `list[base..base + n]`.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn write_list<I: Int>(
+pub(crate) fn write_list<I: Int>(
     list: &mut Tensor<I>,
     chosen: &SharedMemory<u32>,
     taken: &SharedMemory<u32>,

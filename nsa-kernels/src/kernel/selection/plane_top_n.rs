@@ -1,0 +1,92 @@
+//! [`super::top_n`]'s forced blocks and top-n for one query per plane, with the argmax of each
+//! round exchanged by plane shuffles instead of shared memory and cube barriers: a plane's 32
+//! lanes are one query's, so no other plane waits on its rounds. For devices whose planes are
+//! exactly [`LANES`] wide (the tensor-core kernel's CUDA).
+
+use cubecl::prelude::*;
+
+use super::top_n::TAKEN;
+use crate::tiling::SELECTION_LANES as LANES;
+
+/// Query row `r`'s selection into `chosen[r * n..]` (unordered, `taken[r]` of them), as
+/// `super::top_n::take_best`: the forced blocks 0, `current - 1` and `current`, then up to `n`
+/// in all of the eligible blocks (`j <= current`) with the highest scores, ties to the lower
+/// index. Lane `lane` scans and marks blocks `lane, lane + LANES, ..` only, and every lane
+/// ends each round with the same winner, so the plane needs no barrier until lane 0's list is
+/// read ([`sync_plane`] before [`super::top_n::write_list`]).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub fn take_best_in_plane(
+    scores: &mut SharedMemory<f32>,
+    chosen: &mut SharedMemory<u32>,
+    taken: &mut SharedMemory<u32>,
+    current: usize,
+    r: usize,
+    lane: usize,
+    #[comptime] blocks: usize,
+    #[comptime] n: usize,
+) {
+    let row = r * blocks;
+    let mut count = 1usize;
+    if lane == 0 {
+        chosen[r * n] = 0u32;
+        scores[row] = TAKEN;
+    }
+    if current >= 1 {
+        if lane == 0 {
+            chosen[r * n + count] = current as u32;
+        }
+        if lane == current % LANES {
+            scores[row + current] = TAKEN;
+        }
+        count += 1;
+    }
+    if current >= 2 {
+        if lane == 0 {
+            chosen[r * n + count] = (current - 1) as u32;
+        }
+        if lane == (current - 1) % LANES {
+            scores[row + current - 1] = TAKEN;
+        }
+        count += 1;
+    }
+    // Block 0 is always forced, so at most `n - 1` blocks are chosen by score.
+    for _round in 0..comptime!(n - 1) {
+        let mut best = f32::new(TAKEN);
+        let mut best_j = 0u32;
+        let mut j = lane;
+        while j <= current {
+            let s = scores[row + j];
+            // Ascending `j`: a strict comparison keeps the lower index of a tie.
+            if s > best {
+                best = s;
+                best_j = j as u32;
+            }
+            j += LANES;
+        }
+        // Butterfly: after the five exchanges every lane holds the plane's best.
+        #[unroll]
+        for step in 0..5u32 {
+            let mask = comptime!(16u32 >> step);
+            let other = plane_shuffle_xor(best, mask);
+            let other_j = plane_shuffle_xor(best_j, mask);
+            if other > best || (other == best && other_j < best_j) {
+                best = other;
+                best_j = other_j;
+            }
+        }
+        if count < n && best > TAKEN {
+            if lane == 0 {
+                chosen[r * n + count] = best_j;
+            }
+            if lane == best_j as usize % LANES {
+                scores[row + best_j as usize] = TAKEN;
+            }
+            count += 1;
+        }
+    }
+    if lane == 0 {
+        taken[r] = count as u32;
+    }
+    sync_plane();
+}
