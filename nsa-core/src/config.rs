@@ -10,6 +10,9 @@ pub enum Phi {
     /// The mean of the block.
     Avg,
     /// Intra-block position embedding, flatten, one linear map `l*d -> d`; starts equal to `Avg`.
+    Linear,
+    /// Intra-block position embedding, flatten, `Linear(l*d -> hidden)`, GELU,
+    /// `Linear(hidden -> d)`: the paper's learnable MLP.
     Mlp,
 }
 
@@ -98,6 +101,9 @@ pub struct NsaConfig {
     /// Compression function.
     #[config(default = "Phi::Avg")]
     pub phi: Phi,
+    /// `phi = mlp`'s hidden width (`None`: twice the head dim, of keys and values each).
+    #[config(default = "None")]
+    pub phi_hidden: Option<usize>,
     /// One K/V projection for all three branches (what fla does) instead of one per branch.
     #[config(default = false)]
     pub shared_kv: bool,
@@ -156,6 +162,7 @@ impl NsaConfig {
         ConfigError::ensure(self.n >= 3, "n", || {
             format!("must be >= 3 (block 0 and two local blocks are forced), got {}", self.n)
         })?;
-        ConfigError::ensure(self.w >= 1, "w", || format!("must be >= 1, got {}", self.w))
+        ConfigError::ensure(self.w >= 1, "w", || format!("must be >= 1, got {}", self.w))?;
+        ConfigError::ensure(self.phi_hidden != Some(0), "phi_hidden", || "must be >= 1".to_string())
     }
 }

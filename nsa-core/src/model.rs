@@ -215,6 +215,18 @@ pub fn embed<B: GemmBackend>(embedding: &Embedding<B>, tokens: Tensor<B, 2, Int>
     linear_matmul(one_hot.float().cast(weight.dtype()), weight)
 }
 
+impl<B: Backend> NsaLm<B> {
+    /// The `phi` whose parameters the NSA layers hold (`None` for dense attention). A
+    /// checkpoint loaded into a model of another `phi` leaves that `phi`'s parameters out, so
+    /// this tells what a loaded model computes.
+    pub fn phi(&self) -> Option<crate::config::Phi> {
+        self.blocks.iter().find_map(|block| match &block.attention {
+            Attention::Nsa(layer) => Some(layer.compressor.phi()),
+            Attention::Dense(_) => None,
+        })
+    }
+}
+
 impl<B: SparseAttentionBackend> NsaLm<B> {
     /// `tokens: [B, T]` -> logits `[B, T, vocab]`.
     pub fn forward(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 3> {

@@ -14,6 +14,8 @@ use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder, Record, Recorder
 use burn::tensor::backend::AutodiffBackend;
 use serde::{Deserialize, Serialize};
 
+use nsa_core::{NsaLm, Phi};
+
 use crate::data::corpus::DataCursor;
 
 pub type CheckpointRecorder = NamedMpkFileRecorder<FullPrecisionSettings>;
@@ -198,6 +200,27 @@ pub fn load_model<B: burn::tensor::backend::Backend, M: Module<B>>(
     device: &B::Device,
 ) -> Result<M, String> {
     model.load_file(dir.join("model"), &CheckpointRecorder::new(), device).map_err(|e| io_err(dir, e))
+}
+
+/// Refuses a loaded model whose NSA layers hold another `phi`'s parameters than `want`, the
+/// configured one: Burn's loader leaves out the parameters a checkpoint lacks, and the model
+/// would compute the checkpoint's `phi`.
+pub fn check_phi<B: burn::tensor::backend::Backend>(dir: &Path, model: &NsaLm<B>, want: Phi) -> Result<(), String> {
+    let name = |phi: Phi| format!("{phi:?}").to_lowercase();
+    match model.phi() {
+        Some(got) if got != want && want == Phi::Mlp => Err(format!(
+            "{}: the checkpoint holds no phi = \"mlp\" network: set phi = \"linear\" for a checkpoint saved when \
+             \"mlp\" named the single linear map (or the phi it was trained with)",
+            dir.display()
+        )),
+        Some(got) if got != want => Err(format!(
+            "{}: the checkpoint holds phi = \"{}\"'s parameters, the config says phi = \"{}\"",
+            dir.display(),
+            name(got),
+            name(want)
+        )),
+        _ => Ok(()),
+    }
 }
 
 pub fn load_optimizer<B, O>(dir: &Path, device: &B::Device) -> Result<O, String>

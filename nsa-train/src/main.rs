@@ -256,6 +256,7 @@ fn generate(path: PathBuf, prompt: String, opts: SampleOptions, backend: Option<
         let device = devices[0].clone();
         let model: NsaLm<<B as AutodiffBackend>::InnerBackend> = cfg.model.init(&device);
         let model = checkpoint::load_model(&ckpt, model, &device)?;
+        checkpoint::check_phi(&ckpt, &model, cfg.model.attention.phi)?;
         let prompt_ids = tokenizer.encode(&prompt).map_err(|e| e.to_string())?;
         if prompt_ids.is_empty() {
             return Err(format!("--prompt {prompt:?} encodes to no tokens: give text the tokenizer keeps"));

@@ -176,7 +176,9 @@ impl<B: TrainBackend> Trainer<B> {
                     self.resumed_from = Some(dir);
                     return Ok(());
                 }
-                Err(why) => {
+                // The checkpoint is sound but not of this config: nothing is set aside.
+                Err(Refusal::OtherModel(why)) => return Err(why),
+                Err(Refusal::Damaged(why)) => {
                     let moved = checkpoint::set_aside(&dir)?;
                     why_not.push(format!("{}: {why}", dir.display()));
                     self.set_aside.push(format!("{} is damaged ({why}); moved to {}", dir.display(), moved.display()));
@@ -189,12 +191,14 @@ impl<B: TrainBackend> Trainer<B> {
         }
     }
 
-    fn load_checkpoint(&mut self, dir: &Path, model: NsaLm<B>) -> Result<(), String> {
-        checkpoint::verify(dir)?;
-        let state = checkpoint::load_state(dir)?;
+    fn load_checkpoint(&mut self, dir: &Path, model: NsaLm<B>) -> Result<(), Refusal> {
+        checkpoint::verify(dir).map_err(Refusal::Damaged)?;
+        let state = checkpoint::load_state(dir).map_err(Refusal::Damaged)?;
         let r = &mut self.replica;
-        let model = checkpoint::load_model(dir, model, &r.device)?;
-        r.optim = r.optim.clone().load_record(checkpoint::load_optimizer::<B, _>(dir, &r.device)?);
+        let model = checkpoint::load_model(dir, model, &r.device).map_err(Refusal::Damaged)?;
+        checkpoint::check_phi(dir, &model, self.cfg.model.attention.phi).map_err(Refusal::OtherModel)?;
+        let optim = checkpoint::load_optimizer::<B, _>(dir, &r.device).map_err(Refusal::Damaged)?;
+        r.optim = r.optim.clone().load_record(optim);
         r.decay_ids = weight_decay_ids::<B, _>(&model);
         r.set_model(model);
         self.step = state.step;
@@ -409,4 +413,12 @@ impl<B: TrainBackend> Trainer<B> {
         }
         Ok(Finish::Completed)
     }
+}
+
+/// Why a checkpoint was not resumed from.
+enum Refusal {
+    /// It does not verify or load: set aside, and an older one tried.
+    Damaged(String),
+    /// It loads but holds another model than the config's: the run stops with this line.
+    OtherModel(String),
 }

@@ -11,12 +11,12 @@ pub mod reference;
 use burn::backend::{Autodiff, NdArray};
 use burn::module::{Module, ModuleMapper, Param};
 use burn::tensor::{backend::Backend, Int, Tensor, TensorData};
-use nsa_core::attention::compress::MlpPhi;
+use nsa_core::attention::compress::{LinearPhi, MlpPhi};
 use nsa_core::NsaAttention;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use reference::{Mat, MlpPhiWeights, NsaWeights};
+use reference::{Mat, NsaWeights, PhiWeights};
 
 /// Float64 CPU backend: parity tests run the layer in f64 so selection never flips on rounding.
 pub type B64 = NdArray<f64>;
@@ -107,20 +107,36 @@ fn mat<B: Backend>(t: Tensor<B, 2>) -> Mat {
     Mat { rows, cols, data: to_vec(t) }
 }
 
-fn phi_weights<B: Backend>(phi: &MlpPhi<B>) -> MlpPhiWeights {
-    MlpPhiWeights { position: phi.position.as_ref().map(|p| mat(p.val())), weight: mat(phi.weight.val()) }
+fn linear_weights<B: Backend>(phi: &LinearPhi<B>) -> PhiWeights {
+    PhiWeights::Linear { position: phi.position.as_ref().map(|p| mat(p.val())), weight: mat(phi.weight.val()) }
+}
+
+fn mlp_weights<B: Backend>(phi: &MlpPhi<B>) -> PhiWeights {
+    let bias = |linear: &burn::nn::Linear<B>| {
+        linear.bias.as_ref().map(|b| to_vec(b.val())).expect("phi's linears have biases")
+    };
+    PhiWeights::Mlp {
+        position: mat(phi.position.val()),
+        hidden: mat(phi.hidden.weight.val()),
+        hidden_bias: bias(&phi.hidden),
+        output: mat(phi.output.weight.val()),
+        output_bias: bias(&phi.output),
+    }
 }
 
 /// Every weight of a layer, as plain matrices for the reference.
 pub fn weights_of<B: Backend>(layer: &NsaAttention<B>) -> NsaWeights {
     let gate_bias =
         layer.gate.bias.as_ref().map(|b| to_vec(b.val())).unwrap_or_else(|| vec![0.0; layer.gate.weight.dims()[1]]);
-    let (phi_key, phi_value) = layer.compressor.mlp_phi();
+    let ((linear_key, linear_value), (mlp_key, mlp_value)) =
+        (layer.compressor.linear_phi(), layer.compressor.mlp_phi());
+    let phi_key = linear_key.map(linear_weights).or_else(|| mlp_key.map(mlp_weights));
+    let phi_value = linear_value.map(linear_weights).or_else(|| mlp_value.map(mlp_weights));
     NsaWeights {
         query: mat(layer.query.weight.val()),
         kv: layer.kv.iter().map(|kv| (mat(kv.key.weight.val()), mat(kv.value.weight.val()))).collect(),
-        phi_key: phi_key.map(phi_weights),
-        phi_value: phi_value.map(phi_weights),
+        phi_key,
+        phi_value,
         gate: mat(layer.gate.weight.val()),
         gate_bias,
         output: mat(layer.output.weight.val()),

@@ -25,11 +25,19 @@ impl Mat {
     }
 }
 
-/// `phi = mlp` parameters: position embedding `[l, h]` (none: zero) and map `[l*h, h]`.
+/// A learned `phi`'s parameters.
 #[derive(Clone, Debug)]
-pub struct MlpPhiWeights {
-    pub position: Option<Mat>,
-    pub weight: Mat,
+pub enum PhiWeights {
+    /// `phi = linear`: position embedding `[l, h]` (none: zero) and map `[l*h, h]`.
+    Linear { position: Option<Mat>, weight: Mat },
+    /// `phi = mlp`: position embedding `[l, h]`, then `[l*h, hidden]` and `[hidden, h]` with
+    /// their biases, GELU between.
+    Mlp { position: Mat, hidden: Mat, hidden_bias: Vec<f64>, output: Mat, output_bias: Vec<f64> },
+}
+
+/// GELU: `x Phi(x)`, `Phi` the standard normal's distribution function (std has no `erf`).
+fn gelu(x: f64) -> f64 {
+    0.5 * x * (1.0 + libm::erf(x / std::f64::consts::SQRT_2))
 }
 
 /// Every weight of one NSA layer.
@@ -38,8 +46,8 @@ pub struct NsaWeights {
     pub query: Mat,
     /// `(W_k, W_v)` per branch `[cmp, slc, win]`, or one pair when `shared_kv`.
     pub kv: Vec<(Mat, Mat)>,
-    pub phi_key: Option<MlpPhiWeights>,
-    pub phi_value: Option<MlpPhiWeights>,
+    pub phi_key: Option<PhiWeights>,
+    pub phi_value: Option<PhiWeights>,
     pub gate: Mat,
     pub gate_bias: Vec<f64>,
     pub output: Mat,
@@ -95,17 +103,23 @@ fn heads(row: Vec<f64>, h: usize) -> Vec<Vec<f64>> {
     (0..h).map(|i| row[i * d..(i + 1) * d].to_vec()).collect()
 }
 
-fn phi(block: &[&[f64]], mlp: &Option<MlpPhiWeights>) -> Vec<f64> {
+fn phi(block: &[&[f64]], weights: &Option<PhiWeights>) -> Vec<f64> {
     let h = block[0].len();
-    match mlp {
+    // The block plus a position embedding, flattened token by token.
+    let flat = |position: Option<&Mat>| -> Vec<f64> {
+        block
+            .iter()
+            .enumerate()
+            .flat_map(|(r, row)| (0..h).map(move |a| row[a] + position.map_or(0.0, |p| p.at(r, a))))
+            .collect()
+    };
+    match weights {
         None => (0..h).map(|a| block.iter().map(|r| r[a]).sum::<f64>() / block.len() as f64).collect(),
-        Some(w) => {
-            let flat: Vec<f64> = block
-                .iter()
-                .enumerate()
-                .flat_map(|(r, row)| (0..h).map(move |a| row[a] + w.position.as_ref().map_or(0.0, |p| p.at(r, a))))
-                .collect();
-            w.weight.apply(&flat)
+        Some(PhiWeights::Linear { position, weight }) => weight.apply(&flat(position.as_ref())),
+        Some(PhiWeights::Mlp { position, hidden, hidden_bias, output, output_bias }) => {
+            let z = hidden.apply(&flat(Some(position)));
+            let a: Vec<f64> = z.iter().zip(hidden_bias).map(|(z, b)| gelu(z + b)).collect();
+            output.apply(&a).iter().zip(output_bias).map(|(y, b)| y + b).collect()
         }
     }
 }
@@ -170,7 +184,7 @@ pub fn nsa_reference(c: &NsaConfig, w: &NsaWeights, x: &[Vec<f64>], t_len: usize
 
         // Compressed tokens [N][H_kv][d].
         let n_blocks = if t_len < c.l { 0 } else { (t_len - c.l) / c.d + 1 };
-        let compress = |raw: &Vec<Vec<Vec<f64>>>, mlp: &Option<MlpPhiWeights>| -> Vec<Vec<Vec<f64>>> {
+        let compress = |raw: &Vec<Vec<Vec<f64>>>, mlp: &Option<PhiWeights>| -> Vec<Vec<Vec<f64>>> {
             (0..n_blocks)
                 .map(|i| {
                     (0..hkv)

@@ -1,19 +1,20 @@
 //! The compressed branch's `phi`: one key (value) per block of `l` raw tokens, stride `d`.
 
 use burn::module::{Module, Param};
+use burn::nn::{Linear, LinearConfig};
 use burn::tensor::{backend::Backend, Int, Tensor, TensorData};
 
 use crate::config::Phi;
 
-/// `phi = mlp`: add a learned intra-block position embedding, flatten the block, map `l*h -> h`
-/// with one matrix shared by all heads.
+/// `phi = linear`: add a learned intra-block position embedding, flatten the block, map
+/// `l*h -> h` with one matrix shared by all heads.
 ///
 /// Keys carry no position embedding: `(k + P) W = k W + P W` adds the same vector to every
 /// compressed key, which moves every logit of a query's softmax equally. Such a `P` changes
 /// neither the output nor the selection, and its gradient is exactly zero, so it is left out:
 /// the function computed is the spec's for any value of the key-side `P`.
 #[derive(Module, Debug)]
-pub struct MlpPhi<B: Backend> {
+pub struct LinearPhi<B: Backend> {
     /// Intra-block position embedding `[l, h]`, initialised to zero; values only.
     pub position: Option<Param<Tensor<B, 2>>>,
     /// `[l*h, h]`, initialised to `1/l` on each of the `l` identity blocks, so the map starts
@@ -21,7 +22,7 @@ pub struct MlpPhi<B: Backend> {
     pub weight: Param<Tensor<B, 2>>,
 }
 
-impl<B: Backend> MlpPhi<B> {
+impl<B: Backend> LinearPhi<B> {
     pub fn new(l: usize, head_dim: usize, with_position: bool, device: &B::Device) -> Self {
         let mut weight = vec![0.0f64; l * head_dim * head_dim];
         for r in 0..l {
@@ -47,25 +48,90 @@ impl<B: Backend> MlpPhi<B> {
     }
 }
 
+/// `phi = mlp`, the paper's "learnable MLP with intra-block position encoding": add a learned
+/// position embedding, flatten the block, `Linear(l*h -> hidden)`, GELU, `Linear(hidden -> h)`,
+/// shared by all heads. Unlike [`LinearPhi`] the map is not linear, so keys carry the position
+/// embedding too.
+#[derive(Module, Debug)]
+pub struct MlpPhi<B: Backend> {
+    /// Intra-block position embedding `[l, h]`, initialised to zero.
+    pub position: Param<Tensor<B, 2>>,
+    /// `l*h -> hidden` and `hidden -> h`, with biases, Burn's default initialisation.
+    pub hidden: Linear<B>,
+    pub output: Linear<B>,
+}
+
+impl<B: Backend> MlpPhi<B> {
+    pub fn new(l: usize, head_dim: usize, hidden: usize, device: &B::Device) -> Self {
+        Self {
+            position: Param::from_tensor(Tensor::zeros([l, head_dim], device)),
+            hidden: LinearConfig::new(l * head_dim, hidden).init(device),
+            output: LinearConfig::new(hidden, head_dim).init(device),
+        }
+    }
+
+    /// `blocks: [B, N, l, H, h]` -> `[B, N, H, h]`.
+    fn forward(&self, blocks: Tensor<B, 5>) -> Tensor<B, 4> {
+        let [b, n, l, h, d] = blocks.dims();
+        let shifted = blocks + self.position.val().reshape([1, 1, l, 1, d]);
+        let rows = shifted.permute([0, 1, 3, 2, 4]).reshape([b * n * h, l * d]);
+        self.output.forward(gelu(self.hidden.forward(rows))).reshape([b, n, h, d])
+    }
+}
+
+/// GELU, `x Phi(x)` with `Phi` through `erf`, from tensor ops: Burn 0.21's fused `gelu` takes
+/// its gradient from the tanh approximation's derivative, which is not this function's.
+fn gelu<B: Backend>(x: Tensor<B, 2>) -> Tensor<B, 2> {
+    let phi = x.clone().div_scalar(std::f64::consts::SQRT_2).erf().add_scalar(1.0).div_scalar(2.0);
+    x * phi
+}
+
 /// Compresses rotated keys and values block by block.
 #[derive(Module, Debug)]
 pub struct Compressor<B: Backend> {
-    /// `None` means `phi = avg`.
-    key_phi: Option<MlpPhi<B>>,
-    value_phi: Option<MlpPhi<B>>,
+    /// `phi = linear`'s maps (the field names of checkpoints saved when it was called `mlp`).
+    key_phi: Option<LinearPhi<B>>,
+    value_phi: Option<LinearPhi<B>>,
+    /// `phi = mlp`'s networks.
+    key_mlp: Option<MlpPhi<B>>,
+    value_mlp: Option<MlpPhi<B>>,
     l: usize,
     d: usize,
 }
 
 impl<B: Backend> Compressor<B> {
-    pub fn new(phi: Phi, l: usize, d: usize, d_k: usize, d_v: usize, device: &B::Device) -> Self {
-        let mlp = |h, with_position| (phi == Phi::Mlp).then(|| MlpPhi::new(l, h, with_position, device));
-        Self { key_phi: mlp(d_k, false), value_phi: mlp(d_v, true), l, d }
+    /// `hidden`: `phi = mlp`'s hidden width for keys and values (`None`: twice the head dim).
+    pub fn new(
+        phi: Phi,
+        l: usize,
+        d: usize,
+        d_k: usize,
+        d_v: usize,
+        hidden: Option<usize>,
+        device: &B::Device,
+    ) -> Self {
+        let linear = |h, with_position| (phi == Phi::Linear).then(|| LinearPhi::new(l, h, with_position, device));
+        let mlp = |h: usize| (phi == Phi::Mlp).then(|| MlpPhi::new(l, h, hidden.unwrap_or(2 * h), device));
+        Self { key_phi: linear(d_k, false), value_phi: linear(d_v, true), key_mlp: mlp(d_k), value_mlp: mlp(d_v), l, d }
     }
 
-    /// The learned `phi` of keys and values (`None` for `phi = avg`).
-    pub fn mlp_phi(&self) -> (Option<&MlpPhi<B>>, Option<&MlpPhi<B>>) {
+    /// The `phi` whose parameters this compressor holds.
+    pub fn phi(&self) -> Phi {
+        match (&self.key_phi, &self.key_mlp) {
+            (Some(_), _) => Phi::Linear,
+            (None, Some(_)) => Phi::Mlp,
+            (None, None) => Phi::Avg,
+        }
+    }
+
+    /// `phi = linear`'s maps of keys and values (`None` for the other `phi`s).
+    pub fn linear_phi(&self) -> (Option<&LinearPhi<B>>, Option<&LinearPhi<B>>) {
         (self.key_phi.as_ref(), self.value_phi.as_ref())
+    }
+
+    /// `phi = mlp`'s networks of keys and values (`None` for the other `phi`s).
+    pub fn mlp_phi(&self) -> (Option<&MlpPhi<B>>, Option<&MlpPhi<B>>) {
+        (self.key_mlp.as_ref(), self.value_mlp.as_ref())
     }
 
     /// Compressed blocks that exist in a sequence of `t` tokens.
@@ -79,22 +145,24 @@ impl<B: Backend> Compressor<B> {
 
     /// `k: [B, T, H, d_k]`, `v: [B, T, H, d_v]` -> compressed `[B, N, H, d_k]`, `[B, N, H, d_v]`,
     /// or `None` when `T < l` (no block exists yet). With `l % d == 0` (every paper and shipped
-    /// configuration) a block is `l / d` consecutive stride-`d` chunks, and the blocks are
-    /// sums of chunk terms ([`Self::forward_chunked`]); otherwise each block's tokens are
-    /// gathered ([`Self::forward_gathered`]).
+    /// configuration) and a linear `phi` a block is `l / d` consecutive stride-`d` chunks, and
+    /// the blocks are sums of chunk terms ([`Self::forward_chunked`]); otherwise each block's
+    /// tokens are gathered ([`Self::forward_gathered`]).
     pub fn forward(&self, k: Tensor<B, 4>, v: Tensor<B, 4>) -> Option<(Tensor<B, 4>, Tensor<B, 4>)> {
-        match self.l % self.d {
-            0 => self.forward_chunked(k, v),
-            _ => self.forward_gathered(k, v),
+        match self.l % self.d == 0 && self.key_mlp.is_none() {
+            true => self.forward_chunked(k, v),
+            false => self.forward_gathered(k, v),
         }
     }
 
     /// [`Self::forward`] through chunks: block `i` covers chunks `i .. i + l/d` of `d` tokens, so
-    /// `phi = avg` is a chunk sum followed by a sum of `l/d` shifted views, and `phi = mlp`
+    /// `phi = avg` is a chunk sum followed by a sum of `l/d` shifted views, and `phi = linear`
     /// (`flatten(block) W`) is the same sum over chunk products `flatten(chunk) W_j`, `W_j` the
     /// rows of `W` that chunk `j` of a block meets. No token is copied `l/d` times, and the
-    /// backward is reshapes and adds instead of a scatter-add.
+    /// backward is reshapes and adds instead of a scatter-add. Panics for `phi = mlp` (not a
+    /// sum over chunks).
     pub fn forward_chunked(&self, k: Tensor<B, 4>, v: Tensor<B, 4>) -> Option<(Tensor<B, 4>, Tensor<B, 4>)> {
+        assert!(self.key_mlp.is_none(), "phi = mlp has no chunked form");
         let n = self.num_blocks(k.dims()[1]);
         if n == 0 {
             return None;
@@ -103,7 +171,7 @@ impl<B: Backend> Compressor<B> {
         Some((key, value))
     }
 
-    fn chunked(&self, phi: &Option<MlpPhi<B>>, x: Tensor<B, 4>, n: usize) -> Tensor<B, 4> {
+    fn chunked(&self, phi: &Option<LinearPhi<B>>, x: Tensor<B, 4>, n: usize) -> Tensor<B, 4> {
         let [b, _, h, dh] = x.dims();
         let (d, per_block) = (self.d, self.l / self.d);
         let chunks = n + per_block - 1;
@@ -150,21 +218,25 @@ impl<B: Backend> Compressor<B> {
         let positions = (starts.reshape([n, 1]) + offsets.reshape([1, self.l])).reshape([n * self.l]);
         let k_blocks = self.gather_blocks(k, positions.clone(), n);
         let v_blocks = self.gather_blocks(v, positions, n);
-        Some((apply_phi(&self.key_phi, k_blocks), apply_phi(&self.value_phi, v_blocks)))
+        let key = self.apply_phi(&self.key_phi, &self.key_mlp, k_blocks);
+        let value = self.apply_phi(&self.value_phi, &self.value_mlp, v_blocks);
+        Some((key, value))
+    }
+
+    /// `blocks: [B, N, l, H, h]` -> `[B, N, H, h]` through whichever `phi` is configured.
+    fn apply_phi(&self, linear: &Option<LinearPhi<B>>, mlp: &Option<MlpPhi<B>>, blocks: Tensor<B, 5>) -> Tensor<B, 4> {
+        match (linear, mlp) {
+            (Some(linear), _) => linear.forward(blocks),
+            (None, Some(mlp)) => mlp.forward(blocks),
+            (None, None) => {
+                let [b, n, _, h, d] = blocks.dims();
+                blocks.mean_dim(2).reshape([b, n, h, d])
+            }
+        }
     }
 
     fn gather_blocks(&self, x: Tensor<B, 4>, positions: Tensor<B, 1, Int>, n: usize) -> Tensor<B, 5> {
         let [b, _, h, d] = x.dims();
         x.select(1, positions).reshape([b, n, self.l, h, d])
-    }
-}
-
-fn apply_phi<B: Backend>(phi: &Option<MlpPhi<B>>, blocks: Tensor<B, 5>) -> Tensor<B, 4> {
-    match phi {
-        Some(mlp) => mlp.forward(blocks),
-        None => {
-            let [b, n, _, h, d] = blocks.dims();
-            blocks.mean_dim(2).reshape([b, n, h, d])
-        }
     }
 }

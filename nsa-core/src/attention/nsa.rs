@@ -72,7 +72,7 @@ impl NsaConfig {
         crate::materialize(NsaAttention {
             query: linear(c.dim, c.n_heads * c.d_k, std, device),
             kv,
-            compressor: Compressor::new(c.phi, c.l, c.d, c.d_k, c.d_v, device),
+            compressor: Compressor::new(c.phi, c.l, c.d, c.d_k, c.d_v, c.phi_hidden, device),
             gate: gate_linear(c.dim, 3 * c.n_heads, c.gate_init, device),
             output: linear(c.n_heads * c.d_v, c.dim, out_std, device),
             rope: Rope::new(max_len, c.d_k, c.rope_base, device),

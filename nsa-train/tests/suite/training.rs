@@ -7,7 +7,7 @@ use burn::backend::{Autodiff, NdArray};
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Int, Tensor, TensorData};
-use nsa_core::NsaLm;
+use nsa_core::{NsaLm, Phi};
 use nsa_train::checkpoint::{self, CheckpointRecorder};
 use nsa_train::config::RunConfig;
 use nsa_train::dashboard::{Collect, Reporter};
@@ -101,6 +101,26 @@ fn checkpoints_keep_only_the_newest_k() {
     let (train, valid, _) = load_splits(&cfg, &[]).unwrap();
     let refused = Trainer::<B>::new(cfg, train, valid, Default::default(), false).err().unwrap();
     assert!(refused.contains("--resume"), "{refused}");
+}
+
+/// A checkpoint of `phi = "linear"` (what `"mlp"` named before the MLP existed) resumed under
+/// `phi = "mlp"` stops with one line naming `"linear"` and sets nothing aside; under its own
+/// `phi` it resumes.
+#[test]
+fn a_checkpoint_of_another_phi_is_refused_with_the_fix() {
+    let dir = common::scratch("phi-mismatch");
+    let cfg = common::tiny_run(&dir, 2);
+    let with_phi = |phi| {
+        let mut cfg = cfg.clone().with_train(cfg.train.clone().with_checkpoint_every(2));
+        cfg.model.attention.phi = phi;
+        cfg
+    };
+    trainer(with_phi(Phi::Linear), false).train_until(2, &mut Collect::default()).unwrap();
+    let (train, valid, _) = load_splits(&cfg, &[]).unwrap();
+    let refused = Trainer::<B>::new(with_phi(Phi::Mlp), train, valid, Default::default(), true).err().unwrap();
+    assert!(refused.contains("phi = \"linear\"") && !refused.contains('\n'), "{refused}");
+    assert_eq!(checkpoint::list(&dir).len(), 1, "the checkpoint was set aside");
+    assert_eq!(trainer(with_phi(Phi::Linear), true).step, 2);
 }
 
 /// One set of initial weights, shared by every backend of a test through a file.

@@ -55,7 +55,16 @@ fn loss<B: nsa_core::SparseAttentionBackend>(
 }
 
 #[test]
-fn autodiff_matches_finite_differences_and_every_parameter_learns() {
+fn autodiff_matches_finite_differences_and_every_parameter_learns_phi_linear() {
+    check_gradients(Phi::Linear);
+}
+
+#[test]
+fn autodiff_matches_finite_differences_and_every_parameter_learns_phi_mlp() {
+    check_gradients(Phi::Mlp);
+}
+
+fn check_gradients(phi: Phi) {
     let cfg = NsaConfig::new()
         .with_dim(8)
         .with_n_heads(4)
@@ -67,7 +76,7 @@ fn autodiff_matches_finite_differences_and_every_parameter_learns() {
         .with_l_sel(4)
         .with_n(3)
         .with_w(5)
-        .with_phi(Phi::Mlp);
+        .with_phi(phi);
     cfg.validate().unwrap();
     let (t, b) = (19, 2);
     let device = Default::default();

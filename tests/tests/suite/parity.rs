@@ -94,8 +94,19 @@ fn parity_batch_of_two_different_sequences() {
 }
 
 #[test]
+fn parity_phi_linear_with_trained_weights() {
+    let contested = check("phi_linear", base().with_phi(Phi::Linear), 2, 66);
+    assert!(contested > 0);
+}
+
+#[test]
+fn parity_phi_linear_short_and_ragged() {
+    check("phi_linear_short", base().with_phi(Phi::Linear).with_d_k(6).with_d_v(10), 1, 11);
+}
+
+#[test]
 fn parity_phi_mlp_with_trained_weights() {
-    let contested = check("phi_mlp", base().with_phi(Phi::Mlp), 2, 66);
+    let contested = check("phi_mlp", base().with_phi(Phi::Mlp).with_phi_hidden(Some(20)), 2, 66);
     assert!(contested > 0);
 }
 

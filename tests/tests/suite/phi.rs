@@ -1,11 +1,12 @@
-//! `phi = mlp` starts exactly equal to `phi = avg`.
+//! `phi = linear` starts exactly equal to `phi = avg`; the chunked compression equals the
+//! block gather; `phi = mlp` is held to the float64 reference in `parity.rs`.
 
 use nsa_core::attention::compress::Compressor;
 use nsa_core::{NsaAttention, NsaConfig, Phi};
 use nsa_tests::{fresh_rng, max_rel_err, random_input, randomized, to_vec, B64};
 
 #[test]
-fn mlp_phi_at_initialisation_equals_avg() {
+fn linear_phi_at_initialisation_equals_avg() {
     let cfg = NsaConfig::new()
         .with_dim(24)
         .with_n_heads(4)
@@ -23,27 +24,27 @@ fn mlp_phi_at_initialisation_equals_avg() {
     let random: NsaAttention<B64> = randomized(cfg.init_nsa(t, 0.02, 0.02, &device), &mut rng, 0.4);
     let with_phi = |phi| {
         let mut layer = random.clone();
-        layer.compressor = Compressor::new(phi, cfg.l, cfg.d, cfg.d_k, cfg.d_v, &device);
+        layer.compressor = Compressor::new(phi, cfg.l, cfg.d, cfg.d_k, cfg.d_v, None, &device);
         layer
     };
-    let (mlp, avg) = (with_phi(Phi::Mlp), with_phi(Phi::Avg));
+    let (linear, avg) = (with_phi(Phi::Linear), with_phi(Phi::Avg));
     let (x, _) = random_input::<B64>(&mut rng, 2, t, cfg.dim, &device);
 
-    let (out_mlp, aux_mlp) = mlp.forward_with_aux(x.clone());
+    let (out_linear, aux_linear) = linear.forward_with_aux(x.clone());
     let (out_avg, aux_avg) = avg.forward_with_aux(x.clone());
-    let err = max_rel_err(&to_vec(out_mlp), &to_vec(out_avg.clone()));
-    assert!(err <= 1e-12, "mlp phi at init differs from avg by {err:e}");
-    assert_eq!(aux_mlp.blocks.into_data(), aux_avg.blocks.into_data());
+    let err = max_rel_err(&to_vec(out_linear), &to_vec(out_avg.clone()));
+    assert!(err <= 1e-12, "linear phi at init differs from avg by {err:e}");
+    assert_eq!(aux_linear.blocks.into_data(), aux_avg.blocks.into_data());
 
-    // The comparison is live: a trained (random) mlp phi gives a different output.
-    let mut trained = mlp;
+    // The comparison is live: a trained (random) linear phi gives a different output.
+    let mut trained = linear;
     trained.compressor = randomized(trained.compressor, &mut rng, 0.3);
     let err = max_rel_err(&to_vec(trained.forward(x)), &to_vec(out_avg));
-    assert!(err > 1e-6, "a random mlp phi should change the output");
+    assert!(err > 1e-6, "a random linear phi should change the output");
 }
 
 /// The chunked compression (`l % d == 0`) computes what gathering each block's tokens does, for
-/// both `phi`s, forward and gradients (of the keys, the values and `phi`'s weights), at a length
+/// `avg` and `linear`, forward and gradients (of the keys, the values and `phi`'s weights), at a length
 /// whose chunks end before the sequence does and at one where they end with it.
 #[test]
 fn chunked_compression_equals_the_block_gather() {
@@ -51,8 +52,9 @@ fn chunked_compression_equals_the_block_gather() {
     let device = Default::default();
     let mut rng = fresh_rng("phi_chunked");
     let (l, d, d_k, d_v) = (8, 4, 6, 5);
-    for (phi, t) in [(Phi::Avg, 57), (Phi::Avg, 32), (Phi::Mlp, 57), (Phi::Mlp, 40)] {
-        let compressor: Compressor<A64> = randomized(Compressor::new(phi, l, d, d_k, d_v, &device), &mut rng, 0.3);
+    for (phi, t) in [(Phi::Avg, 57), (Phi::Avg, 32), (Phi::Linear, 57), (Phi::Linear, 40)] {
+        let compressor: Compressor<A64> =
+            randomized(Compressor::new(phi, l, d, d_k, d_v, None, &device), &mut rng, 0.3);
         // `[B, T, H, d]`: tokens before heads, as the layer's projections write them.
         let k = random_input::<A64>(&mut rng, 2, t, 3 * d_k, &device).0.reshape([2, t, 3, d_k]);
         let v = random_input::<A64>(&mut rng, 2, t, 3 * d_v, &device).0.reshape([2, t, 3, d_v]);
@@ -71,7 +73,7 @@ fn chunked_compression_equals_the_block_gather() {
             let mut out = vec![to_vec(ck.inner()), to_vec(cv.inner())];
             out.push(to_vec(k.grad(&grads).expect("k has a gradient")));
             out.push(to_vec(v.grad(&grads).expect("v has a gradient")));
-            let (pk, pv) = compressor.mlp_phi();
+            let (pk, pv) = compressor.linear_phi();
             for p in pk.into_iter().chain(pv) {
                 out.push(to_vec(p.weight.val().grad(&grads).expect("phi's weight has a gradient")));
                 if let Some(position) = &p.position {
