@@ -110,3 +110,26 @@ fn compressed_kernels_through_fusion_match_the_reference() {
     let mut rng = fresh_rng("compressed_kernels_through_fusion_match_the_reference");
     Case::new(&mut rng, [2, 45, 6, 1, 16, 8], [8, 4, 8]).check::<WgpuFusion>(&WgpuDevice::default(), 1e-5);
 }
+
+/// A sequence shorter than one block (`T < l`): no row sees a key, so the output is zero, the
+/// log-sum-exp `-1e30` and every gradient zero, whatever keys the caller passes.
+#[test]
+fn a_sequence_shorter_than_a_block_sees_no_key() {
+    let mut rng = fresh_rng("a_sequence_shorter_than_a_block_sees_no_key");
+    let device = WgpuDevice::default();
+    let ([b, t, h_q, h_kv, d_k, d_v], l) = ([2, 7, 4, 2, 8, 6], 8);
+    let mut tensor = |shape: [usize; 4]| {
+        let data = normal(&mut rng, shape.iter().product(), 1.0);
+        Tensor::<Wgpu, 4>::from_data(TensorData::new(data, shape), &device).require_grad()
+    };
+    let (q, k, v) = (tensor([b, t, h_q, d_k]), tensor([b, 1, h_kv, d_k]), tensor([b, 1, h_kv, d_v]));
+    let grad_out = tensor([b, t, h_q, d_v]);
+    let (out, lse) = sparse_attention(q.clone(), k.clone(), v.clone(), &Keys::Compressed { length: l, stride: 4 });
+    let grads = (out.clone() * grad_out.detach()).sum().backward();
+    assert!(to_vec(out).iter().all(|&x| x == 0.0), "output");
+    assert!(to_vec(lse).iter().all(|&x| x <= -1e29), "log-sum-exp");
+    for (name, x) in [("q", &q), ("k", &k), ("v", &v)] {
+        let grad = to_vec(x.grad(&grads).expect("input has a gradient"));
+        assert!(grad.iter().all(|&g| g == 0.0), "d{name}");
+    }
+}
