@@ -3,7 +3,9 @@
 use burn::module::{Module, Param};
 use burn::nn::{Linear, LinearConfig};
 use burn::tensor::{backend::Backend, Int, Tensor, TensorData};
+use nsa_kernels::{linear_matmul, GemmBackend};
 
+use super::projection::apply;
 use crate::config::Phi;
 
 /// `phi = linear`: add a learned intra-block position embedding, flatten the block, map
@@ -35,8 +37,11 @@ impl<B: Backend> LinearPhi<B> {
             weight: Param::from_tensor(Tensor::from_data(TensorData::new(weight, [l * head_dim, head_dim]), device)),
         }
     }
+}
 
-    /// `blocks: [B, N, l, H, h]` -> `[B, N, H, h]`.
+impl<B: GemmBackend> LinearPhi<B> {
+    /// `blocks: [B, N, l, H, h]` -> `[B, N, H, h]`, the product through the backend's (plain f32
+    /// in f32 on CUDA, as the layer's projections).
     fn forward(&self, blocks: Tensor<B, 5>) -> Tensor<B, 4> {
         let [b, n, l, h, d] = blocks.dims();
         let shifted = match &self.position {
@@ -44,7 +49,7 @@ impl<B: Backend> LinearPhi<B> {
             None => blocks,
         };
         let rows = shifted.permute([0, 1, 3, 2, 4]).reshape([b * n * h, l * d]);
-        rows.matmul(self.weight.val()).reshape([b, n, h, d])
+        linear_matmul(rows, self.weight.val()).reshape([b, n, h, d])
     }
 }
 
@@ -69,13 +74,15 @@ impl<B: Backend> MlpPhi<B> {
             output: LinearConfig::new(hidden, head_dim).init(device),
         }
     }
+}
 
-    /// `blocks: [B, N, l, H, h]` -> `[B, N, H, h]`.
+impl<B: GemmBackend> MlpPhi<B> {
+    /// `blocks: [B, N, l, H, h]` -> `[B, N, H, h]`, the products through the backend's.
     fn forward(&self, blocks: Tensor<B, 5>) -> Tensor<B, 4> {
         let [b, n, l, h, d] = blocks.dims();
         let shifted = blocks + self.position.val().reshape([1, 1, l, 1, d]);
         let rows = shifted.permute([0, 1, 3, 2, 4]).reshape([b * n * h, l * d]);
-        self.output.forward(gelu(self.hidden.forward(rows))).reshape([b, n, h, d])
+        apply(&self.output, gelu(apply(&self.hidden, rows))).reshape([b, n, h, d])
     }
 }
 
@@ -142,14 +149,16 @@ impl<B: Backend> Compressor<B> {
             (t - self.l) / self.d + 1
         }
     }
+}
 
+impl<B: GemmBackend> Compressor<B> {
     /// `k: [B, T, H, d_k]`, `v: [B, T, H, d_v]` -> compressed `[B, N, H, d_k]`, `[B, N, H, d_v]`,
     /// or `None` when `T < l` (no block exists yet). With `l % d == 0` (every paper and shipped
     /// configuration) and a linear `phi` a block is `l / d` consecutive stride-`d` chunks, and
     /// the blocks are sums of chunk terms ([`Self::forward_chunked`]); otherwise each block's
     /// tokens are gathered ([`Self::forward_gathered`]).
     pub fn forward(&self, k: Tensor<B, 4>, v: Tensor<B, 4>) -> Option<(Tensor<B, 4>, Tensor<B, 4>)> {
-        match self.l % self.d == 0 && self.key_mlp.is_none() {
+        match self.l.is_multiple_of(self.d) && self.key_mlp.is_none() {
             true => self.forward_chunked(k, v),
             false => self.forward_gathered(k, v),
         }
@@ -189,7 +198,7 @@ impl<B: Backend> Compressor<B> {
                 let products: Vec<Tensor<B, 4>> = (0..per_block)
                     .map(|j| {
                         let w_j = weight.clone().narrow(0, j * d * dh, d * dh);
-                        rows.clone().matmul(w_j).reshape([b, chunks, h, dh]).narrow(1, j, n)
+                        linear_matmul(rows.clone(), w_j).reshape([b, chunks, h, dh]).narrow(1, j, n)
                     })
                     .collect();
                 let sum = products.into_iter().reduce(|acc, p| acc + p).expect("l / d >= 1");
@@ -197,7 +206,7 @@ impl<B: Backend> Compressor<B> {
                     // `(chunk + P_j) W_j = chunk W_j + P_j W_j`: the position adds one vector.
                     Some(position) => {
                         let flat = position.val().reshape([1, self.l * dh]);
-                        sum + flat.matmul(weight).reshape([1, 1, 1, dh])
+                        sum + linear_matmul(flat, weight).reshape([1, 1, 1, dh])
                     }
                     None => sum,
                 }
