@@ -1,8 +1,8 @@
 //! `NsaLm`: token embedding, pre-norm blocks (attention, MLP), final norm, LM head.
 //!
 //! Initialisation (GPT-2 style, scaled with depth): embeddings, projections and the LM head are
-//! drawn from `N(0, init_std)` (0.02 by default; not the `N(0, 1)` embeddings the predecessor
-//! used, which start the residual stream 50x too loud). The two projections that write into the
+//! drawn from `N(0, init_std)` (0.02 by default; not Burn's default `N(0, 1)` embeddings, which
+//! would start the residual stream 50x louder than the blocks write into it). The two projections that write into the
 //! residual stream, attention `W_o` and the MLP's down projection, use
 //! `init_std / sqrt(2 * n_layers)`, so the stream's variance does not grow with depth. Norm gains
 //! start at 1, gates at `gate_init`, and `phi = mlp` starts equal to `avg`.
@@ -11,7 +11,9 @@ use burn::config::Config;
 use burn::module::Module;
 use burn::nn::{Embedding, EmbeddingConfig, Initializer, Linear, RmsNorm, RmsNormConfig};
 use burn::tensor::{backend::Backend, Int, Tensor};
-use nsa_kernels::{linear_matmul, rms_norm, silu, ActivationBackend, GemmBackend, SparseAttentionBackend};
+use nsa_kernels::{
+    linear_matmul, rms_norm, silu, silu_linear_matmul, ActivationBackend, GemmBackend, SparseAttentionBackend,
+};
 use serde::{Deserialize, Serialize};
 
 use crate::attention::projection::{apply, linear};
@@ -142,12 +144,16 @@ impl<B: Backend> Mlp<B> {
     where
         B: GemmBackend + ActivationBackend,
     {
-        // `nsa_kernels::silu`: its backward keeps only its input, not `sigmoid(x)` beside it.
-        let hidden = match &self.gate {
-            None => silu(apply(&self.up, x)),
-            Some(gate) => silu(apply(gate, x.clone())) * apply(&self.up, x),
+        // `nsa_kernels::silu`: its backward keeps only its input, not `sigmoid(x)` beside it; with
+        // no gate, the down projection takes `silu` in and keeps only the up projection's output.
+        let out = match &self.gate {
+            None => silu_linear_matmul(apply(&self.up, x), self.down.weight.val()),
+            Some(gate) => linear_matmul(silu(apply(gate, x.clone())) * apply(&self.up, x), self.down.weight.val()),
         };
-        apply(&self.down, hidden)
+        match &self.down.bias {
+            Some(bias) => out + bias.val().unsqueeze(),
+            None => out,
+        }
     }
 }
 

@@ -38,7 +38,7 @@ pub mod tiling;
 #[cfg(feature = "cube")]
 mod top_n;
 
-pub use activation::{silu, ActivationBackend};
+pub use activation::{silu, silu_linear_matmul, ActivationBackend};
 pub use api::{
     select_blocks, sparse_attention, with_block_index, Selection, SparseAttentionBackend, SparseAttentionGrads,
 };
