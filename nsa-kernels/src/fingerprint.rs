@@ -44,6 +44,7 @@ const SOURCES: &[(&str, &str)] = &[
     ("kernel/selection/plane_top_n.rs", include_str!("kernel/selection/plane_top_n.rs")),
     ("kernel/selection/probabilities.rs", include_str!("kernel/selection/probabilities.rs")),
     ("kernel/selection/segments.rs", include_str!("kernel/selection/segments.rs")),
+    ("kernel/selection/selection_cube.rs", include_str!("kernel/selection/selection_cube.rs")),
     ("kernel/selection/top_n.rs", include_str!("kernel/selection/top_n.rs")),
     ("kernel/selection/top_n_mma.rs", include_str!("kernel/selection/top_n_mma.rs")),
     ("kernel/window/dq.rs", include_str!("kernel/window/dq.rs")),

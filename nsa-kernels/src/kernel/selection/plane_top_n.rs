@@ -5,7 +5,7 @@
 
 use cubecl::prelude::*;
 
-use super::top_n::TAKEN;
+use super::top_n::{force_blocks, TAKEN};
 use crate::tiling::SELECTION_LANES as LANES;
 
 /// Query row `r`'s selection into `chosen[r * n..]` (unordered, `taken[r]` of them), as
@@ -27,29 +27,7 @@ pub fn take_best_in_plane(
     #[comptime] n: usize,
 ) {
     let row = r * blocks;
-    let mut count = 1usize;
-    if lane == 0 {
-        chosen[r * n] = 0u32;
-        scores[row] = TAKEN;
-    }
-    if current >= 1 {
-        if lane == 0 {
-            chosen[r * n + count] = current as u32;
-        }
-        if lane == current % LANES {
-            scores[row + current] = TAKEN;
-        }
-        count += 1;
-    }
-    if current >= 2 {
-        if lane == 0 {
-            chosen[r * n + count] = (current - 1) as u32;
-        }
-        if lane == (current - 1) % LANES {
-            scores[row + current - 1] = TAKEN;
-        }
-        count += 1;
-    }
+    let mut count = force_blocks(scores, chosen, current, r, lane, blocks, n);
     // Block 0 is always forced, so at most `n - 1` blocks are chosen by score.
     for _round in 0..comptime!(n - 1) {
         let mut best = f32::new(TAKEN);

@@ -22,6 +22,7 @@
 use cubecl::prelude::*;
 
 use super::block_scores::{add_chunk_mass, group_mass, key_stride, stage_keys, stage_queries};
+use super::selection_cube::SelectionCube;
 use crate::kernel::compression::visible::visible_blocks;
 use crate::kernel::primitives::rows::offset3;
 use crate::tiling::{SELECTION_CHUNK as CHUNK, SELECTION_KEYS_PER_LANE as KEYS_PER_LANE, SELECTION_LANES as LANES};
@@ -54,20 +55,11 @@ pub fn select_top_n<F: Float, I: Int, V: Size>(
     #[comptime] vector: usize,
     #[define(F, I)] _dtypes: [StorageType; 2],
 ) {
-    let (t_len, h_kv) = (q.shape(1), k.shape(2));
-    let tiles = t_len.div_ceil(rows);
-    let cube = CUBE_POS;
-    if cube >= q.shape(0) * h_kv * tiles {
+    let cube = SelectionCube::new(q.shape(0), q.shape(1), k.shape(2), rows);
+    if !cube.exists {
         terminate!();
     }
-    let tile = cube % tiles;
-    let hk = (cube / tiles) % h_kv;
-    let b = cube / (tiles * h_kv);
-    let (lane, r) = (UNIT_POS_X as usize, UNIT_POS_Y as usize);
-    let t0 = tile * rows;
-    let t_last = min(t0 + rows, t_len) - 1;
-    // Rows past the sequence end take part in every barrier and write nothing.
-    let t = min(t0 + r, t_len - 1);
+    let (b, hk, t0, t, r, lane) = (cube.b, cube.hk, cube.t0, cube.t, cube.r, cube.lane);
 
     let mut queries = SharedMemory::<Vector<f32, V>>::new(comptime!(rows * g * d_k / vector));
     let mut stats = SharedMemory::<f32>::new(rows * g);
@@ -94,7 +86,7 @@ pub fn select_top_n<F: Float, I: Int, V: Size>(
     let mut mass = SharedMemory::<f32>::new(rows * CHUNK);
     let n_keys = k.shape(1);
     let visible = visible_blocks(t, n_keys, length, stride);
-    let walk_end = visible_blocks(t_last, n_keys, length, stride);
+    let walk_end = visible_blocks(cube.t_last, n_keys, length, stride);
     let mut first = 0usize;
     while first < walk_end {
         let count = min(walk_end - first, CHUNK);
@@ -128,7 +120,7 @@ pub fn select_top_n<F: Float, I: Int, V: Size>(
         blocks,
         n,
     );
-    if t0 + r < t_len {
+    if cube.active {
         write_list::<I>(list, &chosen, &taken, offset3::<I>(list, b, t, hk), r, lane, n);
     }
 }
@@ -152,20 +144,8 @@ pub(crate) fn take_best(
     #[comptime] n: usize,
 ) {
     let row = r * blocks;
+    let count = force_blocks(scores, chosen, current, r, lane, blocks, n);
     if lane == 0 {
-        let mut count = 1usize;
-        chosen[r * n] = 0u32;
-        scores[row] = TAKEN;
-        if current >= 1 {
-            chosen[r * n + count] = current as u32;
-            scores[row + current] = TAKEN;
-            count += 1;
-        }
-        if current >= 2 {
-            chosen[r * n + count] = (current - 1) as u32;
-            scores[row + current - 1] = TAKEN;
-            count += 1;
-        }
         taken[r] = count as u32;
     }
     sync_cube();
@@ -204,6 +184,48 @@ pub(crate) fn take_best(
         }
         sync_cube();
     }
+}
+
+/// Puts the forced blocks 0, `current` and `current - 1` (those that exist) first in query row
+/// `r`'s list `chosen[r * n..]` and marks them taken in its scores: lane 0 writes the list, and
+/// the lane that scans a block (`j % LANES`) marks it, so a plane that synchronises only itself
+/// sees its own marks. Returns how many were forced, the same on every lane.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn force_blocks(
+    scores: &mut SharedMemory<f32>,
+    chosen: &mut SharedMemory<u32>,
+    current: usize,
+    r: usize,
+    lane: usize,
+    #[comptime] blocks: usize,
+    #[comptime] n: usize,
+) -> usize {
+    let row = r * blocks;
+    let mut count = 1usize;
+    if lane == 0 {
+        chosen[r * n] = 0u32;
+        scores[row] = TAKEN;
+    }
+    if current >= 1 {
+        if lane == 0 {
+            chosen[r * n + count] = current as u32;
+        }
+        if lane == current % LANES {
+            scores[row + current] = TAKEN;
+        }
+        count += 1;
+    }
+    if current >= 2 {
+        if lane == 0 {
+            chosen[r * n + count] = (current - 1) as u32;
+        }
+        if lane == (current - 1) % LANES {
+            scores[row + current - 1] = TAKEN;
+        }
+        count += 1;
+    }
+    count
 }
 
 /// One halving of a plane's argmax: lane `lane < step` keeps the better of its candidate and

@@ -21,6 +21,7 @@ use cubecl::prelude::*;
 use super::block_scores::add_chunk_mass;
 use super::plane_top_n::take_best_in_plane;
 use super::probabilities::{chunk_probabilities, group_sums};
+use super::selection_cube::SelectionCube;
 use super::top_n::write_list;
 use crate::kernel::compression::visible::visible_blocks;
 use crate::kernel::primitives::fragments::{mma, Pair, MMA_M};
@@ -50,20 +51,11 @@ pub fn select_top_n_mma<F: Float, I: Int, N: Size>(
     #[comptime] n: usize,
     #[define(F, I)] _dtypes: [StorageType; 2],
 ) {
-    let (t_len, h_kv) = (q.shape(1), k.shape(2));
-    let tiles = t_len.div_ceil(rows);
-    let cube = CUBE_POS;
-    if cube >= q.shape(0) * h_kv * tiles {
+    let cube = SelectionCube::new(q.shape(0), q.shape(1), k.shape(2), rows);
+    if !cube.exists {
         terminate!();
     }
-    let tile = cube % tiles;
-    let hk = (cube / tiles) % h_kv;
-    let b = cube / (tiles * h_kv);
-    let (lane, r) = (UNIT_POS_X as usize, UNIT_POS_Y as usize);
-    let t0 = tile * rows;
-    let t_last = min(t0 + rows, t_len) - 1;
-    // Rows past the sequence end take part in every barrier and write nothing.
-    let t = min(t0 + r, t_len - 1);
+    let (b, hk, t0, t, r, lane) = (cube.b, cube.hk, cube.t0, cube.t, cube.r, cube.lane);
     let def = mma::<F>();
     let row_tiles = comptime!((rows * g).div_ceil(MMA_M));
     let ks = comptime!(storage_stride(d_k));
@@ -80,7 +72,7 @@ pub fn select_top_n_mma<F: Float, I: Int, N: Size>(
 
     let n_keys = k.shape(1);
     let visible = visible_blocks(t, n_keys, length, stride);
-    let walk_end = visible_blocks(t_last, n_keys, length, stride);
+    let walk_end = visible_blocks(cube.t_last, n_keys, length, stride);
     let mut first = 0usize;
     while first < walk_end {
         let count = min(walk_end - first, CHUNK);
@@ -115,7 +107,7 @@ pub fn select_top_n_mma<F: Float, I: Int, N: Size>(
     let mut chosen = SharedMemory::<u32>::new(rows * n);
     let mut taken = SharedMemory::<u32>::new(rows);
     take_best_in_plane(&mut scores, &mut chosen, &mut taken, t / block_size, r, lane, blocks, n);
-    if t0 + r < t_len {
+    if cube.active {
         write_list::<I>(list, &chosen, &taken, offset3::<I>(list, b, t, hk), r, lane, n);
     }
 }
