@@ -2,7 +2,7 @@
 
 use burn::module::{Module, Param};
 use burn::nn::{Linear, LinearConfig};
-use burn::tensor::{backend::Backend, Int, Tensor, TensorData};
+use burn::tensor::{backend::Backend, Tensor, TensorData};
 use nsa_kernels::{linear_matmul, GemmBackend};
 
 use super::projection::apply;
@@ -153,12 +153,12 @@ impl<B: Backend> Compressor<B> {
 
 impl<B: GemmBackend> Compressor<B> {
     /// `k: [B, T, H, d_k]`, `v: [B, T, H, d_v]` -> compressed `[B, N, H, d_k]`, `[B, N, H, d_v]`,
-    /// or `None` when `T < l` (no block exists yet). With `l % d == 0` (every paper and shipped
-    /// configuration) and a linear `phi` a block is `l / d` consecutive stride-`d` chunks, and
-    /// the blocks are sums of chunk terms ([`Self::forward_chunked`]); otherwise each block's
-    /// tokens are gathered ([`Self::forward_gathered`]).
+    /// or `None` when `T < l` (no block exists yet). A block is `l / d` consecutive stride-`d`
+    /// chunks (`l % d == 0`), so with `phi = avg` or `linear` the blocks are sums of chunk terms
+    /// ([`Self::forward_chunked`]); `phi = mlp` takes each block's tokens whole
+    /// ([`Self::forward_gathered`]).
     pub fn forward(&self, k: Tensor<B, 4>, v: Tensor<B, 4>) -> Option<(Tensor<B, 4>, Tensor<B, 4>)> {
-        match self.l.is_multiple_of(self.d) && self.key_mlp.is_none() {
+        match self.key_mlp.is_none() {
             true => self.forward_chunked(k, v),
             false => self.forward_gathered(k, v),
         }
@@ -214,19 +214,14 @@ impl<B: GemmBackend> Compressor<B> {
         }
     }
 
-    /// [`Self::forward`] by gathering each block's `l` tokens: any `l` and `d`.
+    /// [`Self::forward`] from each block's `l` tokens whole ([`Self::gather_blocks`]).
     pub fn forward_gathered(&self, k: Tensor<B, 4>, v: Tensor<B, 4>) -> Option<(Tensor<B, 4>, Tensor<B, 4>)> {
         let n = self.num_blocks(k.dims()[1]);
         if n == 0 {
             return None;
         }
-        let device = k.device();
-        // Raw position of token r of block i: i*d + r, flattened block-major.
-        let starts = Tensor::<B, 1, Int>::arange(0..n as i64, &device).mul_scalar(self.d as i64);
-        let offsets = Tensor::<B, 1, Int>::arange(0..self.l as i64, &device);
-        let positions = (starts.reshape([n, 1]) + offsets.reshape([1, self.l])).reshape([n * self.l]);
-        let k_blocks = self.gather_blocks(k, positions.clone(), n);
-        let v_blocks = self.gather_blocks(v, positions, n);
+        let k_blocks = self.gather_blocks(k, n);
+        let v_blocks = self.gather_blocks(v, n);
         let key = self.apply_phi(&self.key_phi, &self.key_mlp, k_blocks);
         let value = self.apply_phi(&self.value_phi, &self.value_mlp, v_blocks);
         Some((key, value))
@@ -244,8 +239,16 @@ impl<B: GemmBackend> Compressor<B> {
         }
     }
 
-    fn gather_blocks(&self, x: Tensor<B, 4>, positions: Tensor<B, 1, Int>, n: usize) -> Tensor<B, 5> {
-        let [b, _, h, d] = x.dims();
-        x.select(1, positions).reshape([b, n, self.l, h, d])
+    /// Each block's `l` tokens, `[B, N, l, H, h]`. Block `i` is chunks `i .. i + l/d` of `d`
+    /// tokens (`NsaConfig` requires `l % d == 0`), so the blocks are `l/d` shifted views of the
+    /// chunks side by side: no gather, and the backward is slices and adds, where a gather's
+    /// would be a scatter-add over `N * l` rows.
+    fn gather_blocks(&self, x: Tensor<B, 4>, n: usize) -> Tensor<B, 5> {
+        assert!(self.l.is_multiple_of(self.d), "l = {} is not a multiple of d = {}", self.l, self.d);
+        let [b, _, h, dh] = x.dims();
+        let (d, per_block) = (self.d, self.l / self.d);
+        let chunks = n + per_block - 1;
+        let x = x.narrow(1, 0, chunks * d).reshape([b, chunks, d, h, dh]);
+        Tensor::cat((0..per_block).map(|j| x.clone().narrow(1, j, n)).collect(), 2)
     }
 }
