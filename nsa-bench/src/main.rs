@@ -46,8 +46,8 @@ struct KernelArgs {
     /// Storage dtype of q, k, v (bf16 needs CUDA).
     #[arg(long, value_enum, default_value_t = Precision::F32)]
     precision: Precision,
-    /// Length of the parity check against the reference path in f64 on the CPU (O(T^2): at
-    /// the paper shape 2049 takes minutes there, 777 seconds); 0 skips it (a memcheck run).
+    /// Length of the parity check against the reference path in f64 on the CPU (O(T^2) there:
+    /// minutes at the paper shape from about 2k); 0 skips it (a memcheck run).
     #[arg(long, default_value_t = 500)]
     check_len: usize,
     /// Shapes to check and time (production: H_q 12, H_kv 2, d 64; paper: 64, 4, 128;
@@ -123,18 +123,10 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    nsa_train::oom::install();
+    nsa_train::failures::install();
     let cli = Cli::parse();
     // A device failure that panics still ends in one line.
-    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(cli))).unwrap_or_else(|_| {
-        Err(match nsa_train::oom::failed_allocation() {
-            Some(size) => format!(
-                "out of device memory: an allocation of {:.2} GiB failed; lower the sizes",
-                size as f64 / (1u64 << 30) as f64
-            ),
-            None => "the benchmark panicked (see above)".to_string(),
-        })
-    });
+    let result = nsa_train::failures::run_command(|| run(cli), "lower the sizes", "the benchmark");
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

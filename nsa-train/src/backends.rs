@@ -35,7 +35,8 @@ pub fn announce_kernel_cache(kind: BackendKind, dir: Option<PathBuf>) {
     }
 }
 
-/// The backend compiled in that `kind` resolves to on this machine.
+/// The backend compiled in that `kind` resolves to on this machine; a named one that cannot
+/// start here (no driver, no device) is a one-line error naming those that can.
 pub fn resolve(kind: BackendKind) -> Result<BackendKind, String> {
     let compiled = |k: BackendKind| match k {
         BackendKind::Cuda => cfg!(feature = "cuda"),
@@ -52,6 +53,22 @@ pub fn resolve(kind: BackendKind) -> Result<BackendKind, String> {
             "this binary was built without the `{}` feature; run it through `cargo xtask train --backend {0}`",
             k.name()
         )),
+        k if !usable(k) => {
+            let here: Vec<&str> = [BackendKind::Cuda, BackendKind::Wgpu, BackendKind::Cpu]
+                .into_iter()
+                .filter(|&other| other != k && compiled(other) && usable(other))
+                .map(BackendKind::name)
+                .collect();
+            let why = match k {
+                BackendKind::Cuda => "no CUDA driver or NVIDIA GPU found",
+                _ => "no device found",
+            };
+            Err(format!(
+                "the `{}` backend cannot start on this machine ({why}); backends that can: {}",
+                k.name(),
+                if here.is_empty() { "none".to_string() } else { here.join(", ") }
+            ))
+        }
         k => Ok(k),
     }
 }
@@ -59,10 +76,7 @@ pub fn resolve(kind: BackendKind) -> Result<BackendKind, String> {
 /// Whether a backend can run a tiny op here (a missing driver panics inside Burn).
 pub fn usable(kind: BackendKind) -> bool {
     fn probe<B: Backend>(device: B::Device) -> bool {
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            burn::tensor::Tensor::<B, 1>::ones([1], &device).into_data()
-        }))
-        .is_ok()
+        crate::failures::catch(|| burn::tensor::Tensor::<B, 1>::ones([1], &device).into_data()).is_ok()
     }
     let previous = std::panic::take_hook();
     std::panic::set_hook(Box::new(|_| {}));

@@ -12,6 +12,7 @@ use serde::Serialize;
 
 use crate::config::RunConfig;
 use crate::data::corpus::PackedSplit;
+use crate::failures::gib;
 use crate::parallel::MemoryOf;
 use crate::profile::{self, Phase};
 use crate::trainer::{PendingStep, Stop, Trainer};
@@ -55,8 +56,6 @@ pub struct TrainBench {
     pub peak_reserved_gib: Option<f64>,
     pub breakdown: Vec<Phase>,
 }
-
-const GIB: f64 = (1u64 << 30) as f64;
 
 /// Runs the benchmark in `scratch` (an empty directory for the trainer's run files).
 pub fn bench_train<B: crate::TrainBackend>(
@@ -129,7 +128,7 @@ pub fn bench_train<B: crate::TrainBackend>(
         step_ms,
         median_queue_ms: queue.get(queue.len() / 2).copied().unwrap_or(0.0),
         median_queue_parts_ms: [0, 1, 2].map(|i| median(parts.iter().map(|p| p[i]).collect())),
-        peak_reserved_gib: peak.map(|p| p as f64 / GIB),
+        peak_reserved_gib: peak.map(gib),
         breakdown,
     })
 }

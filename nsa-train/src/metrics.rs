@@ -8,6 +8,8 @@ use std::path::{Path, PathBuf};
 use nsa_core::{AttentionKind, NsaLmConfig};
 use serde::Serialize;
 
+use crate::failures::gib;
+
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct StepMetrics {
     pub step: usize,
@@ -45,8 +47,6 @@ pub struct DeviceMemory {
 /// called from the training thread).
 pub type MemoryProbe = Box<dyn Fn() -> Option<DeviceMemory>>;
 
-const GIB: f64 = (1u64 << 30) as f64;
-
 /// Mean number of forced blocks per query over positions `0..seq_len`.
 fn mean_forced_blocks(model: &NsaLmConfig) -> f64 {
     let l_sel = model.attention.l_sel;
@@ -81,15 +81,15 @@ impl StepMetrics {
             gate_entropy: stat(3),
             sel_blocks_per_query: stat(4),
             sel_forced_share: stat(4).filter(|_| nsa).map(|s| mean_forced_blocks(model) / s),
-            memory_in_use_gib: memory.map(|m| m.in_use as f64 / GIB),
-            memory_reserved_gib: memory.map(|m| m.reserved as f64 / GIB),
+            memory_in_use_gib: memory.map(|m| gib(m.in_use)),
+            memory_reserved_gib: memory.map(|m| gib(m.reserved)),
             peer_memory_reserved_gib: Vec::new(),
         }
     }
 
     /// Adds the other replicas' device memory (those that reported it).
     pub fn with_peer_memory(mut self, peers: &[Option<DeviceMemory>]) -> Self {
-        self.peer_memory_reserved_gib = peers.iter().flatten().map(|m| m.reserved as f64 / GIB).collect();
+        self.peer_memory_reserved_gib = peers.iter().flatten().map(|m| gib(m.reserved)).collect();
         self
     }
 

@@ -51,7 +51,7 @@ fn held<B: Backend, T>(device: &B::Device, probe: &Option<MemoryProbe>, make: im
     let kept = make();
     let after = in_use::<B>(device, probe)?;
     drop(kept);
-    Some((after as f64 - before as f64) / (1u64 << 30) as f64)
+    Some((after as f64 - before as f64) / crate::failures::GIB)
 }
 
 /// Median wall time in ms of `f`, each run followed by a device sync.
@@ -60,7 +60,7 @@ fn time<B: Backend>(device: &B::Device, warmup: usize, iters: usize, mut f: impl
 }
 
 /// Median time of `f` on a fresh input from `prepare` each run; making the input is not timed
-/// (random tensors are slow to draw on the CPU backend, and were once most of a "phase").
+/// (random tensors are slow to draw on the CPU backend and would otherwise dominate a phase).
 fn time_with<B: Backend, I>(
     device: &B::Device,
     warmup: usize,

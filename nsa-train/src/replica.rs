@@ -10,14 +10,13 @@ use burn::module::{Module, ParamId};
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, FloatDType, Int, Tensor, TensorData};
-use nsa_core::{cast_params, NsaAux, NsaLm};
+use nsa_core::{cast_params, lm_loss, NsaAux, NsaLm};
 
 use crate::config::TrainConfig;
+use crate::failures::Stop;
 use crate::grads::to_param_dtype;
 use crate::host_times::{HostClock, HostTimes};
 use crate::optim::{compute_copy, FusedAdamW, StepSettings};
-use crate::stop::Stop;
-use crate::trainer::lm_loss;
 use crate::TrainBackend;
 
 /// One micro-batch as the host assembled it: inputs and next-token targets, `[B, T]` row-major.

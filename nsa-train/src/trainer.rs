@@ -19,6 +19,8 @@ use crate::checkpoint::{self, TrainState};
 use crate::config::{Precision, RunConfig};
 use crate::dashboard::Reporter;
 use crate::data::corpus::{BatchOrder, DataCursor, PackedSplit};
+use crate::failures::{catch, panic_message};
+pub use crate::failures::{Finish, Stop};
 use crate::grads::weight_decay_ids;
 use crate::host_times::HostTimes;
 use crate::metrics::{MemoryProbe, MetricsLog, StepMetrics};
@@ -26,19 +28,9 @@ use crate::optim::FusedAdamW;
 use crate::parallel::{Group, MemoryOf};
 use crate::replica::{Fault, HostBatch, Replica, StepPlan};
 use crate::schedule::learning_rate;
-pub use crate::stop::{Finish, Stop};
 use crate::TrainBackend;
 
 pub use nsa_core::lm_loss;
-
-/// A panic's message, for an error line.
-fn panic_text(panic: &Box<dyn std::any::Any + Send>) -> String {
-    panic
-        .downcast_ref::<String>()
-        .cloned()
-        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-        .unwrap_or_default()
-}
 
 /// Inputs and next-token targets `[B, T]` for the given windows of a split.
 pub fn batch<B: Backend>(
@@ -273,28 +265,19 @@ impl<B: TrainBackend> Trainer<B> {
         }
     }
 
-    /// Why the device failed at `step`: out of memory when an allocation failed ([`crate::oom`]),
-    /// else the device's error as one line.
+    /// Why the device failed at `step` ([`crate::failures::device_failure`]).
     fn device_failure(&self, step: usize, error: impl std::fmt::Debug) -> Stop {
-        match crate::oom::failed_allocation() {
-            Some(requested) => Stop::OutOfMemory {
-                step,
-                batch: self.cfg.train.batch_size,
-                seq_len: self.train.seq_len(),
-                requested: (requested > 0).then_some(requested),
-                last_good: checkpoint::latest(&self.run_dir).map(|(_, p)| p),
-            },
-            None => Stop::Error(format!("device error at step {step}: {error:?}")),
-        }
+        let last_good = || checkpoint::latest(&self.run_dir).map(|(_, p)| p);
+        crate::failures::device_failure(step, self.cfg.train.batch_size, self.train.seq_len(), last_good, error)
     }
 
     /// Reads `tensor` of `step`; a device error, or a panic (a device failure surfacing on this
     /// thread while the op stream drains), becomes a [`Stop`].
     fn read(&self, step: usize, tensor: &Tensor<B::InnerBackend, 1>) -> Result<TensorData, Stop> {
-        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| tensor.clone().try_into_data())) {
+        match catch(|| tensor.clone().try_into_data()) {
             Ok(Ok(data)) => Ok(data),
             Ok(Err(e)) => Err(self.device_failure(step, e)),
-            Err(panic) => Err(self.device_failure(step, panic_text(&panic))),
+            Err(panic) => Err(self.device_failure(step, panic_message(&panic).unwrap_or_default())),
         }
     }
 
@@ -302,13 +285,13 @@ impl<B: TrainBackend> Trainer<B> {
     /// [`Stop`].
     pub(crate) fn try_queue_step(&mut self, with_stats: bool) -> Result<PendingStep<B>, Stop> {
         let step = self.step + 1;
-        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.queue_step(with_stats))) {
+        match catch(|| self.queue_step(with_stats)) {
             Ok(Ok(pending)) => Ok(pending),
             // A failed allocation can surface as another error first: a data-parallel peer or
             // the collective that met it stops, and rank 0 hears of that.
-            Ok(Err(stop)) if crate::oom::failed_allocation().is_some() => Err(self.device_failure(step, stop)),
+            Ok(Err(stop)) if crate::failures::failed_allocation().is_some() => Err(self.device_failure(step, stop)),
             Ok(Err(stop)) => Err(stop),
-            Err(panic) => Err(self.device_failure(step, panic_text(&panic))),
+            Err(panic) => Err(self.device_failure(step, panic_message(&panic).unwrap_or_default())),
         }
     }
 

@@ -5,7 +5,7 @@
 //! and every later kernel that meets the missing buffer panics again: thousands of messages
 //! before the next read fails. [`install`] keeps the size of the first failed allocation and
 //! silences the panics that follow it, so the trainer can stop with one line
-//! ([`crate::trainer::Stop::OutOfMemory`]).
+//! ([`super::Stop::OutOfMemory`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 

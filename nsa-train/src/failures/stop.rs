@@ -34,8 +34,7 @@ impl std::fmt::Display for Stop {
             }
             Stop::OutOfMemory { step, batch, seq_len, requested, last_good } => {
                 let good = last_good.as_ref().map_or("none".to_string(), |p| p.display().to_string());
-                let asked =
-                    requested.map_or("more".to_string(), |r| format!("{:.2} GiB more", r as f64 / (1u64 << 30) as f64));
+                let asked = requested.map_or("more".to_string(), |r| format!("{:.2} GiB more", super::gib(r)));
                 write!(
                     f,
                     "out of device memory at step {step}: a batch of {batch} x {seq_len} tokens asked for {asked} \

@@ -24,9 +24,9 @@ use burn::tensor::{Tensor, TensorPrimitive};
 use nsa_core::NsaLm;
 
 use crate::config::TrainConfig;
+use crate::failures::{catch, failure_text, Stop};
 use crate::metrics::{DeviceMemory, MemoryProbe};
 use crate::replica::{HostBatch, Replica, StepPlan};
-use crate::stop::Stop;
 use crate::TrainBackend;
 
 /// Makes the memory probe of a device (a probe reads the calling thread's stream, so each
@@ -100,18 +100,6 @@ fn collective_config(world: usize) -> CollectiveConfig {
     CollectiveConfig::default().with_num_devices(world)
 }
 
-/// A panic's message, for an error line: out of memory when an allocation failed.
-pub(crate) fn failure_text(panic: &Box<dyn std::any::Any + Send>) -> String {
-    if let Some(bytes) = crate::oom::failed_allocation() {
-        return format!("out of device memory (an allocation of {:.2} GiB failed)", bytes as f64 / (1u64 << 30) as f64);
-    }
-    panic
-        .downcast_ref::<String>()
-        .cloned()
-        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-        .unwrap_or_else(|| "panicked".into())
-}
-
 impl Group {
     /// Forks `replica` onto `devices[1..]`, one thread each, and joins them into a collective
     /// with rank 0 (`replica`, on `devices[0]`).
@@ -126,7 +114,7 @@ impl Group {
         let mut orders = Vec::new();
         let mut threads = Vec::new();
         for (rank, device) in devices.iter().enumerate().skip(1) {
-            let peer = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| replica.fork(device, rank)))
+            let peer = catch(|| replica.fork(device, rank))
                 .map_err(|p| Stop::Error(format!("device {} (rank {rank}): {}", t.devices[rank], failure_text(&p))))?;
             let (order_tx, order_rx) = channel();
             let (t, reports) = (t.clone(), report_tx.clone());
@@ -153,7 +141,7 @@ impl Group {
             // burn-collective's calls panic when its server is gone (it died with a device):
             // leaving must not turn a clean error into a panic.
             finish: Box::new(|| {
-                let _ = std::panic::catch_unwind(|| {
+                let _ = catch(|| {
                     let _ = collective::finish_collective::<Inner<B>>(PeerId(0));
                     collective::reset_collective::<Inner<B>>();
                 });
@@ -326,9 +314,7 @@ fn serve<B: TrainBackend>(
     let peer = PeerId(rank as u32);
     let config = collective_config(t.devices.len());
     let device = replica.device.clone();
-    let joined = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        collective::register::<Inner<B>>(peer, device, config).map_err(|e| format!("{e:?}"))
-    }));
+    let joined = catch(|| collective::register::<Inner<B>>(peer, device, config).map_err(|e| format!("{e:?}")));
     if let Some(why) = match joined {
         Ok(Ok(())) => None,
         Ok(Err(e)) => Some(e),
@@ -340,7 +326,7 @@ fn serve<B: TrainBackend>(
     let probe = memory_of(&replica.device);
     while let Ok(Order::Step { step, batches, plan, with_memory }) = orders.recv() {
         let reached = reports.clone();
-        let queued = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let queued = catch(|| {
             let mut reduce = |model: &NsaLm<B>, grads, loss| {
                 let _ = reached.send(Report::Reached { rank, step });
                 all_reduce_mean::<B>(rank, model, grads, loss, |call| {
@@ -348,7 +334,7 @@ fn serve<B: TrainBackend>(
                 })
             };
             replica.queue_step(&t, batches, &plan, Some(&mut reduce))
-        }));
+        });
         let report = match queued {
             Ok(Ok(_)) => Report::Queued { rank, step, memory: with_memory.then(|| probe.as_ref()?()).flatten() },
             Ok(Err(stop)) => Report::Failed { rank, step, why: stop.to_string() },
@@ -359,5 +345,5 @@ fn serve<B: TrainBackend>(
             return;
         }
     }
-    let _ = std::panic::catch_unwind(|| collective::finish_collective::<Inner<B>>(peer));
+    let _ = catch(|| collective::finish_collective::<Inner<B>>(peer));
 }
