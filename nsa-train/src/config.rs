@@ -80,7 +80,7 @@ pub struct TrainConfig {
     pub activation_checkpointing: bool,
     /// Where CUDA/WGPU keep compiled kernels and autotune results between runs (`~` expands to
     /// the home directory; empty: CubeCL's defaults, no compiled-kernel cache). Without it every
-    /// run on a fresh process recompiles and re-autotunes: minutes for the 125M model on an H100.
+    /// run on a fresh process recompiles and re-autotunes before its first step.
     #[config(default = "String::from(\"~/.cache/nsa/kernels\")")]
     pub kernel_cache: String,
     /// Run directory: config, metrics log and checkpoints.
@@ -173,6 +173,52 @@ fn differences(a: &Value, b: &Value, at: &str, out: &mut Vec<String>) {
 }
 
 impl RunConfig {
+    /// The config `nsa train` runs with. A new run loads `config` (`default` when none is given)
+    /// and lays `flags` over it. A resumed run (`resume`) continues with the config it started
+    /// with, `<out>/config.toml`: `flags`, and a `config` given explicitly, are laid over that
+    /// one and may change only [`RESUME_MAY_CHANGE`]. `out` (the run directory) overrides
+    /// `train.out` in every case. Errors are one line: a config that does not load, nothing to
+    /// resume, a change a resume refuses, an invalid result.
+    pub fn resolve(
+        config: Option<&Path>,
+        default: &Path,
+        out: Option<&str>,
+        resume: bool,
+        flags: impl FnOnce(&mut RunConfig),
+    ) -> Result<RunConfig, String> {
+        // `--resume --out DIR` alone needs no config file: the run's saved one is used.
+        let saved_decides = resume && config.is_none() && out.is_some();
+        let mut cfg = match saved_decides {
+            true => RunConfig::new(),
+            false => RunConfig::load(config.unwrap_or(default)).map_err(|e| e.to_string())?,
+        };
+        if let Some(out) = out {
+            cfg.train.out = out.to_string();
+        }
+        let saved = match resume {
+            true => {
+                let path = Path::new(&cfg.train.out).join("config.toml");
+                if !path.exists() {
+                    return Err(format!("nothing to resume: {} holds no run (no config.toml)", cfg.train.out));
+                }
+                let saved = RunConfig::load(&path).map_err(|e| e.to_string())?;
+                if config.is_none() {
+                    let out = std::mem::take(&mut cfg.train.out);
+                    cfg = saved.clone();
+                    cfg.train.out = out;
+                }
+                Some(saved)
+            }
+            false => None,
+        };
+        flags(&mut cfg);
+        if let Some(saved) = saved {
+            saved.check_resume_with(&cfg)?;
+        }
+        cfg.validate().map_err(|e| e.to_string())?;
+        Ok(cfg)
+    }
+
     /// `Ok` when `requested` (a resume's flags and config laid over this, the run's saved config)
     /// changes only [`RESUME_MAY_CHANGE`]; else an error naming the first other setting that
     /// differs.

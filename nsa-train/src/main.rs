@@ -1,7 +1,7 @@
 //! `nsa`: train NSA language models, benchmark the training run, and sample from them. The
 //! kernel and GEMM benchmarks and the profiler are `nsa-bench`'s.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use burn::tensor::backend::AutodiffBackend;
@@ -15,7 +15,8 @@ use nsa_train::data::corpus::PackedSplit;
 use nsa_train::data::tokenizer::Tokenizer;
 use nsa_train::generate::{sample, SampleOptions};
 use nsa_train::parallel::MemoryOf;
-use nsa_train::run_args::RunArgs;
+use nsa_train::run_args::{RunArgs, DEFAULT_CONFIG};
+use nsa_train::signals::{Preemptible, StopSignals, PREEMPTED};
 use nsa_train::trainer::{Finish, Trainer};
 use nsa_train::with_backend;
 
@@ -92,20 +93,13 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    nsa_train::oom::install();
+    nsa_train::failures::install();
     let cli = Cli::parse();
     // A device failure that panics outside the trainer's own catch still ends in one line.
-    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_command(cli))).unwrap_or_else(|_| {
-        Err(match nsa_train::oom::failed_allocation() {
-            Some(size) => format!(
-                "out of device memory: an allocation of {:.2} GiB failed; lower --batch-size or the sequence length",
-                size as f64 / (1u64 << 30) as f64
-            ),
-            None => "the run panicked (see above)".to_string(),
-        })
-    });
+    let hint = "lower --batch-size or the sequence length";
+    let result = nsa_train::failures::run_command(|| run_command(cli), hint, "the run");
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e}");
             ExitCode::FAILURE
@@ -113,13 +107,13 @@ fn main() -> ExitCode {
     }
 }
 
-fn run_command(cli: Cli) -> Result<(), String> {
+fn run_command(cli: Cli) -> Result<ExitCode, String> {
     match cli.command {
         Command::Train(args) => train(args),
-        Command::BenchTrain(args) => bench_train::bench_train(args),
+        Command::BenchTrain(args) => bench_train::bench_train(args).map(|()| ExitCode::SUCCESS),
         Command::Generate { checkpoint, prompt, tokens, temperature, top_k, seed, backend } => {
             let opts = SampleOptions { tokens, temperature, top_k, seed };
-            generate(checkpoint, prompt, opts, backend)
+            generate(checkpoint, prompt, opts, backend).map(|()| ExitCode::SUCCESS)
         }
     }
 }
@@ -127,45 +121,18 @@ fn run_command(cli: Cli) -> Result<(), String> {
 #[path = "cli/bench_train.rs"]
 mod bench_train;
 
-fn train(args: TrainArgs) -> Result<(), String> {
-    // `--resume --out DIR` alone needs no config file: the run's saved one is used.
-    let saved_decides = args.resume && args.run.config.is_none() && args.out.is_some();
-    let mut cfg = match saved_decides {
-        true => RunConfig::new(),
-        false => RunConfig::load(&args.run.config_path()).map_err(|e| e.to_string())?,
-    };
-    if let Some(out) = &args.out {
-        cfg.train.out = out.clone();
-    }
-    // A resumed run continues with the config it started with: the flags (and a --config given
-    // explicitly) are laid over that one and may change only what leaves the run's state alone.
-    let saved = match args.resume {
-        true => {
-            let path = PathBuf::from(&cfg.train.out).join("config.toml");
-            if !path.exists() {
-                return Err(format!("nothing to resume: {} holds no run (no config.toml)", cfg.train.out));
-            }
-            let saved = RunConfig::load(&path).map_err(|e| e.to_string())?;
-            if args.run.config.is_none() {
-                let out = std::mem::take(&mut cfg.train.out);
-                cfg = saved.clone();
-                cfg.train.out = out;
-            }
-            Some(saved)
+fn train(args: TrainArgs) -> Result<ExitCode, String> {
+    let flags = |cfg: &mut RunConfig| {
+        args.run.apply(cfg);
+        if let Some(steps) = args.steps {
+            cfg.train.steps = steps;
         }
-        false => None,
+        if args.no_dashboard {
+            cfg.train.dashboard = false;
+        }
     };
-    args.run.apply(&mut cfg);
-    if let Some(steps) = args.steps {
-        cfg.train.steps = steps;
-    }
-    if args.no_dashboard {
-        cfg.train.dashboard = false;
-    }
-    if let Some(saved) = saved {
-        saved.check_resume_with(&cfg)?;
-    }
-    cfg.validate().map_err(|e| e.to_string())?;
+    let config = args.run.config.as_deref();
+    let cfg = RunConfig::resolve(config, Path::new(DEFAULT_CONFIG), args.out.as_deref(), args.resume, flags)?;
     let (kind, train_split, valid_split) = backend_and_data(&cfg)?;
     eprintln!(
         "backend {} | {} train windows ({} tokens), {} validation windows | run directory {}",
@@ -193,7 +160,7 @@ fn run<B: nsa_train::TrainBackend>(
     devices: Vec<B::Device>,
     memory: MemoryOf<B>,
     resume: bool,
-) -> Result<(), String> {
+) -> Result<ExitCode, String> {
     let total = cfg.train.steps;
     let dashboard = cfg.train.dashboard;
     let mut trainer = Trainer::<B>::new(cfg, train, valid, devices[0].clone(), resume)?;
@@ -207,9 +174,10 @@ fn run<B: nsa_train::TrainBackend>(
     }
     eprintln!("model: {} parameters", burn::module::Module::num_params(&trainer.replica.model));
     // The dashboard is dropped (and the terminal restored) before the result is printed.
+    let signals = StopSignals::install()?;
     let finish = {
-        let mut reporter = reporter(dashboard, total);
-        trainer.train_until(total, reporter.as_mut())
+        let mut reporter = Preemptible { inner: reporter(dashboard, total), signals: signals.clone() };
+        trainer.train_until(total, &mut reporter)
     };
     match finish.map_err(|e| e.to_string())? {
         Finish::Completed => eprintln!(
@@ -217,11 +185,18 @@ fn run<B: nsa_train::TrainBackend>(
             trainer.step,
             checkpoint::checkpoints_dir(trainer.run_dir()).display()
         ),
+        Finish::Interrupted { step, checkpoint } if signals.received() => {
+            eprintln!(
+                "stopped at step {step} on a signal; checkpoint {} (continue with --resume; exit status {PREEMPTED})",
+                checkpoint.display()
+            );
+            return Ok(ExitCode::from(PREEMPTED));
+        }
         Finish::Interrupted { step, checkpoint } => {
             eprintln!("stopped at step {step} on request; checkpoint {} (continue with --resume)", checkpoint.display())
         }
     }
-    Ok(())
+    Ok(ExitCode::SUCCESS)
 }
 
 fn generate(path: PathBuf, prompt: String, opts: SampleOptions, backend: Option<BackendKind>) -> Result<(), String> {

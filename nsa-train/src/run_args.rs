@@ -38,9 +38,12 @@ pub struct RunArgs {
     pub reference_attention: bool,
 }
 
+/// The config a command runs without `--config` (a fresh clone's tiny model).
+pub const DEFAULT_CONFIG: &str = "configs/tiny.toml";
+
 impl RunArgs {
     pub fn config_path(&self) -> PathBuf {
-        self.config.clone().unwrap_or_else(|| PathBuf::from("configs/tiny.toml"))
+        self.config.clone().unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG))
     }
 
     /// Applies the flags to `cfg` (loaded from `--config`, or from a run being resumed).

@@ -216,6 +216,66 @@ fn a_batch_the_device_cannot_hold_is_one_error_line() {
     assert!(!stderr.contains("panicked"), "panic messages reached the user:\n{stderr}");
 }
 
+/// SIGTERM (a cluster's preemption) mid-run: the step in flight finishes and is checkpointed, the
+/// binary exits with `nsa_train::signals::PREEMPTED`, and `--resume` continues exactly: its
+/// losses equal an uninterrupted run's (a constant learning rate, so the schedule does not
+/// depend on the step count).
+#[cfg(unix)]
+#[test]
+fn a_preempted_run_checkpoints_exits_75_and_resumes_exactly() {
+    let dir = common::scratch("cli-signal");
+    let text: String = (0..400).map(|i| format!("line {i}: the quick brown fox jumps over the lazy dog.\n")).collect();
+    std::fs::write(dir.join("corpus.txt"), text).unwrap();
+    let cfg = dir.join("run.toml");
+    let train = concat!(
+        "fused_kernels = false\n[train]\nsteps = 100000\nbatch_size = 2\nlog_every = 1\n",
+        "checkpoint_every = 100000\nvalid_every = 0\nwarmup_steps = 0\nmin_lr_ratio = 1.0\nbackend = \"cpu\"\n"
+    );
+    std::fs::write(&cfg, tiny_model(32, 32) + train).unwrap();
+    let (cfg, data) = (cfg.display().to_string(), dir.join("corpus.txt").display().to_string());
+    let run = dir.join("run").display().to_string();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_nsa"))
+        .args(["train", "--config", &cfg, "--data", &data, "--out", &run, "--no-dashboard"])
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let metrics = std::path::Path::new(&run).join("metrics.jsonl");
+    let start = std::time::Instant::now();
+    while std::fs::read_to_string(&metrics).map_or(0, |m| m.matches("\"loss\"").count()) < 2 {
+        assert!(start.elapsed().as_secs() < 300, "the run logged no steps within 300 s");
+        assert!(child.try_wait().unwrap().is_none(), "the run ended before the signal");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let killed = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    assert!(killed.success());
+    let status = child.wait().unwrap();
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert_eq!(status.code(), Some(i32::from(nsa_train::signals::PREEMPTED)), "{stderr}");
+    let line = stderr.lines().find(|l| l.contains("on a signal")).unwrap_or_else(|| panic!("{stderr}"));
+    let step: usize = line.split_whitespace().nth(3).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("{line}"));
+    assert!(std::path::Path::new(&run).join(format!("checkpoints/step-{step:08}")).exists(), "{stderr}");
+
+    let until = (step + 2).to_string();
+    let (ok, stderr) = nsa(&["train", "--out", &run, "--resume", "--steps", &until, "--no-dashboard"]);
+    assert!(ok, "{stderr}");
+    let fresh = dir.join("fresh").display().to_string();
+    let (ok, stderr) = nsa(&["train", "--config", &cfg, "--data", &data, "--out", &fresh, "--steps", &until]);
+    assert!(ok, "{stderr}");
+    let losses = |run: &str| -> Vec<(u64, f64)> {
+        let text = std::fs::read_to_string(std::path::Path::new(run).join("metrics.jsonl")).unwrap();
+        text.lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .filter(|v| v.get("loss").is_some() && v["step"].as_u64().unwrap() > step as u64)
+            .map(|v| (v["step"].as_u64().unwrap(), v["loss"].as_f64().unwrap()))
+            .collect()
+    };
+    let resumed = losses(&run);
+    assert_eq!(resumed.len(), 2, "the resumed run logs steps {} and {}", step + 1, step + 2);
+    assert_eq!(resumed, losses(&fresh), "the resumed run's losses differ from the uninterrupted run's");
+}
+
 /// A one-layer model's TOML at sequence length `seq_len` and width `dim`.
 fn tiny_model(seq_len: usize, dim: usize) -> String {
     format!(

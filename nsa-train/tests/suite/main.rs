@@ -6,5 +6,6 @@ mod cli;
 mod common;
 mod data;
 mod parallel;
+mod resume_config;
 mod tokenizer;
 mod training;
