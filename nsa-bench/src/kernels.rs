@@ -1,6 +1,6 @@
 //! `nsa-bench kernels`: the sparse-attention op, fused path (the window, the selected blocks and
-//! the compressed branch), timed forward and forward+backward at the shapes, after a parity check of the op's output and gradients against the
-//! reference path in f64 on the CPU (`cpu` feature; on the device in the storage dtype without
+//! the compressed branch), timed forward and forward+backward at [`SHAPES`], after a parity
+//! check of the op's output and gradients against the reference path in f64 on the CPU (`cpu` feature; on the device in the storage dtype without
 //! it). Burn's CUDA backend has no f64, and its f32 matmul may round through TF32 (10-bit
 //! mantissa, ~1e-3 relative), which would hide an f32 kernel's real error.
 //!
@@ -45,7 +45,7 @@ pub struct Shape {
     pub d_v: usize,
 }
 
-/// The shapes: the seeds' production model and the paper's, timed; and two that only
+/// The benchmark shapes: the production model and the paper's, timed; and two that only
 /// widen the parity check on the benchmark device: `d_k = 192, d_v = 128` with `g = 16`
 /// ("wide"), and one query head per KV head ("mha").
 pub const SHAPES: [Shape; 4] = [
@@ -152,9 +152,8 @@ enum Seed {
     /// `sum(out * grad_out)`: a random `dO`, for the parity check.
     GradOut,
     /// `out.backward()`: `dO = 1`, for timing. The kernels do the same work for any `dO`, and
-    /// this adds one fill kernel where `GradOut` adds a product and a reduction (0.38 ms of a
-    /// 64k production fwd+bwd on the H100, ncu); the anchors time `fn().backward(dO)`, with
-    /// neither.
+    /// this adds one fill kernel where `GradOut` adds a product and a reduction; the anchors
+    /// time `fn().backward(dO)`, with neither.
     Ones,
 }
 

@@ -26,8 +26,8 @@ pub fn median_ms<B: Backend>(device: &B::Device, iters: usize, mut f: impl FnMut
 /// (its start, its closing sync) cancels. Also the mean time per run of the queue of `iters`,
 /// and the host's time to queue a run there (the time before the closing sync). Every run's
 /// outputs are kept until the closing sync, so nothing queued can be skipped as unused; a
-/// longer queue keeps more of them (`3 * iters` runs of the paper shape's 2.2 GB at 64k ran the
-/// H100 out of memory).
+/// longer queue keeps more of them, so at long paper-shape sequences it would exhaust device
+/// memory.
 pub fn pipelined_ms<B: Backend, O>(device: &B::Device, iters: usize, mut f: impl FnMut() -> O) -> Pipelined {
     drop(f());
     B::sync(device).expect("device sync");

@@ -74,8 +74,8 @@ impl<B: GemmBackend> Rope<B> {
         // Each pair (e, o) -> (e cos - o sin, e sin + o cos) = (e, o) cos + (-o, e) sin. The
         // swapped, signed pairs are `x S` for a fixed signed permutation `S` (exact in any dtype:
         // each output is one input, negated or not), a product on the tensor cores whose
-        // backward is a product too; a flip was a copy kernel of its own, forward and backward,
-        // and splitting x into even and odd halves cost slices, fills and slice-assigns.
+        // backward is a product too; a flip would be a copy kernel of its own each way, and
+        // splitting x into even and odd halves would need slices, fills and slice-assigns.
         let device = x.device();
         let swap = cached::<B, _>(&format!("rope_swap_{dtype:?}"), &[d], &device, || {
             let mut s = vec![0.0f64; d * d];

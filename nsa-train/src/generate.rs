@@ -1,4 +1,5 @@
-//! Sampling from a checkpoint: full-sequence recompute per token (the decode issue makes it fast).
+//! Sampling from a checkpoint: each token recomputes the whole sequence (no KV cache), the same
+//! forward as training.
 
 use burn::tensor::{Int, Tensor, TensorData};
 use nsa_core::{NsaLm, SparseAttentionBackend};

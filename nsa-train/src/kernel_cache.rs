@@ -2,9 +2,9 @@
 //!
 //! On a GPU backend the first steps of a run compile every kernel through NVRTC (CUDA) or the
 //! shader compiler (WGPU) and autotune each matmul and reduction shape by compiling and timing a
-//! dozen or more candidates. For the 125M model on an H100 that took over eight minutes before the
-//! first step finished. CubeCL can keep both results on disk; pointing them at one directory
-//! shared by all runs makes that cost a once-per-machine one.
+//! dozen or more candidates, so without a cache every fresh process's first steps wait on
+//! compilation, not training. CubeCL can keep both results on disk; pointing them at one
+//! directory shared by all runs makes that cost a once-per-machine one.
 
 use std::path::PathBuf;
 

@@ -1,5 +1,5 @@
 //! `cargo xtask bench train [--anchor] [--scaling]`: `nsa bench-train` in release mode, then,
-//! with `--anchor`, PyTorch's dense model of the same shape trained in the same session
+//! with `--anchor`, PyTorch's dense model of the same shape trained in the same invocation
 //! (`bench/train_anchor.py`), and ours over it. With `--scaling` (and `--devices A,B,..` for
 //! `nsa`), the one-device run on A comes first and the data-parallel speed-up is printed.
 

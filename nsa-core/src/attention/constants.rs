@@ -1,7 +1,7 @@
 //! Shape-only constants (masks, index rows, the selection's overlap weights) built once per
 //! shape, device and backend, and shared by every layer and step. Each is a handful of device
-//! ops to build; rebuilt in every layer of every step they were several hundred of a training
-//! step's ops, and a step's speed is bound by how many ops its host threads pass on
+//! ops to build; rebuilt in every layer of every step they would multiply a training step's
+//! ops, and a step's speed is bound by how many ops its host threads pass on
 //! (docs/benchmarks.md, "Which host thread is the limit").
 
 use std::any::{Any, TypeId};

@@ -2,8 +2,8 @@
 //!
 //! CubeCL does not hand out the CUDA stream it launches on, so the product is ordered against
 //! it through the context. The product is a task on CubeCL's device thread, queued behind the
-//! launches before it without waiting for them (a blocking call per product stalled Burn's
-//! fusion thread, which then starved the thread that records the step); there the operands'
+//! launches before it without waiting for them (a blocking call would stall Burn's fusion
+//! thread, and with it the thread that records the step); there the operands'
 //! device pointers are known, an event recorded on the whole (primary) context captures the
 //! work before, our stream waits for it, runs the product, and the context waits for our
 //! stream before any later work (`cuCtxRecordEvent` / `cuCtxWaitEvent`, CUDA 12.5+ drivers).

@@ -94,8 +94,8 @@ fn selection<R: CubeRuntime>(ops: &Operands<R>, tiling: &FlashSelectTiling, outp
     let part_lse = ops.empty(Shape::new([b, t, h_q, n]), DType::F32);
     let (count, dim) = ops.plane_grid(ops.key_cubes(tiling.keys, &index), tiling.planes);
     let narrow = FlashSelectTiling::narrow_partials(ops.d_v);
-    // Unchecked at narrow heads only: at wide heads the unchecked build of this kernel measured
-    // slower, with no other change to explain it (docs/kernels.md).
+    // Unchecked at narrow heads only: wide heads keep CubeCL's bounds checks, since dropping them
+    // gains nothing there (docs/kernels.md).
     macro_rules! partials {
         ($launch:ident) => {
             selection_partials_flash::$launch::<R>(

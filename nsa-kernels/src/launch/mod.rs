@@ -175,8 +175,8 @@ impl<R: CubeRuntime> Operands<R> {
 
     /// Every tensor the op allocates is contiguous. CubeCL's default allocation on CUDA is
     /// pitched (rows padded to a power of two), and the index kernels address their rows with
-    /// plain `row * width + i`, so a padded row length put every KV head after the first at the
-    /// wrong place (WGPU allocates contiguously, which is why only CUDA showed it).
+    /// plain `row * width + i`, which a padded row would break for every KV head after the
+    /// first.
     pub fn empty(&self, shape: Shape, dtype: DType) -> CubeTensor<R> {
         empty_device_contiguous_dtype::<R>(self.client(), self.q.device.clone(), shape, dtype)
     }
