@@ -126,7 +126,7 @@ fn main() -> ExitCode {
     nsa_train::failures::install();
     let cli = Cli::parse();
     // A device failure that panics still ends in one line.
-    let result = nsa_train::failures::run_command(|| run(cli), "lower the sizes", "the benchmark");
+    let result = nsa_train::failures::catch_command(|| run(cli), "lower the sizes", "the benchmark");
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

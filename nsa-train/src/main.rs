@@ -97,7 +97,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     // A device failure that panics outside the trainer's own catch still ends in one line.
     let hint = "lower --batch-size or the sequence length";
-    let result = nsa_train::failures::run_command(|| run_command(cli), hint, "the run");
+    let result = nsa_train::failures::catch_command(|| run_command(cli), hint, "the run");
     match result {
         Ok(code) => code,
         Err(e) => {

@@ -1,7 +1,7 @@
 //! How runs fail and say so: panics caught at the few places a device failure surfaces
 //! ([`catch`]), their text ([`failure_text`]), running out of device memory as one error
-//! ([`oom`]), a device failure as a [`Stop`] ([`device_failure`]), and how a run ends
-//! ([`stop`]).
+//! ([`oom`]), a device failure as a [`Stop`] ([`device_failure`]), a binary's whole command
+//! ([`catch_command`]), and how a run ends ([`stop`]).
 
 pub mod oom;
 pub mod stop;
@@ -74,7 +74,7 @@ pub fn device_failure(
 /// Runs a binary's command so that a panic outside the trainer's own catches still ends in one
 /// line: `out of memory; {hint}` when an allocation failed, else that `what` panicked (its
 /// message was printed by the panic hook).
-pub fn run_command<T>(run: impl FnOnce() -> Result<T, String>, hint: &str, what: &str) -> Result<T, String> {
+pub fn catch_command<T>(run: impl FnOnce() -> Result<T, String>, hint: &str, what: &str) -> Result<T, String> {
     catch(run).unwrap_or_else(|_| {
         Err(match failed_allocation() {
             Some(bytes) => format!("{}; {hint}", out_of_memory(bytes)),
