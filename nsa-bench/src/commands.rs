@@ -107,12 +107,21 @@ pub fn profile(args: ProfileArgs) -> Result<(), String> {
         kind.name()
     );
     let phases = with_backend!(kind, cfg.train.activation_checkpointing, &[0], |B, devices, memory| {
-        nsa_train::profile::profile::<B>(&cfg, train_split, valid_split, &devices[0], memory, &scratch, warmup, iters)
+        nsa_train::measure::profile::profile::<B>(
+            &cfg,
+            train_split,
+            valid_split,
+            &devices[0],
+            memory,
+            &scratch,
+            warmup,
+            iters,
+        )
     });
     let _ = std::fs::remove_dir_all(&scratch);
     let phases = phases?;
     let dtype = (cfg.train.precision == Precision::Bf16).then_some(burn::tensor::FloatDType::BF16);
-    print!("{}", nsa_train::profile::table(&phases, dtype));
+    print!("{}", nsa_train::measure::profile::table(&phases, dtype));
     write_json(&args.out.out, "profile.json", &phases)
 }
 

@@ -233,7 +233,7 @@ pub fn not_compiled(kind: BackendKind) -> String {
 /// features of their own.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::parallel::MemoryOf;
+    pub use crate::metrics::MemoryOf;
     pub use burn;
     pub use burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing as Balanced;
     pub use burn::backend::Autodiff;

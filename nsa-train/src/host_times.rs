@@ -31,3 +31,14 @@ impl HostClock {
         self.0 = now;
     }
 }
+
+impl HostTimes {
+    /// The time added since `before`: forward and loss, backward, optimiser.
+    pub fn since(&self, before: &HostTimes) -> [f64; 3] {
+        [
+            self.forward_ms - before.forward_ms,
+            self.backward_ms - before.backward_ms,
+            self.optimiser_ms - before.optimiser_ms,
+        ]
+    }
+}

@@ -1,7 +1,6 @@
 //! Training and sampling for NSA language models.
 
 pub mod backends;
-pub mod bench_train;
 pub mod checkpoint;
 pub mod config;
 pub mod dashboard;
@@ -11,14 +10,14 @@ pub mod generate;
 pub mod grads;
 pub mod host_times;
 pub mod kernel_cache;
+pub mod measure;
 pub mod metrics;
 pub mod optim;
 pub mod parallel;
-pub mod profile;
-pub mod replica;
 pub mod run_args;
 pub mod schedule;
 pub mod signals;
+pub mod step;
 pub mod trainer;
 
 use burn::tensor::backend::AutodiffBackend;

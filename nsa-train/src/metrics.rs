@@ -47,6 +47,10 @@ pub struct DeviceMemory {
 /// called from the training thread).
 pub type MemoryProbe = Box<dyn Fn() -> Option<DeviceMemory>>;
 
+/// Makes the memory probe of a device (a probe reads the calling thread's stream, so each
+/// data-parallel replica makes its own on its own thread).
+pub type MemoryOf<B> = fn(&burn::tensor::Device<B>) -> Option<MemoryProbe>;
+
 /// Mean number of forced blocks per query over positions `0..seq_len`.
 fn mean_forced_blocks(model: &NsaLmConfig) -> f64 {
     let l_sel = model.attention.l_sel;

@@ -1,5 +1,6 @@
 //! Training data: documents from files, tokenised, packed into windows, split by document hash.
 
+pub mod batch;
 pub mod corpus;
 pub mod sources;
 pub mod synthetic;

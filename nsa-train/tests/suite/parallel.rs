@@ -11,8 +11,8 @@ use nsa_train::checkpoint;
 use nsa_train::config::RunConfig;
 use nsa_train::dashboard::Collect;
 use nsa_train::data::load_splits;
-use nsa_train::parallel::MemoryOf;
-use nsa_train::replica::{Fault, FaultKind};
+use nsa_train::metrics::MemoryOf;
+use nsa_train::parallel::{Fault, FaultKind};
 use nsa_train::trainer::{Stop, Trainer};
 
 type B = Autodiff<NdArray>;

@@ -13,7 +13,7 @@ use nsa_train::config::RunConfig;
 use nsa_train::dashboard::{Collect, Reporter};
 use nsa_train::data::load_splits;
 use nsa_train::metrics::StepMetrics;
-use nsa_train::replica::Fault;
+use nsa_train::parallel::Fault;
 use nsa_train::trainer::{lm_loss, Finish, Stop, Trainer};
 
 type B = Autodiff<NdArray>;

@@ -3,19 +3,21 @@
 //! queued) and reports the wall time between consecutive step completions: the steady tokens/s
 //! over every step after the warm-up (stalls included), the median and the worst step, and the
 //! allocator's peak reservation. A breakdown of one step (data, forward + backward, optimiser,
-//! and inside them attention, MLP, head, matmuls) follows from [`crate::profile`].
+//! and inside them attention, MLP, head, matmuls) follows from [`super::profile`].
 
 use std::path::Path;
 use std::time::Instant;
 
 use serde::Serialize;
 
+use super::profile::{self, Phase};
 use crate::config::RunConfig;
 use crate::data::corpus::PackedSplit;
-use crate::failures::gib;
-use crate::parallel::MemoryOf;
-use crate::profile::{self, Phase};
-use crate::trainer::{PendingStep, Stop, Trainer};
+use crate::failures::{gib, Stop};
+use crate::metrics::MemoryOf;
+use crate::step::{DoneStep, StepPipeline};
+use crate::trainer::Trainer;
+use crate::TrainBackend;
 
 pub struct TrainBenchOptions {
     /// Untimed steps first (kernel compilation, autotuning, the allocator's first pages).
@@ -58,7 +60,7 @@ pub struct TrainBench {
 }
 
 /// Runs the benchmark in `scratch` (an empty directory for the trainer's run files).
-pub fn bench_train<B: crate::TrainBackend>(
+pub fn bench_train<B: TrainBackend>(
     cfg: &RunConfig,
     train: PackedSplit,
     valid: PackedSplit,
@@ -87,7 +89,7 @@ pub fn bench_train<B: crate::TrainBackend>(
     // One run of steps, so the timed ones are steady: the first interval holds two steps'
     // queueing and the last none, and both are left out with the warm-up.
     let timed = (opts.warmup + 1)..(opts.warmup + 1 + opts.steps);
-    let times = trainer.timed_steps(opts.warmup + opts.steps + 2, opts.with_stats, |i, ms| {
+    let done = timed_steps(&mut trainer, opts.warmup + opts.steps + 2, opts.with_stats, |i, ms| {
         if timed.contains(&i) {
             sample_memory();
         }
@@ -95,17 +97,15 @@ pub fn bench_train<B: crate::TrainBackend>(
             eprintln!("  step {}: {ms:.0} ms", i + 1);
         }
     });
-    let times = times.map_err(|e| e.to_string())?;
-    let step_ms = times.wall_ms[timed.clone()].to_vec();
-    let parts = times.queue_parts_ms[timed.clone()].to_vec();
-    let mut queue = times.queue_ms[timed].to_vec();
-    queue.sort_by(f64::total_cmp);
+    let done = done.map_err(|e| e.to_string())?;
+    let done = &done[timed];
+    let step_ms: Vec<f64> = done.iter().map(|(_, ms)| *ms).collect();
+    let parts: Vec<[f64; 3]> = done.iter().map(|(d, _)| d.queue_parts_ms).collect();
+    let queue: Vec<f64> = done.iter().map(|(d, _)| d.queue_ms).collect();
     let wall = step_ms.iter().sum::<f64>() / 1e3;
     drop(trainer);
 
     let tokens = (t.batch_size * devices.len() * t.grad_accumulation * cfg.model.seq_len * step_ms.len()) as f64;
-    let mut sorted = step_ms.clone();
-    sorted.sort_by(f64::total_cmp);
     let breakdown = match opts.breakdown_iters {
         0 => Vec::new(),
         iters => {
@@ -123,10 +123,10 @@ pub fn bench_train<B: crate::TrainBackend>(
         warmup_steps: opts.warmup,
         timed_steps: step_ms.len(),
         tokens_per_s: tokens / wall,
-        median_step_ms: sorted.get(sorted.len() / 2).copied().unwrap_or(0.0),
-        worst_step_ms: sorted.last().copied().unwrap_or(0.0),
+        median_step_ms: median(step_ms.clone()),
+        worst_step_ms: step_ms.iter().copied().fold(0.0, f64::max),
         step_ms,
-        median_queue_ms: queue.get(queue.len() / 2).copied().unwrap_or(0.0),
+        median_queue_ms: median(queue),
         median_queue_parts_ms: [0, 1, 2].map(|i| median(parts.iter().map(|p| p[i]).collect())),
         peak_reserved_gib: peak.map(gib),
         breakdown,
@@ -169,52 +169,32 @@ pub fn report(r: &TrainBench) -> String {
     s
 }
 
-/// [`Trainer::timed_steps`]' measurements, in ms per step.
-#[derive(Debug, Clone)]
-pub struct StepTimes {
-    /// Between consecutive step completions (the first from the call).
-    pub wall_ms: Vec<f64>,
-    /// The host's time to queue the step (building the autodiff graph and recording the ops).
-    pub queue_ms: Vec<f64>,
-    /// Its parts: forward and loss, backward, optimiser.
-    pub queue_parts_ms: Vec<[f64; 3]>,
-}
-
-impl<B: crate::TrainBackend> Trainer<B> {
-    /// Runs `n` optimiser steps queued as [`Self::train_until`] queues them (step `k`'s loss is
-    /// read once step `k + 1` is queued, so the device is never idle for the host), with the
-    /// logged steps' statistics when `with_stats`. `each(i, wall_ms)` is told of step `i` as it
-    /// completes.
-    pub fn timed_steps(
-        &mut self,
-        n: usize,
-        with_stats: bool,
-        mut each: impl FnMut(usize, f64),
-    ) -> Result<StepTimes, Stop> {
-        let mut times = StepTimes { wall_ms: Vec::new(), queue_ms: Vec::new(), queue_parts_ms: Vec::new() };
-        let mut last = Instant::now();
-        let mut previous: Option<PendingStep<B>> = None;
-        for i in 0..=n {
-            let queued = Instant::now();
-            let before = self.replica.host.clone();
-            let pending = if i < n { Some(self.try_queue_step(with_stats)?) } else { None };
-            if i < n {
-                times.queue_ms.push(queued.elapsed().as_secs_f64() * 1e3);
-                let h = &self.replica.host;
-                times.queue_parts_ms.push([
-                    h.forward_ms - before.forward_ms,
-                    h.backward_ms - before.backward_ms,
-                    h.optimiser_ms - before.optimiser_ms,
-                ]);
-            }
-            if let Some(prev) = std::mem::replace(&mut previous, pending) {
-                self.check(&prev)?;
-                let ms = last.elapsed().as_secs_f64() * 1e3;
-                last = Instant::now();
-                times.wall_ms.push(ms);
-                each(times.wall_ms.len() - 1, ms);
-            }
+/// Runs `n` optimiser steps through the step pipeline, as `nsa train` runs them, with the
+/// statistics every step when `with_stats`; returns each step and the wall time (ms) between its
+/// completion and the one before (the first from the call). `each(i, ms)` is told of step `i` as
+/// it completes.
+fn timed_steps<B: TrainBackend>(
+    trainer: &mut Trainer<B>,
+    n: usize,
+    with_stats: bool,
+    mut each: impl FnMut(usize, f64),
+) -> Result<Vec<(DoneStep, f64)>, Stop> {
+    let mut done = Vec::with_capacity(n);
+    let mut last = Instant::now();
+    let mut record = |step: DoneStep| {
+        let ms = last.elapsed().as_secs_f64() * 1e3;
+        last = Instant::now();
+        each(done.len(), ms);
+        done.push((step, ms));
+    };
+    let mut pipeline = StepPipeline::default();
+    for _ in 0..n {
+        if let Some(step) = pipeline.advance(trainer, with_stats)? {
+            record(step);
         }
-        Ok(times)
     }
+    if let Some(step) = pipeline.drain(trainer)? {
+        record(step);
+    }
+    Ok(done)
 }

@@ -1,94 +1,44 @@
-//! One copy of the model and its optimiser on one device, and the training step that changes
-//! it: forward and backward over the step's micro-batches, gradient accumulation, the
-//! data-parallel all-reduce when there are several replicas, global-norm clipping, decoupled
-//! weight decay and AdamW. A single-device run has one replica; a data-parallel run one per device,
-//! each fed its own share of the batch ([`crate::parallel`]).
+//! One copy of the model and its optimiser on one device, and the two halves of the training
+//! step that changes it: [`Replica::forward_backward`] (the step's micro-batches, gradient
+//! accumulation) and [`Replica::apply`] (global-norm clipping, decoupled weight decay, AdamW).
+//! A data-parallel run averages the gradients over its replicas between the two
+//! ([`super::queue_step`]).
 
 use std::collections::HashSet;
 
 use burn::module::{Module, ParamId};
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::{DType, FloatDType, Int, Tensor, TensorData};
+use burn::tensor::{DType, FloatDType, Tensor};
 use nsa_core::{cast_params, lm_loss, NsaAux, NsaLm};
 
+use super::fault::{Fault, FaultKind};
 use crate::config::TrainConfig;
-use crate::failures::Stop;
-use crate::grads::to_param_dtype;
+use crate::data::batch::HostBatch;
+use crate::grads::{to_param_dtype, weight_decay_ids};
 use crate::host_times::{HostClock, HostTimes};
-use crate::optim::{compute_copy, FusedAdamW, StepSettings};
+use crate::optim::{compute_copy, AdamRecord, FusedAdamW, StepSettings};
 use crate::TrainBackend;
 
-/// One micro-batch as the host assembled it: inputs and next-token targets, `[B, T]` row-major.
-#[derive(Debug, Clone)]
-pub struct HostBatch {
-    pub inputs: Vec<i64>,
-    pub targets: Vec<i64>,
-    pub shape: [usize; 2],
-}
-
-impl HostBatch {
-    /// Uploads the batch (one write each for inputs and targets).
-    pub fn to_device<B: Backend>(self, device: &B::Device) -> (Tensor<B, 2, Int>, Tensor<B, 2, Int>) {
-        (
-            Tensor::from_data(TensorData::new(self.inputs, self.shape), device),
-            Tensor::from_data(TensorData::new(self.targets, self.shape), device),
-        )
-    }
-
-    /// Rows `from..to` of the batch: one data-parallel replica's share.
-    pub fn rows(&self, from: usize, to: usize) -> Self {
-        let t = self.shape[1];
-        Self {
-            inputs: self.inputs[from * t..to * t].to_vec(),
-            targets: self.targets[from * t..to * t].to_vec(),
-            shape: [to - from, t],
-        }
-    }
+/// A step's gradients and loss on one replica, before the replicas average them.
+pub struct Gradients<B: AutodiffBackend> {
+    pub grads: GradientsParams,
+    /// The loss, summed over the micro-batches (each already divided by their count).
+    pub loss: Tensor<B::InnerBackend, 1>,
+    /// The gate and selection statistics of the first micro-batch, when asked.
+    pub stats: Option<Tensor<B::InnerBackend, 1>>,
 }
 
 /// What one step queued on the device: `[loss, grad_norm]` and, when asked, the gate and
 /// selection statistics of the first micro-batch.
-pub(crate) struct StepOutput<B: AutodiffBackend> {
+pub struct StepOutput<B: AutodiffBackend> {
     pub health: Tensor<B::InnerBackend, 1>,
     pub stats: Option<Tensor<B::InnerBackend, 1>>,
 }
 
-/// Averages the step's gradients and loss over the data-parallel replicas.
-pub(crate) type Reduce<'a, B> =
-    &'a mut dyn FnMut(
-        &NsaLm<B>,
-        GradientsParams,
-        Tensor<<B as AutodiffBackend>::InnerBackend, 1>,
-    ) -> Result<(GradientsParams, Tensor<<B as AutodiffBackend>::InnerBackend, 1>), Stop>;
-
-/// A failure injected into a step (a test hook): what a bad batch or a dying device does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Fault {
-    pub step: usize,
-    /// The replica it hits (0 without data parallelism).
-    pub rank: usize,
-    pub kind: FaultKind,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FaultKind {
-    /// The step's loss, and so its gradients, become NaN.
-    NonFinite,
-    /// The replica's thread panics before the all-reduce.
-    Panic,
-}
-
-impl Fault {
-    /// A NaN loss at `step` on the first replica.
-    pub fn nan_at(step: usize) -> Self {
-        Self { step, rank: 0, kind: FaultKind::NonFinite }
-    }
-}
-
 /// How one step runs, beside its data.
 #[derive(Debug, Clone)]
-pub(crate) struct StepPlan {
+pub struct StepPlan {
     pub lr: f64,
     pub with_stats: bool,
     /// Test hook: a failure to inject in this step.
@@ -103,9 +53,9 @@ pub struct Replica<B: TrainBackend> {
     pub model: NsaLm<B>,
     /// The forward's copy of the weights in the compute dtype (leaves of their own, with the
     /// master's parameter ids), written by the optimiser step; `None` until first needed.
-    pub(crate) compute: Option<NsaLm<B>>,
-    pub(crate) optim: FusedAdamW<B>,
-    pub(crate) decay_ids: HashSet<ParamId>,
+    compute: Option<NsaLm<B>>,
+    optim: FusedAdamW<B>,
+    decay_ids: HashSet<ParamId>,
     /// The dtype forward passes run in (`train.precision`); `None` runs in the parameters' dtype.
     pub compute_dtype: Option<FloatDType>,
     /// The host's time spent queueing each part of the steps so far.
@@ -113,9 +63,16 @@ pub struct Replica<B: TrainBackend> {
 }
 
 impl<B: TrainBackend> Replica<B> {
+    /// Rank 0's replica: `model`'s weights as the master weights, trained by `optim`, with
+    /// forward passes in `compute_dtype` (`None`: the weights' own).
+    pub fn new(model: NsaLm<B>, device: B::Device, optim: FusedAdamW<B>, compute_dtype: Option<FloatDType>) -> Self {
+        let decay_ids = weight_decay_ids::<B, _>(&model);
+        Self { rank: 0, device, model, compute: None, optim, decay_ids, compute_dtype, host: HostTimes::default() }
+    }
+
     /// The same weights and optimiser state on `device` (the state moves there on first use),
     /// as replica `rank`.
-    pub(crate) fn fork(&self, device: &B::Device, rank: usize) -> Self {
+    pub fn fork(&self, device: &B::Device, rank: usize) -> Self {
         Self {
             rank,
             device: device.clone(),
@@ -130,7 +87,7 @@ impl<B: TrainBackend> Replica<B> {
 
     /// The model a forward pass runs: the master weights, or a copy in the compute dtype whose
     /// gradients flow back to them in their own dtype.
-    pub(crate) fn compute_model<M: Module<C>, C: Backend>(&self, model: M) -> M {
+    pub fn compute_model<M: Module<C>, C: Backend>(&self, model: M) -> M {
         match self.compute_dtype {
             Some(dtype) => cast_params(model, dtype),
             None => model,
@@ -139,28 +96,36 @@ impl<B: TrainBackend> Replica<B> {
 
     /// The model a training forward runs: the compute copy under mixed precision (made from the
     /// master weights when there is none yet), else the master weights.
-    fn training_model(&mut self) -> NsaLm<B> {
+    pub fn training_model(&mut self) -> NsaLm<B> {
         let Some(dtype) = self.compute_dtype else {
             return self.model.clone();
         };
         self.compute.get_or_insert_with(|| compute_copy(self.model.clone(), dtype)).clone()
     }
 
-    /// Replaces the master weights (a checkpoint's); the compute copy follows on next use.
-    pub(crate) fn set_model(&mut self, model: NsaLm<B>) {
+    /// Replaces the master weights and the optimiser's state (a checkpoint's); the compute copy
+    /// follows on next use.
+    pub fn restore(&mut self, model: NsaLm<B>, optimiser: AdamRecord<B>) {
+        self.optim = self.optim.clone().load_record(optimiser);
+        self.decay_ids = weight_decay_ids::<B, _>(&model);
         self.model = model;
         self.compute = None;
     }
 
-    /// Queues one optimiser step over `micro_batches` (the accumulation), with `reduce` averaging
-    /// the gradients over the replicas before they are clipped and applied.
-    pub(crate) fn queue_step(
-        &mut self,
-        t: &TrainConfig,
-        micro_batches: Vec<HostBatch>,
-        plan: &StepPlan,
-        reduce: Option<Reduce<'_, B>>,
-    ) -> Result<StepOutput<B>, Stop> {
+    /// The optimiser's state, as a checkpoint keeps it.
+    pub fn optimiser_record(&self) -> AdamRecord<B> {
+        self.optim.to_record()
+    }
+
+    /// Queues one optimiser step over `micro_batches` on this replica alone.
+    pub fn queue_step(&mut self, t: &TrainConfig, micro_batches: Vec<HostBatch>, plan: &StepPlan) -> StepOutput<B> {
+        let gradients = self.forward_backward(micro_batches, plan);
+        self.apply(t, plan.lr, gradients)
+    }
+
+    /// Queues the forward and backward passes over `micro_batches` (the accumulation) and
+    /// returns their summed gradients and loss.
+    pub fn forward_backward(&mut self, micro_batches: Vec<HostBatch>, plan: &StepPlan) -> Gradients<B> {
         let micros = micro_batches.len();
         // Compute-dtype gradients are summed (over micro-batches, or replicas) in the master
         // dtype; a lone one goes to the fused step as it is, which reads it as f32.
@@ -205,27 +170,30 @@ impl<B: TrainBackend> Replica<B> {
             accumulator.accumulate(&self.model, grads);
             clock.lap(&mut self.host.backward_ms);
         }
-        let mut grads = accumulator.grads();
-        let mut loss_sum = loss_sum.expect("at least one micro-batch");
-        if let Some(reduce) = reduce {
-            (grads, loss_sum) = reduce(&self.model, grads, loss_sum)?;
-        }
-        let settings = StepSettings { lr: plan.lr, weight_decay: t.weight_decay, max_norm: t.grad_clip };
+        Gradients { grads: accumulator.grads(), loss: loss_sum.expect("at least one micro-batch"), stats }
+    }
+
+    /// Queues the optimiser step (global-norm clip, decoupled decay, AdamW) with `gradients`
+    /// (this replica's, or every replica's mean) at learning rate `lr`.
+    pub fn apply(&mut self, t: &TrainConfig, lr: f64, gradients: Gradients<B>) -> StepOutput<B> {
+        let mut clock = HostClock::start();
+        let settings = StepSettings { lr, weight_decay: t.weight_decay, max_norm: t.grad_clip };
         let compute = self.compute_dtype.map(|d| (self.training_model(), d));
-        let stepped = self.optim.step(self.model.clone(), compute, grads, settings, &self.decay_ids, &self.device);
+        let stepped =
+            self.optim.step(self.model.clone(), compute, gradients.grads, settings, &self.decay_ids, &self.device);
         (self.model, self.compute) = (stepped.model, stepped.compute);
         let norm = stepped.norm;
         clock.lap(&mut self.host.optimiser_ms);
         // The loss comes out in the compute dtype, the norm in the master dtype.
-        let health = Tensor::cat(vec![loss_sum.cast(norm.dtype()), norm], 0);
-        Ok(StepOutput { health, stats })
+        let health = Tensor::cat(vec![gradients.loss.cast(norm.dtype()), norm], 0);
+        StepOutput { health, stats: gradients.stats }
     }
 }
 
 /// Gate and selection statistics of one forward pass, averaged over layers, on the device:
 /// `[gate_cmp, gate_slc, gate_win, gate_entropy, selected_blocks_per_query]`.
 fn aux_stats<B: Backend>(aux: &[NsaAux<B>]) -> Option<Tensor<B, 1>> {
-    // Plain (non-autodiff) tensors: see `Replica::queue_step`.
+    // Plain (non-autodiff) tensors: see `Replica::forward_backward`.
     let per_layer: Vec<Tensor<B, 1>> = aux
         .iter()
         .map(|a| {

@@ -1,0 +1,51 @@
+//! `nsa`: train NSA language models, benchmark the training run, and sample from them. The
+//! kernel and GEMM benchmarks and the profiler are `nsa-bench`'s.
+
+mod bench;
+mod generate;
+mod train;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "nsa", about = "Native Sparse Attention language models")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Train a model. Flags override the config file.
+    Train(train::TrainArgs),
+    /// The training run as a benchmark: steady tokens/s over the timed steps (stalls included),
+    /// the median and worst step, peak device memory, and a breakdown of one step.
+    BenchTrain(bench::BenchTrainArgs),
+    /// Sample text from a checkpoint.
+    Generate(generate::GenerateArgs),
+}
+
+fn main() -> ExitCode {
+    nsa_train::failures::install();
+    let cli = Cli::parse();
+    // A device failure that panics outside the trainer's own catch still ends in one line.
+    let hint = "lower --batch-size or the sequence length";
+    let result = nsa_train::failures::catch_command(|| run_command(cli), hint, "the run");
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run_command(cli: Cli) -> Result<ExitCode, String> {
+    match cli.command {
+        Command::Train(args) => train::train(args),
+        Command::BenchTrain(args) => bench::bench_train(args).map(|()| ExitCode::SUCCESS),
+        Command::Generate(args) => generate::generate(args).map(|()| ExitCode::SUCCESS),
+    }
+}
