@@ -24,7 +24,8 @@
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, Distribution, Int, Tensor, TensorData};
 use nsa_core::SparseAttentionBackend;
-use nsa_kernels::{reference, sparse_attention, Keys};
+use nsa_kernels::sparse::reference;
+use nsa_kernels::{sparse_attention, Keys};
 
 use crate::plans::{rel_err, PlanCase, PlanCheck, PlanParity};
 use crate::timing::{median_ms, pipelined_ms};
@@ -285,65 +286,7 @@ pub fn bench_kernels<B: TrainBackend>(device: &B::Device, opts: &BenchOptions, p
     println!("fused: {fused}");
     let mut report = KernelReport { fused, parity: Vec::new(), plans: Vec::new(), timings: Vec::new() };
     for shape in opts.shapes.iter().copied().filter(|_| opts.check_len > 0) {
-        // Parity on a ragged length, all three key sets.
-        let t = opts.check_len;
-        let x = inputs::<B::InnerBackend>(shape, t, opts.dtype, device);
-        let (blocks, _) = random_blocks(&mut rng, t, shape.h_kv);
-        let dims = [1, t, shape.h_kv, N];
-        let (ref_dtype, wanted) = parity_reference::<B>(&x, &blocks, dims, device);
-        let tol = tolerance(opts.dtype, ref_dtype);
-        let data = [&x.q, &x.k, &x.v, &x.grad_out].map(|t| t.to_data().convert::<f32>());
-        let block_data = TensorData::new(blocks.clone(), dims);
-        for (branch, blocks, want) in [("window", None, &wanted[0]), ("selected", Some(&block_data), &wanted[1])] {
-            let case = PlanCase {
-                shape: shape.name,
-                branch,
-                inputs: &data,
-                blocks,
-                window: W,
-                block_size: L_SEL,
-                dtype: opts.dtype,
-                want,
-                tolerance: tol,
-            };
-            report.plans.extend(plans(&case));
-        }
-        let blocks = Tensor::<B, 4, Int>::from_data(TensorData::new(blocks, dims), device);
-        let branches = [
-            ("window", Keys::Window { w: W }, x.clone()),
-            ("selected", Keys::selected(blocks, L_SEL), x.clone()),
-            ("compressed", compressed_keys(), x.compressed()),
-        ];
-        for ((name, keys, x), want) in branches.into_iter().zip(wanted) {
-            let fused =
-                forward_backward::<B>(&x, Seed::GradOut, |q, k, v| sparse_attention(q, k, v, &keys).0).map(host);
-            let errs: Vec<f64> = fused.iter().zip(&want).map(|(a, b)| rel_err(a, b)).collect();
-            let pass = errs.iter().all(|e| *e <= tol);
-            println!(
-                "parity {} {name} T={t} (reference {ref_dtype:?}): out {:.1e} dq {:.1e} dk {:.1e} dv {:.1e} \
-                 (tolerance {tol:.0e}) {}",
-                shape.name,
-                errs[0],
-                errs[1],
-                errs[2],
-                errs[3],
-                if pass { "ok" } else { "FAIL" }
-            );
-            let [out, dq, dk, dv] = [errs[0], errs[1], errs[2], errs[3]];
-            let reference = format!("{ref_dtype:?}");
-            report.parity.push(Parity {
-                shape: shape.name,
-                branch: name,
-                t,
-                reference,
-                out,
-                dq,
-                dk,
-                dv,
-                tolerance: tol,
-                pass,
-            });
-        }
+        check_parity::<B>(shape, opts, plans, &mut rng, device, &mut report);
     }
     println!(
         "| shape | T | branch | fwd ms | fwd+bwd ms | fwd TFLOP/s | fwd+bwd TFLOP/s \
@@ -353,64 +296,132 @@ pub fn bench_kernels<B: TrainBackend>(device: &B::Device, opts: &BenchOptions, p
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     for shape in opts.shapes.iter().copied() {
         for &t in &opts.lengths {
-            let x = inputs::<B::InnerBackend>(shape, t, opts.dtype, device);
-            let (blocks, selected_keys) = random_blocks(&mut rng, t, shape.h_kv);
-            let blocks =
-                Tensor::<B::InnerBackend, 4, Int>::from_data(TensorData::new(blocks, [1, t, shape.h_kv, N]), device);
-            let window_keys: usize = (0..t).map(|i| (i + 1).min(W)).sum::<usize>() * shape.h_kv;
-            let compressed_attended: usize = (0..t).map(compressed_visible).sum::<usize>() * shape.h_kv;
-            let selected_inner = Keys::selected(blocks.clone(), L_SEL);
-            let selected_outer = Keys::selected(Tensor::from_inner(blocks), L_SEL);
-            let cases = [
-                ("window", window_keys, x.clone(), Keys::Window { w: W }, Keys::Window { w: W }),
-                ("selected", selected_keys, x.clone(), selected_inner, selected_outer),
-                ("compressed", compressed_attended, x.compressed(), compressed_keys(), compressed_keys()),
-            ];
-            for (name, attended, x, inner_keys, keys) in cases {
-                let fwd = median_ms::<B::InnerBackend>(device, opts.iters, || {
-                    let _ = sparse_attention(x.q.clone(), x.k.clone(), x.v.clone(), &inner_keys);
-                });
-                let fb = median_ms::<B::InnerBackend>(device, opts.iters, || {
-                    let _ = forward_backward::<B>(&x, Seed::Ones, |q, k, v| sparse_attention(q, k, v, &keys).0);
-                });
-                let fwd_queued = pipelined_ms::<B::InnerBackend, _>(device, opts.iters, || {
-                    sparse_attention(x.q.clone(), x.k.clone(), x.v.clone(), &inner_keys)
-                });
-                let fb_queued = pipelined_ms::<B::InnerBackend, _>(device, opts.iters, || {
-                    forward_backward::<B>(&x, Seed::Ones, |q, k, v| sparse_attention(q, k, v, &keys).0)
-                });
-                // Keys are counted per KV head row; each of the g query heads attends them.
-                let flops = 2.0 * (attended * (shape.h_q / shape.h_kv)) as f64 * (shape.d_k + shape.d_v) as f64;
-                let row = Timing {
-                    shape: shape.name,
-                    t,
-                    branch: name,
-                    fwd_ms: fwd,
-                    fwd_bwd_ms: fb,
-                    fwd_tflops: flops / fwd / 1e9,
-                    fwd_bwd_tflops: 3.5 * flops / fb / 1e9,
-                    pipelined_fwd_ms: fwd_queued.per_run,
-                    pipelined_fwd_bwd_ms: fb_queued.per_run,
-                    pipelined_fwd_bwd_tflops: 3.5 * flops / fb_queued.per_run / 1e9,
-                    queue_mean_fwd_bwd_ms: fb_queued.mean,
-                    host_ms_to_queue_fwd_bwd: fb_queued.host,
-                };
-                println!(
-                    "| {} | {t} | {name} | {:.2} | {:.2} | {:.1} | {:.1} | {:.2} | {:.2} | {:.1} | {:.2} | {:.2} |",
-                    row.shape,
-                    row.fwd_ms,
-                    row.fwd_bwd_ms,
-                    row.fwd_tflops,
-                    row.fwd_bwd_tflops,
-                    row.pipelined_fwd_ms,
-                    row.pipelined_fwd_bwd_ms,
-                    row.pipelined_fwd_bwd_tflops,
-                    row.queue_mean_fwd_bwd_ms,
-                    row.host_ms_to_queue_fwd_bwd,
-                );
+            for row in time_shape::<B>(shape, t, opts, &mut rng, device) {
+                println!("{}", row.markdown());
                 report.timings.push(row);
             }
         }
     }
     report
+}
+
+/// Parity of `shape` on a ragged length (`opts.check_len`), all three key sets through the op,
+/// and the window and selection through every plan the device can run (`plans`).
+fn check_parity<B: TrainBackend>(
+    shape: Shape,
+    opts: &BenchOptions,
+    plans: PlanCheck,
+    rng: &mut StdRng,
+    device: &B::Device,
+    report: &mut KernelReport,
+) {
+    let t = opts.check_len;
+    let x = inputs::<B::InnerBackend>(shape, t, opts.dtype, device);
+    let (blocks, _) = random_blocks(rng, t, shape.h_kv);
+    let dims = [1, t, shape.h_kv, N];
+    let (ref_dtype, wanted) = parity_reference::<B>(&x, &blocks, dims, device);
+    let tolerance = tolerance(opts.dtype, ref_dtype);
+    let data = [&x.q, &x.k, &x.v, &x.grad_out].map(|t| t.to_data().convert::<f32>());
+    let block_data = TensorData::new(blocks.clone(), dims);
+    for (branch, blocks, want) in [("window", None, &wanted[0]), ("selected", Some(&block_data), &wanted[1])] {
+        let (inputs, window, block_size, dtype) = (&data, W, L_SEL, opts.dtype);
+        let case = PlanCase { shape: shape.name, branch, inputs, blocks, window, block_size, dtype, want, tolerance };
+        report.plans.extend(plans(&case));
+    }
+    let blocks = Tensor::<B, 4, Int>::from_data(TensorData::new(blocks, dims), device);
+    let branches = [
+        ("window", Keys::Window { w: W }, x.clone()),
+        ("selected", Keys::selected(blocks, L_SEL), x.clone()),
+        ("compressed", compressed_keys(), x.compressed()),
+    ];
+    for ((branch, keys, x), want) in branches.into_iter().zip(wanted) {
+        let fused = forward_backward::<B>(&x, Seed::GradOut, |q, k, v| sparse_attention(q, k, v, &keys).0).map(host);
+        let errs: Vec<f64> = fused.iter().zip(&want).map(|(a, b)| rel_err(a, b)).collect();
+        let [out, dq, dk, dv] = [errs[0], errs[1], errs[2], errs[3]];
+        let pass = errs.iter().all(|e| *e <= tolerance);
+        println!(
+            "parity {} {branch} T={t} (reference {ref_dtype:?}): out {out:.1e} dq {dq:.1e} dk {dk:.1e} dv {dv:.1e} \
+             (tolerance {tolerance:.0e}) {}",
+            shape.name,
+            if pass { "ok" } else { "FAIL" }
+        );
+        let reference = format!("{ref_dtype:?}");
+        report.parity.push(Parity { shape: shape.name, branch, t, reference, out, dq, dk, dv, tolerance, pass });
+    }
+}
+
+/// The timings of `shape` at length `t`: each key set forward and forward + backward, synced
+/// and pipelined.
+fn time_shape<B: TrainBackend>(
+    shape: Shape,
+    t: usize,
+    opts: &BenchOptions,
+    rng: &mut StdRng,
+    device: &B::Device,
+) -> Vec<Timing> {
+    let x = inputs::<B::InnerBackend>(shape, t, opts.dtype, device);
+    let (blocks, selected_keys) = random_blocks(rng, t, shape.h_kv);
+    let blocks = Tensor::<B::InnerBackend, 4, Int>::from_data(TensorData::new(blocks, [1, t, shape.h_kv, N]), device);
+    let window_keys: usize = (0..t).map(|i| (i + 1).min(W)).sum::<usize>() * shape.h_kv;
+    let compressed_attended: usize = (0..t).map(compressed_visible).sum::<usize>() * shape.h_kv;
+    let selected_inner = Keys::selected(blocks.clone(), L_SEL);
+    let selected_outer = Keys::selected(Tensor::from_inner(blocks), L_SEL);
+    let cases = [
+        ("window", window_keys, x.clone(), Keys::Window { w: W }, Keys::Window { w: W }),
+        ("selected", selected_keys, x.clone(), selected_inner, selected_outer),
+        ("compressed", compressed_attended, x.compressed(), compressed_keys(), compressed_keys()),
+    ];
+    let mut rows = Vec::new();
+    for (branch, attended, x, inner_keys, keys) in cases {
+        let fwd = median_ms::<B::InnerBackend>(device, opts.iters, || {
+            let _ = sparse_attention(x.q.clone(), x.k.clone(), x.v.clone(), &inner_keys);
+        });
+        let fb = median_ms::<B::InnerBackend>(device, opts.iters, || {
+            let _ = forward_backward::<B>(&x, Seed::Ones, |q, k, v| sparse_attention(q, k, v, &keys).0);
+        });
+        let fwd_queued = pipelined_ms::<B::InnerBackend, _>(device, opts.iters, || {
+            sparse_attention(x.q.clone(), x.k.clone(), x.v.clone(), &inner_keys)
+        });
+        let fb_queued = pipelined_ms::<B::InnerBackend, _>(device, opts.iters, || {
+            forward_backward::<B>(&x, Seed::Ones, |q, k, v| sparse_attention(q, k, v, &keys).0)
+        });
+        // Keys are counted per KV head row; each of the g query heads attends them.
+        let flops = 2.0 * (attended * (shape.h_q / shape.h_kv)) as f64 * (shape.d_k + shape.d_v) as f64;
+        rows.push(Timing {
+            shape: shape.name,
+            t,
+            branch,
+            fwd_ms: fwd,
+            fwd_bwd_ms: fb,
+            fwd_tflops: flops / fwd / 1e9,
+            fwd_bwd_tflops: 3.5 * flops / fb / 1e9,
+            pipelined_fwd_ms: fwd_queued.per_run,
+            pipelined_fwd_bwd_ms: fb_queued.per_run,
+            pipelined_fwd_bwd_tflops: 3.5 * flops / fb_queued.per_run / 1e9,
+            queue_mean_fwd_bwd_ms: fb_queued.mean,
+            host_ms_to_queue_fwd_bwd: fb_queued.host,
+        });
+    }
+    rows
+}
+
+impl Timing {
+    /// The row of the markdown table.
+    fn markdown(&self) -> String {
+        format!(
+            "| {} | {} | {} | {:.2} | {:.2} | {:.1} | {:.1} | {:.2} | {:.2} | {:.1} | {:.2} | {:.2} |",
+            self.shape,
+            self.t,
+            self.branch,
+            self.fwd_ms,
+            self.fwd_bwd_ms,
+            self.fwd_tflops,
+            self.fwd_bwd_tflops,
+            self.pipelined_fwd_ms,
+            self.pipelined_fwd_bwd_ms,
+            self.pipelined_fwd_bwd_tflops,
+            self.queue_mean_fwd_bwd_ms,
+            self.host_ms_to_queue_fwd_bwd,
+        )
+    }
 }

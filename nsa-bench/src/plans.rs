@@ -1,5 +1,5 @@
 //! Parity of every plan the device can run for a window or a selection
-//! (`nsa_kernels::plan`'s candidates), each forced through `nsa_kernels::launch` on the inner
+//! (`nsa_kernels::sparse::plan`'s candidates), each forced through `nsa_kernels::sparse::launch` on the inner
 //! `CubeBackend`, against the reference the op's own parity check uses.
 
 use burn::tensor::{DType, TensorData};
@@ -42,19 +42,20 @@ pub type PlanCheck<'a> = &'a dyn Fn(&PlanCase) -> Vec<PlanParity>;
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
 pub fn check<R: burn_cubecl::CubeRuntime>(device: &R::Device, case: &PlanCase) -> Vec<PlanParity> {
     use burn::tensor::{Int, Tensor, TensorPrimitive};
-    use nsa_kernels::launch::{backward_with, capabilities, forward_with, problem};
-    use nsa_kernels::plan::{BackwardPlan, ForwardPlan};
-    use nsa_kernels::Keys;
+    use nsa_kernels::sparse::launch::{backward_with, capabilities, forward_with, problem};
+    use nsa_kernels::sparse::plan::{BackwardPlan, ForwardPlan};
+    use nsa_kernels::TokenKeys;
     type C<R> = burn_cubecl::CubeBackend<R, f32, i32, u8>;
     let load = |data: &TensorData| {
         Tensor::<C<R>, 4>::from_data(data.clone(), device).cast(case.dtype).into_primitive().tensor()
     };
     let [q, k, v, grad_out] = [0, 1, 2, 3].map(|i| load(&case.inputs[i]));
-    let keys = match case.blocks {
-        None => Keys::Window { w: case.window },
-        Some(blocks) => Keys::selected(Tensor::<C<R>, 4, Int>::from_data(blocks.clone(), device), case.block_size),
+    let blocks = case.blocks.map(|b| Tensor::<C<R>, 4, Int>::from_data(b.clone(), device).into_primitive());
+    let keys: TokenKeys<'_, C<R>> = match &blocks {
+        None => TokenKeys::Window { w: case.window },
+        Some(blocks) => TokenKeys::Selected { blocks, block_size: case.block_size, index: None },
     };
-    let problem = problem(&q, &k, &v, &keys);
+    let problem = problem(&q, &k, &v, keys);
     let caps = capabilities(&q.client);
     let host = |t| {
         let t = Tensor::<C<R>, 4>::from_primitive(TensorPrimitive::Float(t));
@@ -74,14 +75,14 @@ pub fn check<R: burn_cubecl::CubeRuntime>(device: &R::Device, case: &PlanCase) -
         rows.push(PlanParity { shape: case.shape, branch: case.branch, plan, errors, tolerance: case.tolerance, pass });
     };
     for plan in ForwardPlan::candidates(&problem, &caps) {
-        let (out, _) = forward_with(q.clone(), k.clone(), v.clone(), &keys, &plan);
+        let (out, _) = forward_with(q.clone(), k.clone(), v.clone(), keys, &plan);
         row(format!("forward {plan:?}"), vec![rel_err(&host(out), &case.want[0])]);
     }
     let chosen = ForwardPlan::choose(&problem, &caps);
-    let (out, lse) = forward_with(q.clone(), k.clone(), v.clone(), &keys, &chosen);
+    let (out, lse) = forward_with(q.clone(), k.clone(), v.clone(), keys, &chosen);
     for plan in BackwardPlan::candidates(&problem, &caps) {
         let grads =
-            backward_with(q.clone(), k.clone(), v.clone(), out.clone(), lse.clone(), grad_out.clone(), &keys, &plan);
+            backward_with(q.clone(), k.clone(), v.clone(), out.clone(), lse.clone(), grad_out.clone(), keys, &plan);
         let errors = [grads.q, grads.k, grads.v].into_iter().zip(&case.want[1..]).map(|(g, w)| rel_err(&host(g), w));
         row(format!("backward {plan:?}"), errors.collect());
     }

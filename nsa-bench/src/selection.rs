@@ -2,7 +2,7 @@
 //! scores and top-n in one pass) on the device, at the production shape and geometry.
 //!
 //! Per length: the kernel's f32 lists against the float64 reference on the CPU (scores by
-//! `nsa_kernels::reference::block_scores`, top-n by nsa-core's tensor-op rank; up to
+//! `nsa_kernels::sparse::reference::block_scores`, top-n by nsa-core's tensor-op rank; up to
 //! `--check-len`, as the reference materialises `T x n_sel^2` booleans), skipping only rows
 //! whose reference cut is a near-tie f32 cannot rank; the share of rows whose bf16 selection
 //! (bf16 q and keys, the bf16 branch's log-sum-exp; the tensor-core kernel on CUDA) differs
@@ -156,7 +156,8 @@ fn check_against_f64<B: Backend>(
     let to_cpu4 = |x: &Tensor<B, 4>| Tensor::<Cpu, 4>::from_data(x.to_data().convert::<f64>(), &cpu);
     let lse = Tensor::<Cpu, 3>::from_data(lse.to_data().convert::<f64>(), &cpu);
     let s = SELECTION;
-    let scores = nsa_kernels::reference::block_scores(to_cpu4(q), to_cpu4(k), lse, s.length, s.stride, s.block_size);
+    let scores =
+        nsa_kernels::sparse::reference::block_scores(to_cpu4(q), to_cpu4(k), lse, s.length, s.stride, s.block_size);
     let [_, h_kv, t_len, nb] = scores.dims();
     let values = scores.to_data().convert::<f64>().to_vec::<f64>().expect("float data");
     let want = host_ints(selected_list(select_top_n(scores, s.block_size, s.n), s.n));

@@ -27,7 +27,7 @@ pub fn materialize<B: Backend, M: Module<B>>(module: M) -> M {
     module.map(&mut Materialize)
 }
 
-pub use attention::{Branch, DenseAttention, NsaAttention, NsaAux};
+pub use attention::{Branch, DenseAttention, DenseAttentionConfig, NsaAttention, NsaAttentionConfig, NsaAux};
 pub use config::{AttentionKind, ConfigError, NsaConfig, Phi};
 pub use loss::lm_loss;
 pub use model::{MlpKind, NsaLm, NsaLmConfig};

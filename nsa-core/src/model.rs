@@ -17,7 +17,7 @@ use nsa_kernels::{
 use serde::{Deserialize, Serialize};
 
 use crate::attention::projection::{apply, linear};
-use crate::attention::{DenseAttention, NsaAttention, NsaAux};
+use crate::attention::{DenseAttention, DenseAttentionConfig, NsaAttention, NsaAttentionConfig, NsaAux};
 use crate::config::{AttentionKind, ConfigError, NsaConfig};
 
 /// The feed-forward block.
@@ -82,15 +82,25 @@ impl NsaLmConfig {
             .map(|_| Block {
                 attention_norm: norm(),
                 attention: match self.attention.attention {
-                    AttentionKind::Nsa => {
-                        Attention::Nsa(self.attention.init_nsa(self.seq_len, self.init_std, out_std, device))
-                    }
-                    AttentionKind::Dense => {
-                        Attention::Dense(self.attention.init_dense(self.seq_len, self.init_std, out_std, device))
-                    }
+                    AttentionKind::Nsa => Attention::Nsa(
+                        NsaAttentionConfig::new(self.attention.clone(), self.seq_len)
+                            .with_std(self.init_std)
+                            .with_out_std(out_std)
+                            .init(device),
+                    ),
+                    AttentionKind::Dense => Attention::Dense(
+                        DenseAttentionConfig::new(self.attention.clone(), self.seq_len)
+                            .with_std(self.init_std)
+                            .with_out_std(out_std)
+                            .init(device),
+                    ),
                 },
                 mlp_norm: norm(),
-                mlp: Mlp::new(self.mlp, dim, dim * self.mlp_ratio, self.init_std, out_std, device),
+                mlp: MlpConfig::new(dim, dim * self.mlp_ratio)
+                    .with_kind(self.mlp)
+                    .with_std(self.init_std)
+                    .with_out_std(out_std)
+                    .init(device),
             })
             .collect();
         crate::materialize(NsaLm {
@@ -131,15 +141,32 @@ pub struct Mlp<B: Backend> {
     pub down: Linear<B>,
 }
 
-impl<B: Backend> Mlp<B> {
-    fn new(kind: MlpKind, dim: usize, hidden: usize, std: f64, out_std: f64, device: &B::Device) -> Self {
-        Self {
+/// The feed-forward block `dim -> hidden -> dim`: up (and gate) projections from `N(0, std)`,
+/// the down projection from `N(0, out_std)`.
+#[derive(Config, Debug)]
+pub struct MlpConfig {
+    pub dim: usize,
+    pub hidden: usize,
+    #[config(default = "MlpKind::Silu")]
+    pub kind: MlpKind,
+    #[config(default = 0.02)]
+    pub std: f64,
+    #[config(default = 0.02)]
+    pub out_std: f64,
+}
+
+impl MlpConfig {
+    pub fn init<B: Backend>(&self, device: &B::Device) -> Mlp<B> {
+        let MlpConfig { dim, hidden, kind, std, out_std } = *self;
+        Mlp {
             up: linear(dim, hidden, std, device),
             gate: (kind == MlpKind::Swiglu).then(|| linear(dim, hidden, std, device)),
             down: linear(hidden, dim, out_std, device),
         }
     }
+}
 
+impl<B: Backend> Mlp<B> {
     pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3>
     where
         B: GemmBackend + ActivationBackend,

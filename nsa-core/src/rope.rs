@@ -6,6 +6,7 @@
 //! over whole rows: Burn fuses it with 16-byte vector loads, where a trailing pair axis of 2
 //! would leave one element per unit.
 
+use burn::config::Config;
 use burn::module::Module;
 use burn::tensor::{backend::Backend, Tensor, TensorData};
 use nsa_kernels::{linear_matmul, GemmBackend};
@@ -20,9 +21,19 @@ pub struct Rope<B: Backend> {
     sin: Tensor<B, 2>,
 }
 
-impl<B: Backend> Rope<B> {
-    /// Table for positions `0..max_len` of a head dim `head_dim` (even).
-    pub fn new(max_len: usize, head_dim: usize, base: f64, device: &B::Device) -> Self {
+/// The rotation table: positions `0..max_len` of a head dim `head_dim` (even).
+#[derive(Config, Debug)]
+pub struct RopeConfig {
+    pub max_len: usize,
+    pub head_dim: usize,
+    /// `theta_i = base^(-2i / head_dim)`.
+    #[config(default = 10000.0)]
+    pub base: f64,
+}
+
+impl RopeConfig {
+    pub fn init<B: Backend>(&self, device: &B::Device) -> Rope<B> {
+        let RopeConfig { max_len, head_dim, base } = *self;
         let half = head_dim / 2;
         let mut cos = Vec::with_capacity(max_len * head_dim);
         let mut sin = Vec::with_capacity(max_len * head_dim);
@@ -34,9 +45,11 @@ impl<B: Backend> Rope<B> {
             }
         }
         let table = |v: Vec<f64>| Tensor::from_data(TensorData::new(v, [max_len, head_dim]), device);
-        Self { cos: table(cos), sin: table(sin) }
+        Rope { cos: table(cos), sin: table(sin) }
     }
+}
 
+impl<B: Backend> Rope<B> {
     /// Longest sequence the table covers.
     pub fn max_len(&self) -> usize {
         self.cos.dims()[0]

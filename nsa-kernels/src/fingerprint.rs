@@ -8,15 +8,15 @@
 /// Computed on first use: hashing the sources in a `const` runs past rustc's const-eval budget.
 pub static KERNEL_FINGERPRINT: std::sync::LazyLock<u64> = std::sync::LazyLock::new(|| fnv1a_all(SOURCES));
 
-/// What the kernels are built from: every file of `kernel/` (a test holds the list to the
-/// directory), the launch code and tilings, and the lock file.
+/// What the kernels are built from: every file of `kernel/` and every op's `kernel.rs` (a test
+/// holds the list to the tree), the launch code and tilings, and the lock file.
 const SOURCES: &[(&str, &str)] = &[
     ("kernel/compression/interleave.rs", include_str!("kernel/compression/interleave.rs")),
     ("kernel/compression/mod.rs", include_str!("kernel/compression/mod.rs")),
     ("kernel/compression/visible.rs", include_str!("kernel/compression/visible.rs")),
     ("kernel/key_gradients/chunk.rs", include_str!("kernel/key_gradients/chunk.rs")),
     ("kernel/key_gradients/mod.rs", include_str!("kernel/key_gradients/mod.rs")),
-    ("kernel/mix.rs", include_str!("kernel/mix.rs")),
+    ("mix/kernel.rs", include_str!("mix/kernel.rs")),
     ("kernel/mod.rs", include_str!("kernel/mod.rs")),
     ("kernel/portable/backward.rs", include_str!("kernel/portable/backward.rs")),
     ("kernel/portable/forward.rs", include_str!("kernel/portable/forward.rs")),
@@ -33,7 +33,7 @@ const SOURCES: &[(&str, &str)] = &[
     ("kernel/primitives/staging.rs", include_str!("kernel/primitives/staging.rs")),
     ("kernel/primitives/vectors.rs", include_str!("kernel/primitives/vectors.rs")),
     ("kernel/primitives/walk.rs", include_str!("kernel/primitives/walk.rs")),
-    ("kernel/rms_norm.rs", include_str!("kernel/rms_norm.rs")),
+    ("norm/kernel.rs", include_str!("norm/kernel.rs")),
     ("kernel/row_delta.rs", include_str!("kernel/row_delta.rs")),
     ("kernel/selection/block_scores.rs", include_str!("kernel/selection/block_scores.rs")),
     ("kernel/selection/dq.rs", include_str!("kernel/selection/dq.rs")),
@@ -50,22 +50,22 @@ const SOURCES: &[(&str, &str)] = &[
     ("kernel/window/dq.rs", include_str!("kernel/window/dq.rs")),
     ("kernel/window/forward.rs", include_str!("kernel/window/forward.rs")),
     ("kernel/window/mod.rs", include_str!("kernel/window/mod.rs")),
-    ("keys.rs", include_str!("keys.rs")),
-    ("plan.rs", include_str!("plan.rs")),
-    ("launch/mod.rs", include_str!("launch/mod.rs")),
-    ("launch/forward.rs", include_str!("launch/forward.rs")),
-    ("launch/backward.rs", include_str!("launch/backward.rs")),
-    ("compressed/mod.rs", include_str!("compressed/mod.rs")),
-    ("compressed/interleaved.rs", include_str!("compressed/interleaved.rs")),
-    ("cube.rs", include_str!("cube.rs")),
-    ("launch/index.rs", include_str!("launch/index.rs")),
+    ("sparse/keys.rs", include_str!("sparse/keys.rs")),
+    ("sparse/plan.rs", include_str!("sparse/plan.rs")),
+    ("sparse/launch/mod.rs", include_str!("sparse/launch/mod.rs")),
+    ("sparse/launch/forward.rs", include_str!("sparse/launch/forward.rs")),
+    ("sparse/launch/backward.rs", include_str!("sparse/launch/backward.rs")),
+    ("sparse/compressed/mod.rs", include_str!("sparse/compressed/mod.rs")),
+    ("sparse/compressed/interleaved.rs", include_str!("sparse/compressed/interleaved.rs")),
+    ("sparse/cube.rs", include_str!("sparse/cube.rs")),
+    ("sparse/launch/index.rs", include_str!("sparse/launch/index.rs")),
     ("mix/cube.rs", include_str!("mix/cube.rs")),
     ("norm/cube.rs", include_str!("norm/cube.rs")),
     ("optim/kernel.rs", include_str!("optim/kernel.rs")),
     ("optim/cube.rs", include_str!("optim/cube.rs")),
-    ("tiling/mod.rs", include_str!("tiling/mod.rs")),
-    ("tiling/selection.rs", include_str!("tiling/selection.rs")),
-    ("top_n.rs", include_str!("top_n.rs")),
+    ("sparse/tiling/mod.rs", include_str!("sparse/tiling/mod.rs")),
+    ("sparse/tiling/selection.rs", include_str!("sparse/tiling/selection.rs")),
+    ("sparse/top_n.rs", include_str!("sparse/top_n.rs")),
     ("Cargo.lock", include_str!("../../Cargo.lock")),
 ];
 
@@ -118,17 +118,21 @@ mod tests {
         // A kernel file left out would let a cache filled by an older build serve its kernels.
         let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
         let listed: Vec<&str> = SOURCES.iter().map(|(name, _)| *name).collect();
-        let mut dirs = vec![src.join("kernel")];
+        let mut dirs = vec![src.clone()];
+        let mut seen = 0;
         while let Some(dir) = dirs.pop() {
             for entry in std::fs::read_dir(&dir).unwrap() {
                 let path = entry.unwrap().path();
+                let name = path.strip_prefix(&src).unwrap().to_string_lossy().replace('\\', "/");
+                let kernel = name.starts_with("kernel/") || name.ends_with("/kernel.rs");
                 if path.is_dir() {
                     dirs.push(path);
-                } else if path.extension().is_some_and(|e| e == "rs") {
-                    let name = path.strip_prefix(&src).unwrap().to_string_lossy().replace('\\', "/");
+                } else if kernel && path.extension().is_some_and(|e| e == "rs") {
                     assert!(listed.contains(&name.as_str()), "{name} is missing from the kernel fingerprint");
+                    seen += 1;
                 }
             }
         }
+        assert!(seen > 30, "only {seen} kernel files found: has the kernel tree moved?");
     }
 }

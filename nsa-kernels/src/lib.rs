@@ -10,41 +10,24 @@
 //! differentiates by itself.
 
 pub mod activation;
-mod api;
-mod autodiff;
 pub mod devices;
 mod fingerprint;
 pub mod gemm;
-mod keys;
 pub mod mix;
-#[cfg(feature = "ndarray")]
-mod ndarray;
 pub mod norm;
-pub mod reference;
 
-#[cfg(feature = "cube")]
-pub mod compressed;
-#[cfg(feature = "cube")]
-mod cube;
-#[cfg(feature = "fusion")]
-mod fusion;
 #[cfg(feature = "cube")]
 pub mod kernel;
-#[cfg(feature = "cube")]
-pub mod launch;
 pub mod optim;
-pub mod plan;
-pub mod tiling;
-#[cfg(feature = "cube")]
-mod top_n;
+pub mod sparse;
 
 pub use activation::{silu, silu_linear_matmul, ActivationBackend};
-pub use api::{
-    select_blocks, sparse_attention, with_block_index, Selection, SparseAttentionBackend, SparseAttentionGrads,
-};
 pub use fingerprint::KERNEL_FINGERPRINT;
 pub use gemm::{linear_matmul, GemmBackend};
-pub use keys::{BlockIndex, Keys};
 pub use mix::{gated_mix, gated_mix_reference, GatedMixBackend};
 pub use norm::{rms_norm, RmsNormBackend};
 pub use optim::{AdamWHyper, AdamWSlot, AdamWUpdate, FusedAdamWBackend};
+pub use sparse::{
+    select_blocks, sparse_attention, with_block_index, BlockIndex, Keys, Route, Selection, SparseAttentionBackend,
+    SparseAttentionGrads, TokenKeys,
+};

@@ -1,5 +1,5 @@
 //! The tensor-core plans' kernels expand in CubeCL (no GPU needed): every plan a CUDA device
-//! would run is forced on WGPU through `nsa_kernels::launch`, whose WGSL compiler has no manual
+//! would run is forced on WGPU through `nsa_kernels::sparse::launch`, whose WGSL compiler has no manual
 //! MMA and panics on the device thread after expansion. A panic hook records every panic
 //! message; a plan passes when it produced panics and all of them are that compiler's refusals,
 //! so an expansion error (any other panic) fails the test. Their numerics are checked on the
@@ -11,9 +11,9 @@ use burn::backend::wgpu::{CubeBackend, WgpuDevice, WgpuRuntime};
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Int, Tensor};
 use burn_cubecl::tensor::CubeTensor;
-use nsa_kernels::launch::{backward_with, forward_with, problem};
-use nsa_kernels::plan::{BackwardPlan, Capabilities, ForwardPlan};
-use nsa_kernels::Keys;
+use nsa_kernels::sparse::launch::{backward_with, forward_with, problem};
+use nsa_kernels::sparse::plan::{BackwardPlan, Capabilities, ForwardPlan};
+use nsa_kernels::TokenKeys;
 
 type B = CubeBackend<WgpuRuntime, f32, i32, u32>;
 
@@ -82,17 +82,19 @@ fn tensor_core_plans_expand() {
     let device = WgpuDevice::default();
     // q, dO: 2 heads; k, v: 1 head; d = 64, T = 64; blocks of 64 keys, block 0 listed.
     let (q, kv) = (|| half([1, 64, 2, 64], &device), || half([1, 64, 1, 64], &device));
-    let blocks = Tensor::<B, 4, Int>::zeros([1, 64, 1, 2], &device);
-    let key_sets = [("window", Keys::<B>::Window { w: 16 }), ("selection", Keys::<B>::selected(blocks, 64))];
+    let blocks = Tensor::<B, 4, Int>::zeros([1, 64, 1, 2], &device).into_primitive();
+    let window: TokenKeys<'_, B> = TokenKeys::Window { w: 16 };
+    let selection = TokenKeys::Selected { blocks: &blocks, block_size: 64, index: None };
+    let key_sets = [("window", window), ("selection", selection)];
     let mut forced = 0;
     for (name, keys) in key_sets {
-        let problem = problem(&q(), &kv(), &kv(), &keys);
+        let problem = problem(&q(), &kv(), &kv(), keys);
         for plan in ForwardPlan::candidates(&problem, &Capabilities::CUDA_SM90) {
             if matches!(plan, ForwardPlan::Portable(_)) {
                 continue;
             }
             let panics = panics_of(&device, || {
-                let _ = forward_with(q(), kv(), kv(), &keys, &plan);
+                let _ = forward_with(q(), kv(), kv(), keys, &plan);
             });
             assert_expanded(&format!("{name} {plan:?}"), &panics);
             forced += 1;
@@ -103,7 +105,7 @@ fn tensor_core_plans_expand() {
             }
             let lse = Tensor::<B, 3>::zeros([1, 64, 2], &device).into_primitive().tensor();
             let panics = panics_of(&device, || {
-                let _ = backward_with(q(), kv(), kv(), q(), lse, q(), &keys, &plan);
+                let _ = backward_with(q(), kv(), kv(), q(), lse, q(), keys, &plan);
             });
             assert_expanded(&format!("{name} {plan:?}"), &panics);
             forced += 1;

@@ -1,5 +1,6 @@
 //! The compressed branch's `phi`: one key (value) per block of `l` raw tokens, stride `d`.
 
+use burn::config::Config;
 use burn::module::{Module, Param};
 use burn::nn::{Linear, LinearConfig};
 use burn::tensor::{backend::Backend, Tensor, TensorData};
@@ -24,15 +25,26 @@ pub struct LinearPhi<B: Backend> {
     pub weight: Param<Tensor<B, 2>>,
 }
 
-impl<B: Backend> LinearPhi<B> {
-    pub fn new(l: usize, head_dim: usize, with_position: bool, device: &B::Device) -> Self {
+/// `phi = linear` over blocks of `l` rows of `head_dim`; `with_position` adds the position
+/// embedding (values only).
+#[derive(Config, Debug)]
+pub struct LinearPhiConfig {
+    pub l: usize,
+    pub head_dim: usize,
+    #[config(default = false)]
+    pub with_position: bool,
+}
+
+impl LinearPhiConfig {
+    pub fn init<B: Backend>(&self, device: &B::Device) -> LinearPhi<B> {
+        let LinearPhiConfig { l, head_dim, with_position } = *self;
         let mut weight = vec![0.0f64; l * head_dim * head_dim];
         for r in 0..l {
             for a in 0..head_dim {
                 weight[(r * head_dim + a) * head_dim + a] = 1.0 / l as f64;
             }
         }
-        Self {
+        LinearPhi {
             position: with_position.then(|| Param::from_tensor(Tensor::zeros([l, head_dim], device))),
             weight: Param::from_tensor(Tensor::from_data(TensorData::new(weight, [l * head_dim, head_dim]), device)),
         }
@@ -66,9 +78,18 @@ pub struct MlpPhi<B: Backend> {
     pub output: Linear<B>,
 }
 
-impl<B: Backend> MlpPhi<B> {
-    pub fn new(l: usize, head_dim: usize, hidden: usize, device: &B::Device) -> Self {
-        Self {
+/// `phi = mlp` over blocks of `l` rows of `head_dim`, `hidden` wide.
+#[derive(Config, Debug)]
+pub struct MlpPhiConfig {
+    pub l: usize,
+    pub head_dim: usize,
+    pub hidden: usize,
+}
+
+impl MlpPhiConfig {
+    pub fn init<B: Backend>(&self, device: &B::Device) -> MlpPhi<B> {
+        let MlpPhiConfig { l, head_dim, hidden } = *self;
+        MlpPhi {
             position: Param::from_tensor(Tensor::zeros([l, head_dim], device)),
             hidden: LinearConfig::new(l * head_dim, hidden).init(device),
             output: LinearConfig::new(hidden, head_dim).init(device),
@@ -106,22 +127,38 @@ pub struct Compressor<B: Backend> {
     d: usize,
 }
 
-impl<B: Backend> Compressor<B> {
-    /// `hidden`: `phi = mlp`'s hidden width for keys and values (`None`: twice the head dim).
-    pub fn new(
-        phi: Phi,
-        l: usize,
-        d: usize,
-        d_k: usize,
-        d_v: usize,
-        hidden: Option<usize>,
-        device: &B::Device,
-    ) -> Self {
-        let linear = |h, with_position| (phi == Phi::Linear).then(|| LinearPhi::new(l, h, with_position, device));
-        let mlp = |h: usize| (phi == Phi::Mlp).then(|| MlpPhi::new(l, h, hidden.unwrap_or(2 * h), device));
-        Self { key_phi: linear(d_k, false), value_phi: linear(d_v, true), key_mlp: mlp(d_k), value_mlp: mlp(d_v), l, d }
-    }
+/// Compression of keys (`d_k` wide) and values (`d_v`) by `phi`: blocks of `l` tokens every `d`.
+#[derive(Config, Debug)]
+pub struct CompressorConfig {
+    pub phi: Phi,
+    pub l: usize,
+    pub d: usize,
+    pub d_k: usize,
+    pub d_v: usize,
+    /// `phi = mlp`'s hidden width for keys and values (`None`: twice the head dim).
+    #[config(default = "None")]
+    pub hidden: Option<usize>,
+}
 
+impl CompressorConfig {
+    pub fn init<B: Backend>(&self, device: &B::Device) -> Compressor<B> {
+        let CompressorConfig { phi, l, d, d_k, d_v, hidden } = *self;
+        let linear = |h, with_position| {
+            (phi == Phi::Linear).then(|| LinearPhiConfig::new(l, h).with_with_position(with_position).init(device))
+        };
+        let mlp = |h: usize| (phi == Phi::Mlp).then(|| MlpPhiConfig::new(l, h, hidden.unwrap_or(2 * h)).init(device));
+        Compressor {
+            key_phi: linear(d_k, false),
+            value_phi: linear(d_v, true),
+            key_mlp: mlp(d_k),
+            value_mlp: mlp(d_v),
+            l,
+            d,
+        }
+    }
+}
+
+impl<B: Backend> Compressor<B> {
     /// The `phi` whose parameters this compressor holds.
     pub fn phi(&self) -> Phi {
         match (&self.key_phi, &self.key_mlp) {

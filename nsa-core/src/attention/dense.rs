@@ -1,13 +1,15 @@
 //! Full causal GQA attention in the same model, for A/B comparisons with NSA.
 
+use burn::config::Config;
 use burn::module::Module;
 use burn::nn::Linear;
 use burn::tensor::{backend::Backend, Tensor};
 
-use super::projection::{apply, linear, merge_heads, split_heads, KvProjection};
+use super::projection::{apply, linear, merge_heads, split_heads, KvProjection, KvProjectionConfig};
 use crate::config::NsaConfig;
-use crate::rope::Rope;
-use nsa_kernels::{reference, GemmBackend, Keys};
+use crate::rope::{Rope, RopeConfig};
+use nsa_kernels::sparse::reference;
+use nsa_kernels::{GemmBackend, Keys};
 
 #[derive(Module, Debug)]
 pub struct DenseAttention<B: Backend> {
@@ -19,21 +21,27 @@ pub struct DenseAttention<B: Backend> {
     pub config: NsaConfig,
 }
 
-impl NsaConfig {
-    /// Dense causal attention with the head shape of this config.
-    pub fn init_dense<B: Backend>(
-        &self,
-        max_len: usize,
-        std: f64,
-        out_std: f64,
-        device: &B::Device,
-    ) -> DenseAttention<B> {
+/// Dense causal attention with the head shape of `layer`, for positions up to `max_len`:
+/// projections drawn from `N(0, std)`, the output projection from `N(0, out_std)`.
+#[derive(Config, Debug)]
+pub struct DenseAttentionConfig {
+    pub layer: NsaConfig,
+    pub max_len: usize,
+    #[config(default = 0.02)]
+    pub std: f64,
+    #[config(default = 0.02)]
+    pub out_std: f64,
+}
+
+impl DenseAttentionConfig {
+    pub fn init<B: Backend>(&self, device: &B::Device) -> DenseAttention<B> {
+        let c = &self.layer;
         crate::materialize(DenseAttention {
-            query: linear(self.dim, self.n_heads * self.d_k, std, device),
-            kv: KvProjection::new(self.dim, self.n_kv_heads, self.d_k, self.d_v, std, device),
-            output: linear(self.n_heads * self.d_v, self.dim, out_std, device),
-            rope: Rope::new(max_len, self.d_k, self.rope_base, device),
-            config: self.clone(),
+            query: linear(c.dim, c.n_heads * c.d_k, self.std, device),
+            kv: KvProjectionConfig::new(c.dim, c.n_kv_heads, c.d_k, c.d_v).with_std(self.std).init(device),
+            output: linear(c.n_heads * c.d_v, c.dim, self.out_std, device),
+            rope: RopeConfig::new(self.max_len, c.d_k).with_base(c.rope_base).init(device),
+            config: c.clone(),
         })
     }
 }

@@ -8,5 +8,5 @@ pub mod nsa;
 pub mod projection;
 pub mod selection;
 
-pub use dense::DenseAttention;
-pub use nsa::{Branch, NsaAttention, NsaAux};
+pub use dense::{DenseAttention, DenseAttentionConfig};
+pub use nsa::{Branch, NsaAttention, NsaAttentionConfig, NsaAux};

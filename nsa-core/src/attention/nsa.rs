@@ -7,19 +7,21 @@
 //! the backend has it, which writes only the block lists; else the scores in tensor ops and a
 //! tensor-op rank that materialises `B * H_kv * T * n_sel^2` booleans.
 
+use burn::config::Config;
 use burn::module::{Module, Param};
 use burn::nn::{Initializer, Linear, LinearConfig};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Int, Tensor};
+use nsa_kernels::sparse::reference;
 use nsa_kernels::{
-    gated_mix, gated_mix_reference, reference, select_blocks, sparse_attention, Keys, Selection, SparseAttentionBackend,
+    gated_mix, gated_mix_reference, select_blocks, sparse_attention, Keys, Selection, SparseAttentionBackend,
 };
 
-use super::compress::Compressor;
-use super::projection::{apply, linear, tokens_first_heads, KvProjection};
+use super::compress::{Compressor, CompressorConfig};
+use super::projection::{apply, linear, tokens_first_heads, KvProjection, KvProjectionConfig};
 use super::selection::{num_selection_blocks, select_top_n, selected_list};
 use crate::config::NsaConfig;
-use crate::rope::Rope;
+use crate::rope::{Rope, RopeConfig};
 
 /// The three branches, in gate order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -62,20 +64,31 @@ pub struct NsaAttention<B: Backend> {
     pub config: NsaConfig,
 }
 
-impl NsaConfig {
-    /// The layer with projections drawn from `N(0, std)` and the output projection from
-    /// `N(0, out_std)` (the model scales it down with depth). Positions up to `max_len`.
-    pub fn init_nsa<B: Backend>(&self, max_len: usize, std: f64, out_std: f64, device: &B::Device) -> NsaAttention<B> {
-        let c = self;
+/// The NSA layer of `layer`'s shape, for positions up to `max_len`: projections drawn from
+/// `N(0, std)` and the output projection from `N(0, out_std)` (the model scales it down with
+/// depth).
+#[derive(Config, Debug)]
+pub struct NsaAttentionConfig {
+    pub layer: NsaConfig,
+    pub max_len: usize,
+    #[config(default = 0.02)]
+    pub std: f64,
+    #[config(default = 0.02)]
+    pub out_std: f64,
+}
+
+impl NsaAttentionConfig {
+    pub fn init<B: Backend>(&self, device: &B::Device) -> NsaAttention<B> {
+        let c = &self.layer;
         let kv_sets = if c.shared_kv { 1 } else { 3 };
-        let kv = (0..kv_sets).map(|_| KvProjection::new(c.dim, c.n_kv_heads, c.d_k, c.d_v, std, device)).collect();
+        let kv = KvProjectionConfig::new(c.dim, c.n_kv_heads, c.d_k, c.d_v).with_std(self.std);
         crate::materialize(NsaAttention {
-            query: linear(c.dim, c.n_heads * c.d_k, std, device),
-            kv,
-            compressor: Compressor::new(c.phi, c.l, c.d, c.d_k, c.d_v, c.phi_hidden, device),
+            query: linear(c.dim, c.n_heads * c.d_k, self.std, device),
+            kv: (0..kv_sets).map(|_| kv.init(device)).collect(),
+            compressor: CompressorConfig::new(c.phi, c.l, c.d, c.d_k, c.d_v).with_hidden(c.phi_hidden).init(device),
             gate: gate_linear(c.dim, 3 * c.n_heads, c.gate_init, device),
-            output: linear(c.n_heads * c.d_v, c.dim, out_std, device),
-            rope: Rope::new(max_len, c.d_k, c.rope_base, device),
+            output: linear(c.n_heads * c.d_v, c.dim, self.out_std, device),
+            rope: RopeConfig::new(self.max_len, c.d_k).with_base(c.rope_base).init(device),
             config: c.clone(),
         })
     }

@@ -1,5 +1,6 @@
 //! Linear projections into heads.
 
+use burn::config::Config;
 use burn::module::Module;
 use burn::nn::{Initializer, Linear, LinearConfig};
 use burn::tensor::{backend::Backend, Tensor};
@@ -51,12 +52,24 @@ pub struct KvProjection<B: Backend> {
     kv_heads: usize,
 }
 
-impl<B: Backend> KvProjection<B> {
-    pub fn new(dim: usize, kv_heads: usize, d_k: usize, d_v: usize, std: f64, device: &B::Device) -> Self {
-        Self {
-            key: linear(dim, kv_heads * d_k, std, device),
-            value: linear(dim, kv_heads * d_v, std, device),
-            kv_heads,
+/// A branch's key and value projections from `dim` to `kv_heads` heads of `d_k` and `d_v`,
+/// weights drawn from `N(0, std)`.
+#[derive(Config, Debug)]
+pub struct KvProjectionConfig {
+    pub dim: usize,
+    pub kv_heads: usize,
+    pub d_k: usize,
+    pub d_v: usize,
+    #[config(default = 0.02)]
+    pub std: f64,
+}
+
+impl KvProjectionConfig {
+    pub fn init<B: Backend>(&self, device: &B::Device) -> KvProjection<B> {
+        KvProjection {
+            key: linear(self.dim, self.kv_heads * self.d_k, self.std, device),
+            value: linear(self.dim, self.kv_heads * self.d_v, self.std, device),
+            kv_heads: self.kv_heads,
         }
     }
 }

@@ -1,6 +1,6 @@
 //! Block selection in tensor ops: the top-n with forced blocks and lower-index ties, and the
 //! kernels' block lists (indices never leave the device). The scores (Eq. 9, the Eq. 10 group
-//! sum) are `nsa_kernels::reference::block_scores`; fused backends run `nsa_kernels::select_blocks`,
+//! sum) are `nsa_kernels::sparse::reference::block_scores`; fused backends run `nsa_kernels::select_blocks`,
 //! one kernel for scores and top-n, instead.
 
 use burn::tensor::{backend::Backend, Bool, IndexingUpdateOp, Int, Tensor};

@@ -37,7 +37,7 @@ const WORKSPACE_BYTES: usize = 32 << 20;
 
 /// A product's shape and types: what its descriptors and chosen algorithm depend on.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
-struct Problem {
+struct GemmShape {
     m: usize,
     n: usize,
     k: usize,
@@ -52,7 +52,7 @@ struct Problem {
     alignment: u64,
 }
 
-/// Descriptors and the heuristic's algorithm for one [`Problem`], made once.
+/// Descriptors and the heuristic's algorithm for one [`GemmShape`], made once.
 struct Plan {
     desc: ltsys::cublasLtMatmulDesc_t,
     a: ltsys::cublasLtMatrixLayout_t,
@@ -68,7 +68,7 @@ struct Library {
     stream: dsys::CUstream,
     before: dsys::CUevent,
     after: dsys::CUevent,
-    plans: HashMap<Problem, Plan>,
+    plans: HashMap<GemmShape, Plan>,
     /// The products' workspace, allocated once outside CubeCL's pool and held (only our stream
     /// uses it, one product after another), with its address.
     workspace: Option<u64>,
@@ -120,7 +120,7 @@ impl Library {
     }
 
     /// The plan of `p`, made and kept on first use.
-    unsafe fn plan(&mut self, p: Problem) -> Result<&Plan, lt::CublasError> {
+    unsafe fn plan(&mut self, p: GemmShape) -> Result<&Plan, lt::CublasError> {
         if !self.plans.contains_key(&p) {
             let plan = make_plan(self.handle, p)?;
             self.plans.insert(p, plan);
@@ -140,7 +140,7 @@ fn data_type(dtype: DType) -> Option<ltsys::cudaDataType> {
 
 /// Column-major descriptors of `C^T [n x m] = op(B)^T [n x k] op(A)^T [k x m]`: cuBLASLt's
 /// first operand is our `B` buffer, its second our `A` buffer.
-unsafe fn make_plan(handle: ltsys::cublasLtHandle_t, p: Problem) -> Result<Plan, lt::CublasError> {
+unsafe fn make_plan(handle: ltsys::cublasLtHandle_t, p: GemmShape) -> Result<Plan, lt::CublasError> {
     let ty = data_type(p.dtype).expect("checked by the caller");
     let desc = lt::create_matmul_desc(ltsys::cublasComputeType_t::CUBLAS_COMPUTE_32F, ltsys::cudaDataType::CUDA_R_32F)?;
     let set_transpose = |attr, transpose: bool| {
@@ -249,7 +249,7 @@ pub fn batched_gemm(
     if let Some(why) = FAILED.get() {
         panic!("a cuBLASLt product failed earlier in this run: {why}");
     }
-    let problem = Problem { m, n, k, transpose_a, transpose_b, batch, dtype: a.dtype, out_dtype, alignment: 0 };
+    let problem = GemmShape { m, n, k, transpose_a, transpose_b, batch, dtype: a.dtype, out_dtype, alignment: 0 };
     // Queued on CubeCL's device thread without waiting for it: there the work before it has
     // been launched and the buffers' addresses are known. The bindings keep the buffers alive
     // until the product is queued.
@@ -279,7 +279,7 @@ unsafe fn enqueue(
     library: &Mutex<Library>,
     bindings: [Binding; 3],
     stream: StreamId,
-    problem: Problem,
+    problem: GemmShape,
 ) -> Result<(), String> {
     let [ra, rb, rc] = bindings.map(|binding| server.get_resource(binding, stream));
     let (ra, rb, rc) = (ra.map_err(err("operand"))?, rb.map_err(err("operand"))?, rc.map_err(err("output"))?);
@@ -296,7 +296,7 @@ unsafe fn enqueue(
     };
     let ptrs = [ra.resource().ptr, rb.resource().ptr, rc.resource().ptr, workspace];
     let alignment = ptrs.iter().fold(256u64, |align, p| align.min(1 << p.trailing_zeros().min(8)));
-    let problem = Problem { alignment, ..problem };
+    let problem = GemmShape { alignment, ..problem };
     let (alpha, beta) = (1.0f32, 0.0f32);
     {
         let (handle, ctx, stream, before, after) = (lib.handle, lib.ctx, lib.stream, lib.before, lib.after);

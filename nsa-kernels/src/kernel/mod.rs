@@ -1,4 +1,5 @@
-//! The CubeCL kernels. Query-side cubes (forward, dQ) hold the `g` query heads of one KV head
+//! The sparse-attention op's CubeCL kernels, one family per folder, and the primitives they
+//! (and the other ops' kernels) are composed from. Query-side cubes (forward, dQ) hold the `g` query heads of one KV head
 //! for one or more positions; key-side cubes (dK, dV) hold consecutive keys of one KV head.
 //! Keys, values and query rows are staged in shared memory once per cube and read by all of
 //! its units, which is NSA's group sharing: a K/V row is fetched once for the whole group.
@@ -17,10 +18,8 @@
 
 pub mod compression;
 pub mod key_gradients;
-pub mod mix;
 pub mod portable;
 pub mod primitives;
-pub mod rms_norm;
 pub mod row_delta;
 pub mod selection;
 pub mod window;

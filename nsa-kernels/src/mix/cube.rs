@@ -1,4 +1,4 @@
-//! `CubeBackend`: the mix and its backward as the kernels of [`crate::kernel::mix`].
+//! `CubeBackend`: the mix and its backward as the kernels of [`crate::mix::kernel`].
 
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::Shape;
@@ -11,7 +11,7 @@ use cubecl::prelude::*;
 use cubecl::{calculate_cube_count_elemwise, CubeDim};
 
 use super::GatedMixBackend;
-use crate::kernel::mix;
+use crate::mix::kernel;
 
 /// Units per cube of the backward (whole rows of `d / vector` units each).
 const BACKWARD_UNITS: usize = 256;
@@ -48,7 +48,7 @@ impl<R: CubeRuntime> Mix<R> {
         let out = self.empty_like(&self.branches[0]);
         let dim = CubeDim::new_1d(256);
         let [o_0, o_1, o_2] = self.branches.clone().map(|o| o.into_tensor_arg());
-        mix::gated_mix::launch::<R>(
+        kernel::gated_mix::launch::<R>(
             &self.client(),
             calculate_cube_count_elemwise(&self.client(), out.meta.shape().num_elements() / self.vector, dim),
             dim,
@@ -74,7 +74,7 @@ impl<R: CubeRuntime> Mix<R> {
         let row_count = grad.meta.shape().num_elements() / grad.meta.shape()[3];
         let [o_0, o_1, o_2] = self.branches.clone().map(|o| o.into_tensor_arg());
         let [d_0, d_1, d_2] = branch_grads.clone().map(|d| d.into_tensor_arg());
-        mix::gated_mix_backward::launch::<R>(
+        kernel::gated_mix_backward::launch::<R>(
             &self.client(),
             calculate_cube_count_elemwise(&self.client(), row_count.div_ceil(rows) * dim.num_elems() as usize, dim),
             dim,

@@ -12,6 +12,8 @@ mod autodiff;
 mod cube;
 #[cfg(feature = "fusion")]
 mod fusion;
+#[cfg(feature = "cube")]
+pub mod kernel;
 
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;

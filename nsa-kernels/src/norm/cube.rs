@@ -1,4 +1,4 @@
-//! `CubeBackend`: RMSNorm as the kernels of [`crate::kernel::rms_norm`].
+//! `CubeBackend`: RMSNorm as the kernels of [`crate::norm::kernel`].
 
 use burn::tensor::ops::{FloatTensor, FloatTensorOps};
 use burn::tensor::{DType, Shape};
@@ -10,7 +10,7 @@ use burn_cubecl::{CubeBackend, CubeRuntime, FloatElement, IntElement};
 use cubecl::{calculate_cube_count_elemwise, CubeDim};
 
 use super::{rms_norm_backward_tensor_ops, RmsNormBackend};
-use crate::kernel::rms_norm::{self as kernel, NORM_UNITS};
+use crate::norm::kernel::{self as kernel, NORM_UNITS};
 
 /// Rows per cube of the forward.
 const FORWARD_ROWS: usize = 8;

@@ -12,12 +12,14 @@ mod autodiff;
 mod cube;
 #[cfg(feature = "fusion")]
 mod fusion;
+#[cfg(feature = "cube")]
+pub mod kernel;
 
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Tensor, TensorPrimitive};
 
-use crate::reference::stats_dtype;
+use crate::sparse::reference::stats_dtype;
 
 /// A backend with RMSNorm and its gradients. The defaults are tensor ops (the statistics in f32
 /// for half-precision inputs, else in the input's dtype); `CubeBackend` runs kernels; autodiff

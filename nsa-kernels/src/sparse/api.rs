@@ -3,8 +3,8 @@
 use burn::tensor::ops::{FloatTensor, IntTensor};
 use burn::tensor::{backend::Backend, Int, Shape, Tensor, TensorPrimitive};
 
-use crate::keys::{BlockIndex, Keys};
-use crate::reference;
+use crate::sparse::keys::{BlockIndex, Keys};
+use crate::sparse::reference;
 
 /// `keys` with the backend's inverted block index attached, if it builds one and `keys` is a
 /// selection without one.
@@ -75,7 +75,7 @@ pub trait SparseAttentionBackend:
     /// counted towards `n`; the rest the eligible blocks `j * block_size <= t` with the highest
     /// scores, ties to the lower index). Returns the block lists `[B, T, H_kv, n]` (ascending,
     /// `-1` in unused slots), or `None` where the backend has no kernel for it (the caller
-    /// ranks [`crate::reference::block_scores`] in tensor ops). Not differentiated.
+    /// ranks [`crate::sparse::reference::block_scores`] in tensor ops). Not differentiated.
     fn select_blocks(
         _q: FloatTensor<Self>,
         _k: FloatTensor<Self>,

@@ -10,8 +10,8 @@ use burn::backend::autodiff::{
 use burn::tensor::ops::{FloatTensor, IntTensor};
 use burn::tensor::Shape;
 
-use crate::api::{with_block_index, Selection, SparseAttentionBackend};
-use crate::keys::{BlockIndex, Keys};
+use crate::sparse::api::{with_block_index, Selection, SparseAttentionBackend};
+use crate::sparse::keys::{BlockIndex, Keys};
 
 /// What the backward needs: the inputs (through the checkpointer), the output, its
 /// log-sum-exp and the key set.
@@ -90,7 +90,7 @@ impl<B: SparseAttentionBackend, C: CheckpointStrategy> SparseAttentionBackend fo
         keys: &Keys<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         if !B::has_fused_sparse_attention() {
-            return crate::reference::forward_primitive::<Self>(q, k, v, keys);
+            return crate::sparse::reference::forward_primitive::<Self>(q, k, v, keys);
         }
         let inner = inner_keys(keys);
         // The log-sum-exp is returned untracked: it is a by-product, not differentiated.

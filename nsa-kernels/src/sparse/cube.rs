@@ -1,5 +1,5 @@
 //! [`SparseAttentionBackend`] for `CubeBackend` (CUDA, WGPU): a window or selection chooses its
-//! plans ([`crate::plan`]) from the problem and the device, and [`crate::launch`] runs them; the
+//! plans ([`crate::sparse::plan`]) from the problem and the device, and [`crate::sparse::launch`] runs them; the
 //! compressed branch ([`compressed`]) runs as a window over its interleaved rows.
 
 use burn::tensor::Shape;
@@ -7,12 +7,12 @@ use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{element::BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 
-use crate::api::{Selection, SparseAttentionBackend, SparseAttentionGrads};
-use crate::compressed;
-use crate::keys::{BlockIndex, Keys};
-use crate::launch::index::InvertedIndex;
-use crate::launch::{backward_with, capabilities, forward_with, problem};
-use crate::plan::{BackwardPlan, ForwardPlan};
+use crate::sparse::api::{Selection, SparseAttentionBackend, SparseAttentionGrads};
+use crate::sparse::compressed;
+use crate::sparse::keys::{BlockIndex, Keys, Route};
+use crate::sparse::launch::index::InvertedIndex;
+use crate::sparse::launch::{backward_with, capabilities, forward_with, problem};
+use crate::sparse::plan::{BackwardPlan, ForwardPlan};
 
 impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAttentionBackend
     for CubeBackend<R, F, I, BT>
@@ -36,7 +36,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
         lse: CubeTensor<R>,
         selection: Selection,
     ) -> Option<CubeTensor<R>> {
-        Some(crate::top_n::select_blocks(q, k, lse, selection, I::dtype()))
+        Some(crate::sparse::top_n::select_blocks(q, k, lse, selection, I::dtype()))
     }
 
     fn sparse_attention(
@@ -45,11 +45,13 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
         v: CubeTensor<R>,
         keys: &Keys<Self>,
     ) -> (CubeTensor<R>, CubeTensor<R>) {
-        if let Keys::Compressed { length, stride } = keys {
-            return compressed::forward::<R, F, I, BT>(q, k, v, *length, *stride);
+        match keys.route() {
+            Route::Compressed { length, stride } => compressed::forward::<R, F, I, BT>(q, k, v, length, stride),
+            Route::Tokens(keys) => {
+                let plan = ForwardPlan::choose(&problem(&q, &k, &v, keys), &capabilities(&q.client));
+                forward_with(q, k, v, keys, &plan)
+            }
         }
-        let plan = ForwardPlan::choose(&problem(&q, &k, &v, keys), &capabilities(&q.client));
-        forward_with(q, k, v, keys, &plan)
     }
 
     fn sparse_attention_backward(
@@ -61,11 +63,15 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
         grad_out: CubeTensor<R>,
         keys: &Keys<Self>,
     ) -> SparseAttentionGrads<Self> {
-        if let Keys::Compressed { length, stride } = keys {
-            let [q, k, v] = compressed::backward::<R, F, I, BT>(q, k, v, out, lse, grad_out, *length, *stride);
-            return SparseAttentionGrads { q, k, v };
+        match keys.route() {
+            Route::Compressed { length, stride } => {
+                let [q, k, v] = compressed::backward::<R, F, I, BT>(q, k, v, out, lse, grad_out, length, stride);
+                SparseAttentionGrads { q, k, v }
+            }
+            Route::Tokens(keys) => {
+                let plan = BackwardPlan::choose(&problem(&q, &k, &v, keys), &capabilities(&q.client));
+                backward_with(q, k, v, out, lse, grad_out, keys, &plan)
+            }
         }
-        let plan = BackwardPlan::choose(&problem(&q, &k, &v, keys), &capabilities(&q.client));
-        backward_with(q, k, v, out, lse, grad_out, keys, &plan)
     }
 }

@@ -11,30 +11,30 @@ use burn_fusion::stream::{Operation, OperationStreams};
 use burn_fusion::{Fusion, FusionBackend, FusionRuntime};
 use burn_ir::{CustomOpIr, HandleContainer, OperationIr, OperationOutput, TensorIr};
 
-use crate::api::{Selection, SparseAttentionBackend, SparseAttentionGrads};
-use crate::keys::{BlockIndex, Keys};
-use crate::reference::stats_dtype;
+use crate::sparse::api::{Selection, SparseAttentionBackend, SparseAttentionGrads};
+use crate::sparse::keys::{BlockIndex, Keys};
+use crate::sparse::reference::stats_dtype;
 
 /// The key set without its tensors: the block list and its inverted index, when there are
 /// any, travel as the op's last inputs.
 #[derive(Clone, Copy, Debug)]
-enum KeyKind {
+enum KeySpec {
     Window { w: usize },
     Compressed { length: usize, stride: usize },
     Selected { block_size: usize, indexed: bool },
 }
 
-impl KeyKind {
+impl KeySpec {
     fn of<B: burn::tensor::backend::Backend>(keys: &Keys<B>) -> (Self, Vec<IntTensor<B>>) {
         match keys {
-            Keys::Window { w } => (KeyKind::Window { w: *w }, Vec::new()),
+            Keys::Window { w } => (KeySpec::Window { w: *w }, Vec::new()),
             Keys::Compressed { length, stride } => {
-                (KeyKind::Compressed { length: *length, stride: *stride }, Vec::new())
+                (KeySpec::Compressed { length: *length, stride: *stride }, Vec::new())
             }
             Keys::Selected { blocks, block_size, index } => {
                 let mut tensors = vec![blocks.clone()];
                 tensors.extend(index.iter().flat_map(|index| index.tensors.iter().cloned()));
-                (KeyKind::Selected { block_size: *block_size, indexed: index.is_some() }, tensors)
+                (KeySpec::Selected { block_size: *block_size, indexed: index.is_some() }, tensors)
             }
         }
     }
@@ -47,9 +47,9 @@ impl KeyKind {
         handles: &mut HandleContainer<<B::FusionRuntime as FusionRuntime>::FusionHandle>,
     ) -> Keys<B> {
         match self {
-            KeyKind::Window { w } => Keys::Window { w },
-            KeyKind::Compressed { length, stride } => Keys::Compressed { length, stride },
-            KeyKind::Selected { block_size, indexed } => {
+            KeySpec::Window { w } => Keys::Window { w },
+            KeySpec::Compressed { length, stride } => Keys::Compressed { length, stride },
+            KeySpec::Selected { block_size, indexed } => {
                 let (blocks, index) = key_inputs.split_first().expect("a selection passes its block list");
                 let index = indexed.then(|| BlockIndex {
                     tensors: index.iter().map(|tensor| handles.get_int_tensor::<B>(tensor)).collect(),
@@ -81,7 +81,7 @@ impl<B: FusionBackend + SparseAttentionBackend> Operation<B::FusionRuntime> for 
 #[derive(Clone, Debug)]
 struct ForwardOp<B> {
     desc: CustomOpIr,
-    kind: KeyKind,
+    kind: KeySpec,
     _backend: PhantomData<B>,
 }
 
@@ -99,7 +99,7 @@ impl<B: FusionBackend + SparseAttentionBackend> Operation<B::FusionRuntime> for 
 #[derive(Clone, Debug)]
 struct BackwardOp<B> {
     desc: CustomOpIr,
-    kind: KeyKind,
+    kind: KeySpec,
     _backend: PhantomData<B>,
 }
 
@@ -183,7 +183,7 @@ impl<B: FusionBackend + SparseAttentionBackend> SparseAttentionBackend for Fusio
         let (b, t, h_q) = (q.shape[0], q.shape[1], q.shape[2]);
         let d_v = v.shape[3];
         let dtype = q.dtype;
-        let (kind, key_tensors) = KeyKind::of(keys);
+        let (kind, key_tensors) = KeySpec::of(keys);
         let mut inputs = vec![q, k, v];
         inputs.extend(key_tensors);
         let streams = OperationStreams::with_inputs(inputs.iter());
@@ -208,7 +208,7 @@ impl<B: FusionBackend + SparseAttentionBackend> SparseAttentionBackend for Fusio
         let client = q.client.clone();
         let shapes = [q.shape.clone(), k.shape.clone(), v.shape.clone()];
         let dtype = q.dtype;
-        let (kind, key_tensors) = KeyKind::of(keys);
+        let (kind, key_tensors) = KeySpec::of(keys);
         let mut inputs = vec![q, k, v, out, lse, grad_out];
         inputs.extend(key_tensors);
         let streams = OperationStreams::with_inputs(inputs.iter());

@@ -28,7 +28,44 @@ impl<B: Backend> Keys<B> {
     pub fn selected(blocks: Tensor<B, 4, Int>, block_size: usize) -> Self {
         Keys::Selected { blocks: blocks.into_primitive(), block_size, index: None }
     }
+
+    /// Where the key set runs: compressed keys on a path of their own, every other key set on the
+    /// token kernels. Backends route once, here, so no lower layer receives a key set it cannot
+    /// run.
+    pub fn route(&self) -> Route<'_, B> {
+        match self {
+            Keys::Window { w } => Route::Tokens(TokenKeys::Window { w: *w }),
+            Keys::Selected { blocks, block_size, index } => {
+                Route::Tokens(TokenKeys::Selected { blocks, block_size: *block_size, index: index.as_ref() })
+            }
+            Keys::Compressed { length, stride } => Route::Compressed { length: *length, stride: *stride },
+        }
+    }
 }
+
+/// A key set routed ([`Keys::route`]).
+pub enum Route<'a, B: Backend> {
+    /// A window or a selection: the token kernels (the plan table's).
+    Tokens(TokenKeys<'a, B>),
+    /// The compressed blocks complete at each row.
+    Compressed { length: usize, stride: usize },
+}
+
+/// The key sets the token kernels run, borrowed from a [`Keys`]: a window, or selected blocks
+/// (see [`Keys`]).
+pub enum TokenKeys<'a, B: Backend> {
+    Window { w: usize },
+    Selected { blocks: &'a IntTensor<B>, block_size: usize, index: Option<&'a BlockIndex<B>> },
+}
+
+// By hand: a derive would ask `B: Copy`, and only references and sizes are copied.
+impl<B: Backend> Clone for TokenKeys<'_, B> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<B: Backend> Copy for TokenKeys<'_, B> {}
 
 /// Which query rows listed each block of a selection, in whatever layout the backend's kernels
 /// walk (the fused backends': u32 tensors in a fixed order). Built once per key set, so the

@@ -17,7 +17,7 @@ macro_rules! with_defaults {
 
 with_defaults!(
     crate::activation::ActivationBackend,
-    crate::api::SparseAttentionBackend,
+    crate::sparse::api::SparseAttentionBackend,
     crate::gemm::GemmBackend,
     crate::mix::GatedMixBackend,
     crate::norm::RmsNormBackend,

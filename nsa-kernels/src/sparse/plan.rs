@@ -1,9 +1,9 @@
 //! Which kernels run a window or selection call: the [`Problem`] (shapes, storage type, key
 //! set), what the device can do ([`Capabilities`], probed once per call), and one plan per pass.
 //! The compressed branch runs as a window over its interleaved rows
-//! (`crate::compressed::interleaved`), so these rules choose its kernels too.
+//! (`crate::sparse::compressed::interleaved`), so these rules choose its kernels too.
 //! [`ForwardPlan::choose`] and [`BackwardPlan::choose`] are the rule table; docs/kernels.md
-//! lists it with the reason for each rule. `nsa_kernels::launch` runs a plan, chosen or forced
+//! lists it with the reason for each rule. `nsa_kernels::sparse::launch` runs a plan, chosen or forced
 //! ([`ForwardPlan::candidates`], [`BackwardPlan::candidates`]: every plan that can run a problem
 //! on a device, which the tests and the benchmark's parity check run one by one).
 //!
@@ -16,10 +16,10 @@
 
 use burn::tensor::DType;
 
-use crate::tiling::{
+use crate::sparse::tiling::{
     FlashKeyTiling, FlashSelectTiling, FlashTiling, KeyTiling, QueryPass, QueryTiling, SelectionTiling,
 };
-use crate::tiling::{MMA_SHARED, MMA_TILE};
+use crate::sparse::tiling::{MMA_SHARED, MMA_TILE};
 
 /// Shared memory a portable cube may use at most, so that several cubes share a streaming
 /// multiprocessor.
@@ -220,7 +220,7 @@ impl BackwardPlan {
     }
 }
 
-/// The block selection (scores and top-n, `crate::top_n`).
+/// The block selection (scores and top-n, `crate::sparse::top_n`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SelectionPlan {
     /// `kernel::selection::top_n`: f32 products on any device and storage type.

@@ -7,7 +7,7 @@
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{backend::Backend, Bool, DType, Int, Tensor, TensorPrimitive};
 
-use crate::keys::Keys;
+use crate::sparse::keys::{Keys, Route, TokenKeys};
 
 /// The dtype softmax statistics are kept in: f32 for 16-bit storage, else the storage dtype.
 pub fn stats_dtype(storage: DType) -> DType {
@@ -20,22 +20,25 @@ pub fn stats_dtype(storage: DType) -> DType {
 /// Which keys each query attends, `[B or 1, H_kv or 1, T, S]` (query, key) for `S` keys.
 pub fn key_mask<B: Backend>(keys: &Keys<B>, t: usize, s: usize, device: &B::Device) -> Tensor<B, 4, Bool> {
     let query = Tensor::<B, 1, Int>::arange(0..t as i64, device).reshape([t, 1]);
-    if let Keys::Compressed { length, stride } = keys {
-        let last_token = Tensor::<B, 1, Int>::arange(0..s as i64, device)
-            .mul_scalar(*stride as i64)
-            .add_scalar(*length as i64 - 1)
-            .reshape([1, s]);
-        return last_token.expand([t, s]).lower_equal(query.expand([t, s])).reshape([1, 1, t, s]);
-    }
+    let keys = match keys.route() {
+        Route::Tokens(keys) => keys,
+        Route::Compressed { length, stride } => {
+            let last_token = Tensor::<B, 1, Int>::arange(0..s as i64, device)
+                .mul_scalar(stride as i64)
+                .add_scalar(length as i64 - 1)
+                .reshape([1, s]);
+            return last_token.expand([t, s]).lower_equal(query.expand([t, s])).reshape([1, 1, t, s]);
+        }
+    };
     let key = Tensor::<B, 1, Int>::arange(0..t as i64, device).reshape([1, t]);
     let lag = (query - key).reshape([1, 1, t, t]); // t - s
     let causal = lag.clone().greater_equal_elem(0);
     match keys {
-        Keys::Window { w } => causal.bool_and(lag.lower_elem(*w as i64)),
-        Keys::Selected { blocks, block_size, .. } => {
+        TokenKeys::Window { w } => causal.bool_and(lag.lower_elem(w as i64)),
+        TokenKeys::Selected { blocks, block_size, .. } => {
             let blocks = Tensor::<B, 4, Int>::from_primitive(blocks.clone());
             let [b, _, h, n] = blocks.dims();
-            let key_block = Tensor::<B, 1, Int>::arange(0..t as i64, device).div_scalar(*block_size as i64);
+            let key_block = Tensor::<B, 1, Int>::arange(0..t as i64, device).div_scalar(block_size as i64);
             let shape = [b, t, h, n, t];
             let listed = blocks
                 .reshape([b, t, h, n, 1])
@@ -46,7 +49,6 @@ pub fn key_mask<B: Backend>(keys: &Keys<B>, t: usize, s: usize, device: &B::Devi
                 .permute([0, 2, 1, 3]);
             listed.bool_and(causal.expand([b, h, t, t]))
         }
-        Keys::Compressed { .. } => unreachable!("handled above"),
     }
 }
 

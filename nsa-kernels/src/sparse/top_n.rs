@@ -9,13 +9,23 @@ use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeRuntime;
 use cubecl::{calculate_cube_count_elemwise, CubeDim};
 
-use crate::api::Selection;
 use crate::kernel::primitives::layout::VECTOR;
 use crate::kernel::selection::top_n::select_top_n;
 use crate::kernel::selection::top_n_mma::select_top_n_mma;
-use crate::launch::capabilities;
-use crate::plan::{KeyKind, Problem, SelectionPlan};
-use crate::tiling::{SelectionTiling, SELECTION_LANES};
+use crate::sparse::api::Selection;
+use crate::sparse::launch::capabilities;
+use crate::sparse::plan::{KeyKind, Problem, SelectionPlan};
+use crate::sparse::tiling::{SelectionTiling, SELECTION_LANES};
+
+/// The plan the selection of `q` against `h_kv` KV heads runs; a shape no plan can run panics
+/// with the plan table's one line (the layer's config rules such shapes out first).
+fn plan_of<R: CubeRuntime>(q: &CubeTensor<R>, h_kv: usize, selection: &Selection) -> SelectionPlan {
+    let [_, t, heads_q, d_k] = q.meta.shape().dims::<4>();
+    let keys = KeyKind::Selected { block_size: selection.block_size };
+    let problem = Problem { heads_q, heads_kv: h_kv, d_k, d_v: d_k, dtype: q.dtype, keys };
+    SelectionPlan::choose(&problem, &capabilities(&q.client), t, selection.block_size, selection.n)
+        .unwrap_or_else(|message| panic!("{message}"))
+}
 
 /// `q [B, T, H_q, d_k]`, compressed keys `k [B, N, H_kv, d_k]` and the compressed branch's
 /// `lse [B, T, H_q]` -> the block lists `[B, T, H_kv, n]` of the backend's int dtype `int`.
@@ -38,16 +48,7 @@ pub fn select_blocks<R: CubeRuntime>(
     let h_kv = k.meta.shape()[2];
     let g = h_q / h_kv;
     let client = q.client.clone();
-    let problem = Problem {
-        heads_q: h_q,
-        heads_kv: h_kv,
-        d_k,
-        d_v: d_k,
-        dtype: q.dtype,
-        keys: KeyKind::Selected { block_size: selection.block_size },
-    };
-    let plan = SelectionPlan::choose(&problem, &capabilities(&client), t, selection.block_size, selection.n)
-        .unwrap_or_else(|message| panic!("{message}"));
+    let plan = plan_of(&q, h_kv, &selection);
     let list = empty_device_contiguous_dtype::<R>(
         client.clone(),
         q.device.clone(),

@@ -7,7 +7,7 @@
 //! 1, 2 and 6, `d_k != d_v` (and head dims that are not multiples of 4), batch 2, block counts
 //! that pad the products' width (149 blocks) and several cubes of score rows; one case runs
 //! through Burn's fusion, and strides of 1 and longer than a block. The branch runs as a causal
-//! attention over its interleaved rows (`nsa_kernels::compressed::Interleaved`: the window
+//! attention over its interleaved rows (`nsa_kernels::sparse::compressed::Interleaved`: the window
 //! kernels, portable here, tensor cores on CUDA, checked there by `nsa-bench kernels`).
 
 use burn::backend::wgpu::{CubeBackend, WgpuDevice, WgpuRuntime};

@@ -2,7 +2,7 @@
 
 use burn::module::{AutodiffModule, Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::tensor::{backend::Backend, Tensor, TensorData};
-use nsa_core::{NsaAttention, NsaConfig, Phi};
+use nsa_core::{NsaAttention, NsaAttentionConfig, NsaConfig, Phi};
 use nsa_tests::{fresh_rng, normal, random_input, randomized, to_vec, A64, B64};
 use rand::Rng;
 
@@ -81,7 +81,7 @@ fn check_gradients(phi: Phi) {
     let (t, b) = (19, 2);
     let device = Default::default();
     let mut rng = fresh_rng("gradients");
-    let layer: NsaAttention<A64> = randomized(cfg.init_nsa(t, 0.02, 0.02, &device), &mut rng, 0.5);
+    let layer: NsaAttention<A64> = randomized(NsaAttentionConfig::new(cfg.clone(), t).init(&device), &mut rng, 0.5);
     let (x, _) = random_input::<A64>(&mut rng, b, t, cfg.dim, &device);
     let weights =
         Tensor::<A64, 3>::from_data(TensorData::new(normal(&mut rng, b * t * cfg.dim, 1.0), [b, t, cfg.dim]), &device);

@@ -10,6 +10,7 @@
 use burn::backend::wgpu::{CubeBackend, WgpuDevice, WgpuRuntime};
 use burn::backend::Autodiff;
 use burn::tensor::{backend::AutodiffBackend, Int, Tensor, TensorData, TensorMetadata};
+use nsa_core::NsaAttentionConfig;
 use nsa_kernels::{sparse_attention, Keys, SparseAttentionBackend};
 use nsa_tests::attention::{attention, block_keys, window_keys, AttentionResult, Dims};
 use nsa_tests::{fresh_rng, max_rel_err, normal, random_input, randomized, small_config, to_vec, A64};
@@ -200,7 +201,7 @@ fn layer_fused_and_reference_paths_agree_on_wgpu() {
     type Plain = CubeBackend<WgpuRuntime, f32, i32, u32>;
     let (t, device) = (70, WgpuDevice::default());
     let mut rng = fresh_rng("layer_fused_and_reference_paths_agree_on_wgpu");
-    let fused = randomized(small_config().init_nsa::<Plain>(t, 0.02, 0.02, &device), &mut rng, 0.4);
+    let fused = randomized(NsaAttentionConfig::new(small_config(), t).init::<Plain>(&device), &mut rng, 0.4);
     let mut reference = fused.clone();
     reference.config.fused_kernels = false;
     let (x, _) = random_input::<Plain>(&mut rng, 2, t, small_config().dim, &device);

@@ -3,7 +3,7 @@
 use burn::module::Param;
 use burn::tensor::Tensor;
 use nsa_core::attention::DenseAttention;
-use nsa_core::{Branch, NsaAttention, NsaConfig};
+use nsa_core::{Branch, NsaAttention, NsaAttentionConfig, NsaConfig};
 use nsa_tests::{fresh_rng, max_rel_err, random_input, randomized, to_vec, B64};
 
 /// Gates at sigmoid(+-60): the chosen branch gets 1 - 1e-26, the others 1e-26.
@@ -31,7 +31,8 @@ fn assert_equals_dense(name: &str, cfg: NsaConfig, t: usize, branch: Branch) {
     cfg.validate().unwrap();
     let device = Default::default();
     let mut rng = fresh_rng(name);
-    let layer = force_gate(randomized(cfg.init_nsa::<B64>(t, 0.02, 0.02, &device), &mut rng, 0.4), branch);
+    let layer =
+        force_gate(randomized(NsaAttentionConfig::new(cfg.clone(), t).init::<B64>(&device), &mut rng, 0.4), branch);
     let (x, _) = random_input::<B64>(&mut rng, 2, t, cfg.dim, &device);
     let nsa = to_vec(layer.forward(x.clone()));
     let dense = to_vec(dense_twin(&layer, branch).forward(x));

@@ -1,6 +1,6 @@
 //! The layer against the float64 loop reference: outputs and selected block sets.
 
-use nsa_core::{NsaConfig, Phi};
+use nsa_core::{NsaAttentionConfig, NsaConfig, Phi};
 use nsa_tests::reference::nsa_reference;
 use nsa_tests::{
     fresh_rng, max_rel_err, random_input, randomized, selection_sets, small_config, to_vec, weights_of, B64,
@@ -17,7 +17,7 @@ fn check(name: &str, cfg: NsaConfig, batch: usize, t: usize) -> usize {
     cfg.validate().unwrap();
     let device = Default::default();
     let mut rng = fresh_rng(name);
-    let layer = randomized(cfg.init_nsa::<B64>(t, 0.02, 0.02, &device), &mut rng, 0.4);
+    let layer = randomized(NsaAttentionConfig::new(cfg.clone(), t).init::<B64>(&device), &mut rng, 0.4);
     let (x, rows) = random_input::<B64>(&mut rng, batch, t, cfg.dim, &device);
     let (out, aux) = layer.forward_with_aux(x);
     let expected = nsa_reference(&cfg, &weights_of(&layer), &rows, t);

@@ -1,8 +1,8 @@
 //! `phi = linear` starts exactly equal to `phi = avg`; the chunked compression equals the
 //! block gather; `phi = mlp` is held to the float64 reference in `parity.rs`.
 
-use nsa_core::attention::compress::Compressor;
-use nsa_core::{NsaAttention, NsaConfig, Phi};
+use nsa_core::attention::compress::{Compressor, CompressorConfig};
+use nsa_core::{NsaAttention, NsaAttentionConfig, NsaConfig, Phi};
 use nsa_tests::{fresh_rng, max_rel_err, random_input, randomized, to_vec, B64};
 
 #[test]
@@ -21,10 +21,10 @@ fn linear_phi_at_initialisation_equals_avg() {
     let (t, device) = (57, Default::default());
     let mut rng = fresh_rng("phi_init");
     // Random everything else, then the freshly initialised compressors of each kind.
-    let random: NsaAttention<B64> = randomized(cfg.init_nsa(t, 0.02, 0.02, &device), &mut rng, 0.4);
+    let random: NsaAttention<B64> = randomized(NsaAttentionConfig::new(cfg.clone(), t).init(&device), &mut rng, 0.4);
     let with_phi = |phi| {
         let mut layer = random.clone();
-        layer.compressor = Compressor::new(phi, cfg.l, cfg.d, cfg.d_k, cfg.d_v, None, &device);
+        layer.compressor = CompressorConfig::new(phi, cfg.l, cfg.d, cfg.d_k, cfg.d_v).init(&device);
         layer
     };
     let (linear, avg) = (with_phi(Phi::Linear), with_phi(Phi::Avg));
@@ -54,7 +54,7 @@ fn chunked_compression_equals_the_block_gather() {
     let (l, d, d_k, d_v) = (8, 4, 6, 5);
     for (phi, t) in [(Phi::Avg, 57), (Phi::Avg, 32), (Phi::Linear, 57), (Phi::Linear, 40)] {
         let compressor: Compressor<A64> =
-            randomized(Compressor::new(phi, l, d, d_k, d_v, None, &device), &mut rng, 0.3);
+            randomized(CompressorConfig::new(phi, l, d, d_k, d_v).init(&device), &mut rng, 0.3);
         // `[B, T, H, d]`: tokens before heads, as the layer's projections write them.
         let k = random_input::<A64>(&mut rng, 2, t, 3 * d_k, &device).0.reshape([2, t, 3, d_k]);
         let v = random_input::<A64>(&mut rng, 2, t, 3 * d_v, &device).0.reshape([2, t, 3, d_v]);

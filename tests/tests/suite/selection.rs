@@ -3,7 +3,7 @@
 use burn::module::Param;
 use burn::tensor::{Tensor, TensorData};
 use nsa_core::attention::selection::select_top_n;
-use nsa_core::{NsaAttention, NsaConfig};
+use nsa_core::{NsaAttention, NsaAttentionConfig, NsaConfig};
 use nsa_tests::reference::select_blocks;
 use nsa_tests::{fresh_rng, normal, random_input, randomized, selection_sets, small_config, to_vec, B64};
 
@@ -26,7 +26,7 @@ fn selection_depends_only_on_the_group_sum() {
     let device = Default::default();
     let mut rng = fresh_rng("group_consistency");
     let t = 80;
-    let layer: NsaAttention<B64> = randomized(cfg.init_nsa(t, 0.02, 0.02, &device), &mut rng, 0.4);
+    let layer: NsaAttention<B64> = randomized(NsaAttentionConfig::new(cfg.clone(), t).init(&device), &mut rng, 0.4);
     let (x, _) = random_input::<B64>(&mut rng, 1, t, cfg.dim, &device);
     let (_, before) = layer.forward_with_aux(x.clone());
 
@@ -56,7 +56,7 @@ fn forced_blocks_always_selected_and_counts_are_exact() {
     let device = Default::default();
     let mut rng = fresh_rng("forced_blocks");
     let t = 90;
-    let layer: NsaAttention<B64> = randomized(cfg.init_nsa(t, 0.02, 0.02, &device), &mut rng, 0.4);
+    let layer: NsaAttention<B64> = randomized(NsaAttentionConfig::new(cfg.clone(), t).init(&device), &mut rng, 0.4);
     let (x, _) = random_input::<B64>(&mut rng, 2, t, cfg.dim, &device);
     let (_, aux) = layer.forward_with_aux(x);
     for (row, blocks) in selection_sets(aux.blocks).concat().concat().iter().enumerate() {

@@ -1,5 +1,5 @@
 //! The layout moves that turn the compressed branch into a causal attention
-//! ([`crate::compressed::interleaved`]).
+//! ([`crate::sparse::compressed::interleaved`]).
 //!
 //! Query `t >= first` (`first = l - 1`) sees the compressed blocks `0..=c` with
 //! `c = (t - first) / stride`: the `stride` queries `t = first + c * stride + r` (`r < stride`)

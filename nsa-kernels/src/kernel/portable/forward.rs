@@ -4,7 +4,7 @@
 //! A window cube holds consecutive queries (all `g` heads of one KV head each): their windows
 //! overlap, so one staged chunk serves every row and each row masks the keys outside its own
 //! window. A selection cube holds one query's `g` heads and walks its selected blocks; with few
-//! rows it splits each row over more units instead (see [`crate::tiling`]).
+//! rows it splits each row over more units instead (see [`crate::sparse::tiling`]).
 
 use cubecl::prelude::*;
 

@@ -5,8 +5,8 @@
 
 use cubecl::prelude::*;
 
-use super::top_n::{force_blocks, TAKEN};
-use crate::tiling::SELECTION_LANES as LANES;
+use super::top_n::{force_blocks, lane_best, TAKEN};
+use crate::sparse::tiling::SELECTION_LANES as LANES;
 
 /// Query row `r`'s selection into `chosen[r * n..]` (unordered, `taken[r]` of them), as
 /// `super::top_n::take_best`: the forced blocks 0, `current - 1` and `current`, then up to `n`
@@ -30,18 +30,9 @@ pub fn take_best_in_plane(
     let mut count = force_blocks(scores, chosen, current, r, lane, blocks, n);
     // Block 0 is always forced, so at most `n - 1` blocks are chosen by score.
     for _round in 0..comptime!(n - 1) {
-        let mut best = f32::new(TAKEN);
-        let mut best_j = 0u32;
-        let mut j = lane;
-        while j <= current {
-            let s = scores[row + j];
-            // Ascending `j`: a strict comparison keeps the lower index of a tie.
-            if s > best {
-                best = s;
-                best_j = j as u32;
-            }
-            j += LANES;
-        }
+        let (lane_score, lane_block) = lane_best(scores, row, current, lane);
+        let mut best = lane_score;
+        let mut best_j = lane_block;
         // Butterfly: after the five exchanges every lane holds the plane's best.
         #[unroll]
         for step in 0..5u32 {

@@ -4,7 +4,7 @@
 //! written.
 //!
 //! A cube serves `rows` consecutive queries of one `(b, hk)`, one plane of [`LANES`] units per
-//! query (`crate::tiling::SelectionTiling`), and keeps each query's block scores in shared memory
+//! query (`crate::sparse::tiling::SelectionTiling`), and keeps each query's block scores in shared memory
 //! (at most `blocks` of them).
 //! 1. [`add_chunk_mass`] ([`super::block_scores`]): the compressed keys visible to the cube's last query, [`CHUNK`] at a
 //!    time, staged once for all its queries; lane `c` of a query's plane turns keys
@@ -25,7 +25,9 @@ use super::block_scores::{add_chunk_mass, group_mass, key_stride, stage_keys, st
 use super::selection_cube::SelectionCube;
 use crate::kernel::compression::visible::visible_blocks;
 use crate::kernel::primitives::rows::offset3;
-use crate::tiling::{SELECTION_CHUNK as CHUNK, SELECTION_KEYS_PER_LANE as KEYS_PER_LANE, SELECTION_LANES as LANES};
+use crate::sparse::tiling::{
+    SELECTION_CHUNK as CHUNK, SELECTION_KEYS_PER_LANE as KEYS_PER_LANE, SELECTION_LANES as LANES,
+};
 
 /// A taken block's score (real scores are sums of probabilities, never negative).
 pub(crate) const TAKEN: f32 = -1.0;
@@ -152,18 +154,7 @@ pub(crate) fn take_best(
     let at = r * LANES;
     // Block 0 is always forced, so at most `n - 1` blocks are chosen by score.
     for _round in 0..comptime!(n - 1) {
-        let mut best = f32::new(TAKEN);
-        let mut best_j = 0u32;
-        let mut j = lane;
-        while j <= current {
-            let s = scores[row + j];
-            // Ascending `j`: a strict comparison keeps the lower index of a tie.
-            if s > best {
-                best = s;
-                best_j = j as u32;
-            }
-            j += LANES;
-        }
+        let (best, best_j) = lane_best(scores, row, current, lane);
         best_score[at + lane] = best;
         best_block[at + lane] = best_j;
         // Halvings of the plane: `LANES` is 32.
@@ -184,6 +175,26 @@ pub(crate) fn take_best(
         }
         sync_cube();
     }
+}
+
+/// The best block of query row `r` (scores from `row`) among those lane `lane` scans
+/// (`lane, lane + LANES, ..` up to `current`) and none taken: its score and index, `TAKEN` and 0
+/// when none is left.
+#[cube]
+pub(crate) fn lane_best(scores: &SharedMemory<f32>, row: usize, current: usize, lane: usize) -> (f32, u32) {
+    let mut best = f32::new(TAKEN);
+    let mut best_j = 0u32;
+    let mut j = lane;
+    while j <= current {
+        let s = scores[row + j];
+        // Ascending `j`: a strict comparison keeps the lower index of a tie.
+        if s > best {
+            best = s;
+            best_j = j as u32;
+        }
+        j += LANES;
+    }
+    (best, best_j)
 }
 
 /// Puts the forced blocks 0, `current` and `current - 1` (those that exist) first in query row

@@ -20,9 +20,9 @@ use cubecl::{calculate_cube_count_elemwise, CubeDim};
 
 use crate::kernel::compression::interleave as moves;
 use crate::kernel::primitives::rows::NEG_LARGE;
-use crate::keys::Keys;
-use crate::launch::{backward_with, capabilities, forward_with, problem};
-use crate::plan::{BackwardPlan, ForwardPlan};
+use crate::sparse::keys::TokenKeys;
+use crate::sparse::launch::{backward_with, capabilities, forward_with, problem};
+use crate::sparse::plan::{BackwardPlan, ForwardPlan};
 
 /// The geometry of one call: batch `b`, length `t`, `n` compressed blocks of `length` tokens
 /// every `stride`.
@@ -54,10 +54,10 @@ impl Interleaved {
         k: CubeTensor<R>,
         v: CubeTensor<R>,
     ) -> (CubeTensor<R>, CubeTensor<R>) {
-        let keys = Keys::<CubeBackend<R, F, I, BT>>::Window { w: self.n };
+        let keys: TokenKeys<'_, CubeBackend<R, F, I, BT>> = TokenKeys::Window { w: self.n };
         let (q, k, v) = (self.interleave(&q, 0.0), self.repeat(&k), self.repeat(&v));
-        let plan = ForwardPlan::choose(&problem(&q, &k, &v, &keys), &capabilities(&q.client));
-        let (out, lse) = forward_with(q, k, v, &keys, &plan);
+        let plan = ForwardPlan::choose(&problem(&q, &k, &v, keys), &capabilities(&q.client));
+        let (out, lse) = forward_with(q, k, v, keys, &plan);
         (self.deinterleave(&out, 0.0), self.deinterleave_rows(&lse, NEG_LARGE))
     }
 
@@ -74,13 +74,13 @@ impl Interleaved {
         lse: CubeTensor<R>,
         grad_out: CubeTensor<R>,
     ) -> [CubeTensor<R>; 3] {
-        let keys = Keys::<CubeBackend<R, F, I, BT>>::Window { w: self.n };
+        let keys: TokenKeys<'_, CubeBackend<R, F, I, BT>> = TokenKeys::Window { w: self.n };
         let (q, out, grad_out) =
             (self.interleave(&q, 0.0), self.interleave(&out, 0.0), self.interleave(&grad_out, 0.0));
         let lse = self.interleave_rows(&lse, 0.0);
         let (k, v) = (self.repeat(&k), self.repeat(&v));
-        let plan = BackwardPlan::choose(&problem(&q, &k, &v, &keys), &capabilities(&q.client));
-        let grads = backward_with(q, k, v, out, lse, grad_out, &keys, &plan);
+        let plan = BackwardPlan::choose(&problem(&q, &k, &v, keys), &capabilities(&q.client));
+        let grads = backward_with(q, k, v, out, lse, grad_out, keys, &plan);
         [self.deinterleave(&grads.q, 0.0), self.sum_copies(&grads.k), self.sum_copies(&grads.v)]
     }
 

@@ -1,7 +1,7 @@
 //! The compressed branch on `CubeBackend`: queries against the `N` compressed keys, query `t`
 //! seeing the blocks complete at `t`. It is a causal attention in disguise ([`interleaved`]):
 //! the window kernels run it, flash-style (no `T x N` tensor), on the tensor cores where the
-//! plan table ([`crate::plan`]) puts a window there. A sequence shorter than one block has no
+//! plan table ([`crate::sparse::plan`]) puts a window there. A sequence shorter than one block has no
 //! key any row sees: its output is zero, its log-sum-exp `NEG_LARGE` and its gradients zero.
 
 pub mod interleaved;

@@ -15,8 +15,8 @@ use crate::kernel::row_delta::row_delta;
 use crate::kernel::selection::dq::selection_dq_flash;
 use crate::kernel::selection::segments::{sum_segments, sum_segments_vector};
 use crate::kernel::window::dq::window_dq_flash;
-use crate::plan::{BackwardPlan, DqPlan};
-use crate::tiling::{delta_rows, FlashKeyTiling, FlashSelectTiling, FlashTiling, KeyTiling, QueryTiling};
+use crate::sparse::plan::{BackwardPlan, DqPlan};
+use crate::sparse::tiling::{delta_rows, FlashKeyTiling, FlashSelectTiling, FlashTiling, KeyTiling, QueryTiling};
 
 /// What the forward left and the output's gradient, made contiguous.
 pub(crate) struct Saved<R: CubeRuntime> {

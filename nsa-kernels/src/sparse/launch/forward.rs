@@ -10,8 +10,8 @@ use crate::kernel::portable::forward::attention_forward;
 use crate::kernel::primitives::layout::VECTOR;
 use crate::kernel::selection::{merge::merge_selection_partials, partials::selection_partials_flash};
 use crate::kernel::window::forward::window_forward_flash;
-use crate::plan::ForwardPlan;
-use crate::tiling::{FlashSelectTiling, FlashTiling, QueryTiling};
+use crate::sparse::plan::ForwardPlan;
+use crate::sparse::tiling::{FlashSelectTiling, FlashTiling, QueryTiling};
 
 /// What a forward writes: `out [B, T, H_q, d_v]` in the storage type, `lse [B, T, H_q]` in f32.
 pub(crate) struct Outputs<R: CubeRuntime> {

@@ -1,4 +1,4 @@
-//! Running a [`crate::plan`] on `CubeBackend` (CUDA, WGPU): the operands of one call
+//! Running a [`crate::sparse::plan`] on `CubeBackend` (CUDA, WGPU): the operands of one call
 //! ([`Operands`]), the device's [`Capabilities`], and one launcher per plan ([`forward`],
 //! [`backward`]). `cube.rs` chooses the plans; tests and benchmarks may force any of a problem's
 //! candidates through [`forward_with`] and [`backward_with`].
@@ -25,9 +25,9 @@ use cubecl::ir::{FloatKind, StorageType, Type};
 use cubecl::prelude::*;
 use cubecl::{calculate_cube_count_elemwise, CubeDim};
 
-use crate::api::SparseAttentionGrads;
-use crate::keys::Keys;
-use crate::plan::{BackwardPlan, Capabilities, ForwardPlan, KeyKind, Problem};
+use crate::sparse::api::SparseAttentionGrads;
+use crate::sparse::keys::TokenKeys;
+use crate::sparse::plan::{BackwardPlan, Capabilities, ForwardPlan, KeyKind, Problem};
 use index::{InvertedIndex, UNITS_PER_CUBE};
 
 /// Byte alignment the tensor-core kernels' global loads need of every buffer.
@@ -39,7 +39,7 @@ pub fn forward_with<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElem
     q: CubeTensor<R>,
     k: CubeTensor<R>,
     v: CubeTensor<R>,
-    keys: &Keys<CubeBackend<R, F, I, BT>>,
+    keys: TokenKeys<'_, CubeBackend<R, F, I, BT>>,
     plan: &ForwardPlan,
 ) -> (CubeTensor<R>, CubeTensor<R>) {
     forward::run(&Operands::new(q, k, v, keys, I::dtype()), plan)
@@ -54,7 +54,7 @@ pub fn backward_with<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolEle
     out: CubeTensor<R>,
     lse: CubeTensor<R>,
     grad_out: CubeTensor<R>,
-    keys: &Keys<CubeBackend<R, F, I, BT>>,
+    keys: TokenKeys<'_, CubeBackend<R, F, I, BT>>,
     plan: &BackwardPlan,
 ) -> SparseAttentionGrads<CubeBackend<R, F, I, BT>> {
     let [q, k, v] = backward::run(&Operands::new(q, k, v, keys, I::dtype()), out, lse, grad_out, plan);
@@ -66,15 +66,14 @@ pub fn problem<R: CubeRuntime, B: burn::tensor::backend::Backend>(
     q: &CubeTensor<R>,
     k: &CubeTensor<R>,
     v: &CubeTensor<R>,
-    keys: &Keys<B>,
+    keys: TokenKeys<'_, B>,
 ) -> Problem {
     let [_, _, heads_q, d_k] = q.meta.shape().dims::<4>();
     let heads_kv = k.meta.shape()[2];
     let d_v = v.meta.shape()[3];
     let keys = match keys {
-        Keys::Window { w } => KeyKind::Window { w: *w },
-        Keys::Selected { block_size, .. } => KeyKind::Selected { block_size: *block_size },
-        Keys::Compressed { .. } => panic!("the compressed branch runs as a window: `compressed::Interleaved`"),
+        TokenKeys::Window { w } => KeyKind::Window { w },
+        TokenKeys::Selected { block_size, .. } => KeyKind::Selected { block_size },
     };
     Problem { heads_q, heads_kv, d_k, d_v, dtype: q.dtype, keys }
 }
@@ -128,7 +127,7 @@ impl<R: CubeRuntime> Operands<R> {
         q: CubeTensor<R>,
         k: CubeTensor<R>,
         v: CubeTensor<R>,
-        keys: &Keys<B>,
+        keys: TokenKeys<'_, B>,
         int_dtype: DType,
     ) -> Self {
         check_shapes(&q, &k, &v);
@@ -136,7 +135,7 @@ impl<R: CubeRuntime> Operands<R> {
         let d_k = q.meta.shape()[3];
         let d_v = v.meta.shape()[3];
         let (blocks, index, window, span) = match keys {
-            Keys::Window { w } => {
+            TokenKeys::Window { w } => {
                 // Never read (the kernels' window branch is compile-time), so not filled: a fill
                 // is a launch of its own.
                 let placeholder = empty_device_contiguous_dtype::<R>(
@@ -145,12 +144,11 @@ impl<R: CubeRuntime> Operands<R> {
                     Shape::new([1, 1, 1, 1]),
                     int_dtype,
                 );
-                (placeholder, None, true, *w)
+                (placeholder, None, true, w)
             }
-            Keys::Compressed { .. } => unreachable!("the compressed branch has its own kernels"),
-            Keys::Selected { blocks, block_size, index } => {
-                let index = index.as_ref().map(|index| InvertedIndex::from_tensors(index.tensors.clone()));
-                (into_contiguous(blocks.clone()), index, false, *block_size)
+            TokenKeys::Selected { blocks, block_size, index } => {
+                let index = index.map(|index| InvertedIndex::from_tensors(index.tensors.clone()));
+                (into_contiguous(blocks.clone()), index, false, block_size)
             }
         };
         let span = u32::try_from(span).expect("window or block size fits in u32");
