@@ -132,44 +132,52 @@ macro_rules! with_backend {
         use $crate::backends::*;
         match ($kind, $checkpointing) {
             (BackendKind::Cuda, false) => $crate::__if_cuda!({
-                type $B = Autodiff<burn::backend::Cuda>;
-                let $devices: Vec<burn::tensor::Device<$B>> = cuda_devices($indices);
-                let $memory: MemoryOf<$B> = cubecl_memory::<burn::cubecl::cuda::CudaRuntime>;
-                $body
+                let memory = cubecl_memory::<burn::cubecl::cuda::CudaRuntime>;
+                $crate::__on!(Autodiff<burn::backend::Cuda>, cuda_devices($indices), memory, |$B, $devices, $memory| {
+                    $body
+                })
             }),
             (BackendKind::Cuda, true) => $crate::__if_cuda!({
-                type $B = Autodiff<burn::backend::Cuda, Balanced>;
-                let $devices: Vec<burn::tensor::Device<$B>> = cuda_devices($indices);
-                let $memory: MemoryOf<$B> = cubecl_memory::<burn::cubecl::cuda::CudaRuntime>;
-                $body
+                let memory = cubecl_memory::<burn::cubecl::cuda::CudaRuntime>;
+                type Ad = Autodiff<burn::backend::Cuda, Balanced>;
+                $crate::__on!(Ad, cuda_devices($indices), memory, |$B, $devices, $memory| $body)
             }),
             (BackendKind::Wgpu, false) => $crate::__if_wgpu!({
-                type $B = Autodiff<burn::backend::Wgpu>;
-                let $devices: Vec<burn::tensor::Device<$B>> = wgpu_devices($indices);
-                let $memory: MemoryOf<$B> = cubecl_memory::<burn::cubecl::wgpu::WgpuRuntime>;
-                $body
+                let memory = cubecl_memory::<burn::cubecl::wgpu::WgpuRuntime>;
+                $crate::__on!(Autodiff<burn::backend::Wgpu>, wgpu_devices($indices), memory, |$B, $devices, $memory| {
+                    $body
+                })
             }),
             (BackendKind::Wgpu, true) => $crate::__if_wgpu!({
-                type $B = Autodiff<burn::backend::Wgpu, Balanced>;
-                let $devices: Vec<burn::tensor::Device<$B>> = wgpu_devices($indices);
-                let $memory: MemoryOf<$B> = cubecl_memory::<burn::cubecl::wgpu::WgpuRuntime>;
-                $body
+                let memory = cubecl_memory::<burn::cubecl::wgpu::WgpuRuntime>;
+                type Ad = Autodiff<burn::backend::Wgpu, Balanced>;
+                $crate::__on!(Ad, wgpu_devices($indices), memory, |$B, $devices, $memory| $body)
             }),
             // The CPU backend has one device: every replica runs on it.
             (BackendKind::Cpu, false) => $crate::__if_cpu!({
-                type $B = Autodiff<burn::backend::NdArray>;
-                let $devices: Vec<burn::tensor::Device<$B>> = vec![Default::default(); $indices.len()];
-                let $memory: MemoryOf<$B> = |_| None;
-                $body
+                let devices = vec![Default::default(); $indices.len()];
+                $crate::__on!(Autodiff<burn::backend::NdArray>, devices, |_| None, |$B, $devices, $memory| $body)
             }),
             (BackendKind::Cpu, true) => $crate::__if_cpu!({
-                type $B = Autodiff<burn::backend::NdArray, Balanced>;
-                let $devices: Vec<burn::tensor::Device<$B>> = vec![Default::default(); $indices.len()];
-                let $memory: MemoryOf<$B> = |_| None;
-                $body
+                let devices = vec![Default::default(); $indices.len()];
+                type Ad = Autodiff<burn::backend::NdArray, Balanced>;
+                $crate::__on!(Ad, devices, |_| None, |$B, $devices, $memory| $body)
             }),
             (BackendKind::Auto, _) => Err(not_compiled(BackendKind::Auto)),
         }
+    }};
+}
+
+/// `__on!(Backend, devices, memory, |B, devices, memory| body)`: the body with `B` the backend
+/// type, `devices` its devices and `memory` its memory-probe maker.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __on {
+    ($ty:ty, $devices_value:expr, $memory_value:expr, |$B:ident, $devices:ident, $memory:ident| $body:expr) => {{
+        type $B = $ty;
+        let $devices: Vec<burn::tensor::Device<$B>> = $devices_value;
+        let $memory: MemoryOf<$B> = $memory_value;
+        $body
     }};
 }
 

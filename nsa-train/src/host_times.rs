@@ -1,4 +1,4 @@
-//! The host's time to queue each part of a training step (`Trainer::host`, read by
+//! The host's time to queue each part of a training step (`Replica::host`, read by
 //! `nsa bench-train`).
 
 use std::time::Instant;

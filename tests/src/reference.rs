@@ -144,112 +144,100 @@ pub fn select_blocks(t: usize, scores: &[f64], l_sel: usize, n: usize) -> Vec<us
 
 /// The NSA layer on `x[b]` (`[T][dim]` flattened), per the spec.
 pub fn nsa_reference(c: &NsaConfig, w: &NsaWeights, x: &[Vec<f64>], t_len: usize) -> NsaReference {
+    let (output, selected) = x.iter().map(|xb| sequence_reference(c, w, xb, t_len)).unzip();
+    NsaReference { output, selected }
+}
+
+/// Per-token heads `[T][H][d]` of `m` applied to each token of `xb`, rotated at their positions
+/// with RoPE base `rope_base` when given.
+fn token_heads(m: &Mat, xb: &[f64], dim: usize, t_len: usize, h: usize, rope_base: Option<f64>) -> Vec<Vec<Vec<f64>>> {
+    (0..t_len)
+        .map(|t| {
+            let mut row = heads(m.apply(&xb[t * dim..(t + 1) * dim]), h);
+            if let Some(base) = rope_base {
+                row.iter_mut().for_each(|v| rope(v, t, base));
+            }
+            row
+        })
+        .collect()
+}
+
+/// One sequence's output `[T * dim]` and, per KV head, each position's selected blocks.
+fn sequence_reference(c: &NsaConfig, w: &NsaWeights, xb: &[f64], t_len: usize) -> (Vec<f64>, Vec<Vec<Vec<usize>>>) {
     let (hq, hkv, g, dv) = (c.n_heads, c.n_kv_heads, c.group_size(), c.d_v);
-    let mut output = Vec::new();
-    let mut selected_all = Vec::new();
-    for xb in x {
-        let token = |t: usize| &xb[t * c.dim..(t + 1) * c.dim];
-        let kv_of = |branch: usize| &w.kv[if c.shared_kv { 0 } else { branch }];
-        // Queries and per-branch keys (rotated at their positions) and values: [T][H][d].
-        let q: Vec<Vec<Vec<f64>>> = (0..t_len)
-            .map(|t| {
-                heads(w.query.apply(token(t)), hq)
-                    .into_iter()
-                    .map(|mut v| {
-                        rope(&mut v, t, c.rope_base);
-                        v
-                    })
-                    .collect()
-            })
-            .collect();
-        let keys = |branch: usize| -> Vec<Vec<Vec<f64>>> {
-            (0..t_len)
-                .map(|t| {
-                    heads(kv_of(branch).0.apply(token(t)), hkv)
-                        .into_iter()
-                        .map(|mut v| {
-                            rope(&mut v, t, c.rope_base);
-                            v
-                        })
-                        .collect()
-                })
-                .collect()
-        };
-        let values = |branch: usize| -> Vec<Vec<Vec<f64>>> {
-            (0..t_len).map(|t| heads(kv_of(branch).1.apply(token(t)), hkv)).collect()
-        };
-        let (k_cmp_raw, v_cmp_raw) = (keys(0), values(0));
-        let (k_slc, v_slc) = (keys(1), values(1));
-        let (k_win, v_win) = (keys(2), values(2));
-
-        // Compressed tokens [N][H_kv][d].
-        let n_blocks = if t_len < c.l { 0 } else { (t_len - c.l) / c.d + 1 };
-        let compress = |raw: &Vec<Vec<Vec<f64>>>, mlp: &Option<PhiWeights>| -> Vec<Vec<Vec<f64>>> {
-            (0..n_blocks)
-                .map(|i| {
-                    (0..hkv)
-                        .map(|h| phi(&(i * c.d..i * c.d + c.l).map(|p| raw[p][h].as_slice()).collect::<Vec<_>>(), mlp))
-                        .collect()
-                })
-                .collect()
-        };
-        let k_cmp = compress(&k_cmp_raw, &w.phi_key);
-        let v_cmp = compress(&v_cmp_raw, &w.phi_value);
-
-        let n_sel_blocks = t_len.div_ceil(c.l_sel);
-        let mut out_b = Vec::with_capacity(t_len * c.dim);
-        let mut selected_b = vec![Vec::new(); hkv];
-        for t in 0..t_len {
-            let n_cmp = if t + 1 < c.l { 0 } else { (t + 1 - c.l) / c.d + 1 };
-            let gates: Vec<f64> =
-                w.gate.apply(token(t)).iter().zip(&w.gate_bias).map(|(a, b)| sigmoid(a + b)).collect();
-            let mut mixed = vec![0.0; hq * dv];
-            for kh in 0..hkv {
-                // Compressed branch for each head of the group, and the group's block scores.
-                let mut group_score = vec![0.0; n_sel_blocks];
-                let mut o_cmp = vec![vec![0.0; dv]; g];
-                for gi in 0..g {
-                    let h = kh * g + gi;
-                    if n_cmp == 0 {
-                        continue;
-                    }
-                    let ks: Vec<&[f64]> = (0..n_cmp).map(|i| k_cmp[i][kh].as_slice()).collect();
-                    let vs: Vec<&[f64]> = (0..n_cmp).map(|i| v_cmp[i][kh].as_slice()).collect();
-                    let (o, p) = attend(&q[t][h], &ks, &vs, dv);
-                    o_cmp[gi] = o;
-                    for (i, pi) in p.iter().enumerate() {
-                        for (j, score) in group_score.iter_mut().enumerate() {
-                            let (a0, a1) = (i * c.d, i * c.d + c.l);
-                            let (b0, b1) = (j * c.l_sel, (j + 1) * c.l_sel);
-                            let overlap = a1.min(b1).saturating_sub(a0.max(b0));
-                            *score += pi * overlap as f64 / c.l as f64;
-                        }
-                    }
-                }
-                let chosen = select_blocks(t, &group_score, c.l_sel, c.n);
-                let sel_keys: Vec<usize> =
-                    chosen.iter().flat_map(|&j| j * c.l_sel..((j + 1) * c.l_sel).min(t + 1)).collect();
-                let win_keys: Vec<usize> = (t.saturating_sub(c.w - 1)..=t).collect();
-                selected_b[kh].push(chosen);
-                for gi in 0..g {
-                    let h = kh * g + gi;
-                    let gather = |ks: &Vec<Vec<Vec<f64>>>, idx: &[usize]| {
-                        idx.iter().map(|&p| ks[p][kh].clone()).collect::<Vec<_>>()
-                    };
-                    let (sk, sv) = (gather(&k_slc, &sel_keys), gather(&v_slc, &sel_keys));
-                    let (wk, wv) = (gather(&k_win, &win_keys), gather(&v_win, &win_keys));
-                    let (o_slc, _) = attend(&q[t][h], &slices(&sk), &slices(&sv), dv);
-                    let (o_win, _) = attend(&q[t][h], &slices(&wk), &slices(&wv), dv);
-                    for a in 0..dv {
-                        mixed[h * dv + a] =
-                            gates[h] * o_cmp[gi][a] + gates[hq + h] * o_slc[a] + gates[2 * hq + h] * o_win[a];
-                    }
+    let token = |t: usize| &xb[t * c.dim..(t + 1) * c.dim];
+    let kv_of = |branch: usize| &w.kv[if c.shared_kv { 0 } else { branch }];
+    // Queries and per-branch keys (rotated at their positions) and values: [T][H][d].
+    let q = token_heads(&w.query, xb, c.dim, t_len, hq, Some(c.rope_base));
+    let keys = |branch: usize| token_heads(&kv_of(branch).0, xb, c.dim, t_len, hkv, Some(c.rope_base));
+    let values = |branch: usize| token_heads(&kv_of(branch).1, xb, c.dim, t_len, hkv, None);
+    let (k_slc, v_slc) = (keys(1), values(1));
+    let (k_win, v_win) = (keys(2), values(2));
+    let k_cmp = compressed(c, &keys(0), &w.phi_key, t_len);
+    let v_cmp = compressed(c, &values(0), &w.phi_value, t_len);
+    let n_sel_blocks = t_len.div_ceil(c.l_sel);
+    let mut out_b = Vec::with_capacity(t_len * c.dim);
+    let mut selected_b = vec![Vec::new(); hkv];
+    for t in 0..t_len {
+        let n_cmp = if t + 1 < c.l { 0 } else { (t + 1 - c.l) / c.d + 1 };
+        let gates: Vec<f64> = w.gate.apply(token(t)).iter().zip(&w.gate_bias).map(|(a, b)| sigmoid(a + b)).collect();
+        let mut mixed = vec![0.0; hq * dv];
+        for kh in 0..hkv {
+            // Compressed branch for each head of the group, and the group's block scores.
+            let mut group_score = vec![0.0; n_sel_blocks];
+            let mut o_cmp = vec![vec![0.0; dv]; g];
+            for gi in (0..g).filter(|_| n_cmp > 0) {
+                let ks: Vec<&[f64]> = (0..n_cmp).map(|i| k_cmp[i][kh].as_slice()).collect();
+                let vs: Vec<&[f64]> = (0..n_cmp).map(|i| v_cmp[i][kh].as_slice()).collect();
+                let (o, p) = attend(&q[t][kh * g + gi], &ks, &vs, dv);
+                o_cmp[gi] = o;
+                add_block_scores(c, &p, &mut group_score);
+            }
+            let chosen = select_blocks(t, &group_score, c.l_sel, c.n);
+            let sel_keys: Vec<usize> =
+                chosen.iter().flat_map(|&j| j * c.l_sel..((j + 1) * c.l_sel).min(t + 1)).collect();
+            let win_keys: Vec<usize> = (t.saturating_sub(c.w - 1)..=t).collect();
+            selected_b[kh].push(chosen);
+            let gather =
+                |ks: &Vec<Vec<Vec<f64>>>, idx: &[usize]| idx.iter().map(|&p| ks[p][kh].clone()).collect::<Vec<_>>();
+            let (sk, sv) = (gather(&k_slc, &sel_keys), gather(&v_slc, &sel_keys));
+            let (wk, wv) = (gather(&k_win, &win_keys), gather(&v_win, &win_keys));
+            for gi in 0..g {
+                let h = kh * g + gi;
+                let (o_slc, _) = attend(&q[t][h], &slices(&sk), &slices(&sv), dv);
+                let (o_win, _) = attend(&q[t][h], &slices(&wk), &slices(&wv), dv);
+                for a in 0..dv {
+                    mixed[h * dv + a] =
+                        gates[h] * o_cmp[gi][a] + gates[hq + h] * o_slc[a] + gates[2 * hq + h] * o_win[a];
                 }
             }
-            out_b.extend(w.output.apply(&mixed));
         }
-        output.push(out_b);
-        selected_all.push(selected_b);
+        out_b.extend(w.output.apply(&mixed));
     }
-    NsaReference { output, selected: selected_all }
+    (out_b, selected_b)
+}
+
+/// Compressed tokens `[N][H_kv][d]` of raw rows `[T][H_kv][d]` through `phi`.
+fn compressed(c: &NsaConfig, raw: &[Vec<Vec<f64>>], weights: &Option<PhiWeights>, t_len: usize) -> Vec<Vec<Vec<f64>>> {
+    let n_blocks = if t_len < c.l { 0 } else { (t_len - c.l) / c.d + 1 };
+    (0..n_blocks)
+        .map(|i| {
+            (0..c.n_kv_heads)
+                .map(|h| phi(&(i * c.d..i * c.d + c.l).map(|p| raw[p][h].as_slice()).collect::<Vec<_>>(), weights))
+                .collect()
+        })
+        .collect()
+}
+
+/// Adds compressed probabilities `p` to the selection blocks' scores, each by its overlap share
+/// (Eq. 9).
+fn add_block_scores(c: &NsaConfig, p: &[f64], scores: &mut [f64]) {
+    for (i, pi) in p.iter().enumerate() {
+        for (j, score) in scores.iter_mut().enumerate() {
+            let (a0, a1) = (i * c.d, i * c.d + c.l);
+            let (b0, b1) = (j * c.l_sel, (j + 1) * c.l_sel);
+            let overlap = a1.min(b1).saturating_sub(a0.max(b0));
+            *score += pi * overlap as f64 / c.l as f64;
+        }
+    }
 }

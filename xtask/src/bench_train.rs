@@ -10,68 +10,75 @@ use serde_json::Value;
 
 use crate::{nsa, NsaArgs};
 
-pub fn run(mut args: NsaArgs, anchor: bool, scaling: bool, out: &Path) -> ExitCode {
-    if let Err(e) = std::fs::create_dir_all(out) {
-        eprintln!("error: {}: {e}", out.display());
-        return ExitCode::FAILURE;
+pub fn run(args: NsaArgs, anchor: bool, scaling: bool, out: &Path) -> ExitCode {
+    match bench(args, anchor, scaling, out) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Failure::Command(status)) => status,
+        Err(Failure::Message(e)) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
     }
+}
+
+/// How the benchmark failed: a command that did (and said why), or one line of our own.
+enum Failure {
+    Command(ExitCode),
+    Message(String),
+}
+
+impl From<String> for Failure {
+    fn from(e: String) -> Self {
+        Failure::Message(e)
+    }
+}
+
+/// Runs `nsa` (`--release` set); a failing run is a [`Failure::Command`].
+fn nsa_ok(command: &str, args: NsaArgs) -> Result<(), Failure> {
+    match nsa(command, NsaArgs { release: true, ..args }) {
+        ExitCode::SUCCESS => Ok(()),
+        status => Err(Failure::Command(status)),
+    }
+}
+
+fn bench(mut args: NsaArgs, anchor: bool, scaling: bool, out: &Path) -> Result<(), Failure> {
+    std::fs::create_dir_all(out).map_err(|e| format!("{}: {e}", out.display()))?;
     let ours_path = out.join("bench-train.json");
     let one_path = out.join("bench-train-1.json");
-    args.release = true;
     if scaling {
-        let Some(one) = first_device_only(&args.args) else {
-            eprintln!("error: --scaling needs `--devices A,B,..` (two or more) after `--`");
-            return ExitCode::FAILURE;
-        };
+        let one = first_device_only(&args.args)
+            .ok_or("--scaling needs `--devices A,B,..` (two or more) after `--`".to_string())?;
         let one = [one, vec!["--json".to_string(), one_path.display().to_string()]].concat();
-        let status = nsa("bench-train", NsaArgs { backend: args.backend, release: true, args: one });
-        if status != ExitCode::SUCCESS {
-            return status;
-        }
+        nsa_ok("bench-train", NsaArgs { backend: args.backend, release: true, args: one })?;
     }
     args.args.extend(["--json".to_string(), ours_path.display().to_string()]);
-    let status = nsa("bench-train", args);
-    if status == ExitCode::SUCCESS && scaling {
-        match (read_json(&one_path), read_json(&ours_path)) {
-            (Ok(one), Ok(all)) => {
-                let (a, b) = (one["tokens_per_s"].as_f64().unwrap_or(0.0), all["tokens_per_s"].as_f64().unwrap_or(0.0));
-                println!(
-                    "data parallel: {} devices {b:.0} tokens/s, one device {a:.0} tokens/s: {:.2}x",
-                    all["devices"].as_u64().unwrap_or(0),
-                    b / a
-                );
-            }
-            (Err(e), _) | (_, Err(e)) => eprintln!("error: {e}"),
-        }
+    nsa_ok("bench-train", args)?;
+    if scaling {
+        let (one, all) = (read_json(&one_path)?, read_json(&ours_path)?);
+        let (a, b) = (one["tokens_per_s"].as_f64().unwrap_or(0.0), all["tokens_per_s"].as_f64().unwrap_or(0.0));
+        let devices = all["devices"].as_u64().unwrap_or(0);
+        println!("data parallel: {devices} devices {b:.0} tokens/s, one device {a:.0} tokens/s: {:.2}x", b / a);
     }
-    if status != ExitCode::SUCCESS || !anchor {
-        return status;
+    if anchor {
+        run_anchor(&read_json(&ours_path)?, out)?;
     }
-    let ours = match read_json(&ours_path) {
-        Ok(v) => v,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
+    Ok(())
+}
+
+/// Trains PyTorch's dense model of `ours`' shape (`bench/train_anchor.py`), keeps its lines in
+/// `anchor.jsonl` under `out`, and prints ours over each anchor run.
+fn run_anchor(ours: &Value, out: &Path) -> Result<(), String> {
     let (batch, seq_len) = (ours["batch"].as_u64().unwrap_or(0), ours["seq_len"].as_u64().unwrap_or(0));
     let mut cmd = Command::new("python3");
     cmd.args(["bench/train_anchor.py", "--batch", &batch.to_string(), "--seq-len", &seq_len.to_string()]);
     eprintln!("+ {cmd:?}");
-    let output = match cmd.output() {
-        Ok(o) if o.status.success() => o,
-        Ok(o) => {
-            eprintln!(
-                "error: the anchor failed (python3 with torch and a CUDA GPU?):\n{}",
-                String::from_utf8_lossy(&o.stderr)
-            );
-            return ExitCode::FAILURE;
-        }
-        Err(e) => {
-            eprintln!("error: cannot run python3 for the anchor: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
+    let output = cmd.output().map_err(|e| format!("cannot run python3 for the anchor: {e}"))?;
+    if !output.status.success() {
+        return Err(format!(
+            "the anchor failed (python3 with torch and a CUDA GPU?):\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        ));
+    }
     let text = String::from_utf8_lossy(&output.stdout).to_string();
     if let Err(e) = std::fs::write(out.join("anchor.jsonl"), &text) {
         eprintln!("error: {e}");
@@ -84,19 +91,19 @@ pub fn run(mut args: NsaArgs, anchor: bool, scaling: bool, out: &Path) -> ExitCo
         let a_tokens = a["tokens_per_s"].as_f64().unwrap_or(f64::NAN);
         let a_peak = a["peak_gib"].as_f64();
         let mode = if a["compiled"].as_bool() == Some(true) { "torch.compile" } else { "eager" };
+        let memory = match (peak, a_peak) {
+            (Some(p), Some(q)) => format!("{:.2}x", p / q),
+            _ => "?".into(),
+        };
         println!(
             "anchor (PyTorch dense, {mode}, {}): {a_tokens:.0} tokens/s, peak {} \
-             | ours / anchor: {:.3}x tokens/s, {} memory",
+             | ours / anchor: {:.3}x tokens/s, {memory} memory",
             a["device"].as_str().unwrap_or("?"),
             gib(a_peak),
             tokens / a_tokens,
-            match (peak, a_peak) {
-                (Some(p), Some(q)) => format!("{:.2}x", p / q),
-                _ => "?".into(),
-            }
         );
     }
-    ExitCode::SUCCESS
+    Ok(())
 }
 
 /// `args` with `--devices A,B,..` cut to `--devices A`; `None` without two or more devices.

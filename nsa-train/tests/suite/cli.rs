@@ -51,8 +51,7 @@ fn config_and_data_errors_are_one_line() {
 #[test]
 fn train_then_generate_from_the_checkpoint() {
     let dir = common::scratch("cli-run");
-    let text: String = (0..400).map(|i| format!("line {i}: the quick brown fox jumps over the lazy dog.\n")).collect();
-    std::fs::write(dir.join("corpus.txt"), text).unwrap();
+    write_corpus(&dir);
     let cfg = dir.join("run.toml");
     std::fs::write(
         &cfg,
@@ -94,16 +93,22 @@ fn shipped_configs_load_as_run_configs() {
     }
 }
 
-/// A tiny run on the CPU: config, corpus and run directory under `dir`.
-fn tiny_cli_run(dir: &std::path::Path) -> (String, String, String) {
+/// Writes a small text corpus to `dir/corpus.txt`.
+fn write_corpus(dir: &std::path::Path) {
     let text: String = (0..400).map(|i| format!("line {i}: the quick brown fox jumps over the lazy dog.\n")).collect();
     std::fs::write(dir.join("corpus.txt"), text).unwrap();
+}
+
+/// A tiny run on the CPU: config (the tiny model and `train`), corpus and run directory under
+/// `dir`.
+fn tiny_cli_run(dir: &std::path::Path, train: &str) -> (String, String, String) {
+    write_corpus(dir);
     let cfg = dir.join("run.toml");
-    let train = concat!(
-        "fused_kernels = false\n[train]\nsteps = 4\nbatch_size = 2\nlog_every = 1\n",
-        "checkpoint_every = 2\nbackend = \"cpu\"\n"
-    );
-    std::fs::write(&cfg, tiny_model(32, 32) + train).unwrap();
+    std::fs::write(
+        &cfg,
+        tiny_model(32, 32) + "fused_kernels = false\n[train]\nbatch_size = 2\nlog_every = 1\n" + train,
+    )
+    .unwrap();
     let data = dir.join("corpus.txt").display().to_string();
     (cfg.display().to_string(), data, dir.join("run").display().to_string())
 }
@@ -120,7 +125,7 @@ fn logged_steps(run: &str) -> Vec<u64> {
 #[test]
 fn bad_inputs_around_a_run_are_one_line_errors_and_lose_nothing() {
     let dir = common::scratch("cli-bad");
-    let (cfg, data, run) = tiny_cli_run(&dir);
+    let (cfg, data, run) = tiny_cli_run(&dir, "steps = 4\ncheckpoint_every = 2\nbackend = \"cpu\"\n");
     let (ok, stderr) = nsa(&["train", "--config", &cfg, "--data", &data, "--out", &run]);
     assert!(ok, "{stderr}");
 
@@ -180,8 +185,7 @@ fn bad_inputs_around_a_run_are_one_line_errors_and_lose_nothing() {
 #[test]
 fn a_batch_the_device_cannot_hold_is_one_error_line() {
     let dir = common::scratch("cli-oom");
-    let text: String = (0..400).map(|i| format!("line {i}: the quick brown fox jumps over the lazy dog.\n")).collect();
-    std::fs::write(dir.join("corpus.txt"), text).unwrap();
+    write_corpus(&dir);
     let cfg = dir.join("run.toml");
     let train = "fused_kernels = false\n[train]\nsteps = 2\nbatch_size = 2\nvalid_every = 0\nbackend = \"wgpu\"\n";
     std::fs::write(&cfg, tiny_model(8192, 16) + train).unwrap();
@@ -224,16 +228,11 @@ fn a_batch_the_device_cannot_hold_is_one_error_line() {
 #[test]
 fn a_preempted_run_checkpoints_exits_75_and_resumes_exactly() {
     let dir = common::scratch("cli-signal");
-    let text: String = (0..400).map(|i| format!("line {i}: the quick brown fox jumps over the lazy dog.\n")).collect();
-    std::fs::write(dir.join("corpus.txt"), text).unwrap();
-    let cfg = dir.join("run.toml");
     let train = concat!(
-        "fused_kernels = false\n[train]\nsteps = 100000\nbatch_size = 2\nlog_every = 1\n",
-        "checkpoint_every = 100000\nvalid_every = 0\nwarmup_steps = 0\nmin_lr_ratio = 1.0\nbackend = \"cpu\"\n"
+        "steps = 100000\ncheckpoint_every = 100000\nvalid_every = 0\nwarmup_steps = 0\nmin_lr_ratio = 1.0\n",
+        "backend = \"cpu\"\n"
     );
-    std::fs::write(&cfg, tiny_model(32, 32) + train).unwrap();
-    let (cfg, data) = (cfg.display().to_string(), dir.join("corpus.txt").display().to_string());
-    let run = dir.join("run").display().to_string();
+    let (cfg, data, run) = tiny_cli_run(&dir, train);
     let mut child = Command::new(env!("CARGO_BIN_EXE_nsa"))
         .args(["train", "--config", &cfg, "--data", &data, "--out", &run, "--no-dashboard"])
         .stderr(std::process::Stdio::piped())

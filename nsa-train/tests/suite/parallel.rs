@@ -13,7 +13,7 @@ use nsa_train::dashboard::Collect;
 use nsa_train::data::load_splits;
 use nsa_train::metrics::MemoryOf;
 use nsa_train::parallel::{Fault, FaultKind};
-use nsa_train::trainer::{Stop, Trainer};
+use nsa_train::trainer::{Finish, Stop, Trainer};
 
 type B = Autodiff<NdArray>;
 
@@ -116,12 +116,18 @@ fn a_resumed_two_replica_run_matches_the_uninterrupted_one() {
     assert_eq!(weights(&second.replica.model), expected_weights, "weights differ after resume");
 }
 
+/// Two replicas trained toward step 6 with `fault` injected.
+fn two_replicas_with(name: &str, fault: Fault) -> (Trainer<B>, Result<Finish, Stop>) {
+    let mut t = two_replicas(name);
+    t.fault = Some(fault);
+    let finish = t.train_until(6, &mut Collect::default());
+    (t, finish)
+}
+
 #[test]
 fn a_non_finite_loss_on_one_rank_stops_every_rank_at_that_step() {
     let _one_at_a_time = COLLECTIVE.lock().unwrap_or_else(|e| e.into_inner());
-    let mut t = two_replicas("dp-nan");
-    t.fault = Some(Fault { step: 4, rank: 1, kind: FaultKind::NonFinite });
-    match t.train_until(6, &mut Collect::default()) {
+    match two_replicas_with("dp-nan", Fault { step: 4, rank: 1, kind: FaultKind::NonFinite }).1 {
         Err(Stop::NonFinite { step, .. }) => assert_eq!(step, 4),
         other => panic!("expected a non-finite stop at step 4, got {other:?}"),
     }
@@ -130,9 +136,8 @@ fn a_non_finite_loss_on_one_rank_stops_every_rank_at_that_step() {
 #[test]
 fn a_rank_that_fails_stops_the_run_with_its_rank_named() {
     let _one_at_a_time = COLLECTIVE.lock().unwrap_or_else(|e| e.into_inner());
-    let mut t = two_replicas("dp-fail");
-    t.fault = Some(Fault { step: 2, rank: 1, kind: FaultKind::Panic });
-    match t.train_until(6, &mut Collect::default()) {
+    let (t, finish) = two_replicas_with("dp-fail", Fault { step: 2, rank: 1, kind: FaultKind::Panic });
+    match finish {
         Err(Stop::Error(line)) => {
             assert!(line.contains("rank 1") && line.contains("step 2") && line.contains("injected"), "{line}")
         }

@@ -9,7 +9,7 @@ use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Int, Tensor, TensorData};
 use nsa_core::{NsaLm, Phi};
 use nsa_train::checkpoint::{self, CheckpointRecorder};
-use nsa_train::config::RunConfig;
+use nsa_train::config::{RunConfig, TrainConfig};
 use nsa_train::dashboard::{Collect, Reporter};
 use nsa_train::data::load_splits;
 use nsa_train::metrics::StepMetrics;
@@ -21,6 +21,20 @@ type B = Autodiff<NdArray>;
 fn trainer(cfg: RunConfig, resume: bool) -> Trainer<B> {
     let (train, valid, _) = load_splits(&cfg, &[]).unwrap();
     Trainer::<B>::new(cfg, train, valid, Default::default(), resume).unwrap()
+}
+
+/// A fresh tiny run of `steps` in a scratch directory `name`, its train settings changed by
+/// `train`: the directory, the config and the trainer.
+fn tiny_trainer(
+    name: &str,
+    steps: usize,
+    train: impl FnOnce(TrainConfig) -> TrainConfig,
+) -> (std::path::PathBuf, RunConfig, Trainer<B>) {
+    let dir = common::scratch(name);
+    let cfg = common::tiny_run(&dir, steps);
+    let cfg = cfg.clone().with_train(train(cfg.train));
+    let t = trainer(cfg.clone(), false);
+    (dir, cfg, t)
 }
 
 fn losses(t: &mut Trainer<B>, until: usize) -> Vec<f64> {
@@ -90,10 +104,7 @@ fn a_nan_at_step_k_stops_there_and_earlier_checkpoints_load() {
 
 #[test]
 fn checkpoints_keep_only_the_newest_k() {
-    let dir = common::scratch("keep");
-    let cfg = common::tiny_run(&dir, 9);
-    let cfg = cfg.clone().with_train(cfg.train.with_checkpoint_every(2).with_keep_checkpoints(2));
-    let mut t = trainer(cfg.clone(), false);
+    let (dir, cfg, mut t) = tiny_trainer("keep", 9, |t| t.with_checkpoint_every(2).with_keep_checkpoints(2));
     t.train_until(9, &mut Collect::default()).unwrap();
     let kept: Vec<usize> = checkpoint::list(&dir).into_iter().map(|(s, _)| s).collect();
     assert_eq!(kept, vec![8, 9]);
@@ -192,10 +203,7 @@ impl Reporter for StopAfter {
 
 #[test]
 fn a_stop_request_checkpoints_the_current_step_and_the_run_resumes_from_it() {
-    let dir = common::scratch("interrupt");
-    let cfg = common::tiny_run(&dir, 12);
-    let cfg = cfg.clone().with_train(cfg.train.with_checkpoint_every(100).with_log_every(1));
-    let mut t = trainer(cfg.clone(), false);
+    let (_, cfg, mut t) = tiny_trainer("interrupt", 12, |t| t.with_checkpoint_every(100).with_log_every(1));
     let mut reporter = StopAfter { after: 3, seen: Collect::default() };
     let finish = t.train_until(12, &mut reporter).unwrap();
     // The request is seen before step 4 is queued: step 4 runs, is checkpointed, and the run ends.

@@ -211,20 +211,10 @@ fn inverted_index_lists_every_selecting_query_once() {
     use burn::tensor::TensorData;
     use nsa_kernels::kernel::selection::index as inverse;
     use nsa_tests::fresh_rng;
-    use rand::seq::SliceRandom;
     let device = WgpuDevice::default();
     let mut rng = fresh_rng("inverted_index_lists_every_selecting_query_once");
     let (b, t, h_kv, n, n_blocks, rows, hot_bins) = (2, 37, 2, 5, 12, 4, 8);
-    // Distinct blocks per (b, t, hk), block 0 in every list, unused slots -1.
-    let mut blocks = Vec::new();
-    for _ in 0..b * t * h_kv {
-        let mut row: Vec<i32> = (1..n_blocks as i32).collect();
-        row.shuffle(&mut rng);
-        row.truncate(n - 2);
-        row.extend([0, -1]);
-        row.shuffle(&mut rng);
-        blocks.extend(row);
-    }
+    let blocks = random_lists(&mut rng, b * t * h_kv, n, n_blocks);
     // Zeros relabelled u32 (Burn's int here is i32, of the same width).
     let u32s = |shape: [usize; 3]| CubeTensor {
         dtype: DType::U32,
@@ -279,7 +269,30 @@ fn inverted_index_lists_every_selecting_query_once() {
         let bytes = client.read_one(x.handle.clone()).expect("read back");
         bytes.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
     };
-    let (counts, offsets, entries, slots) = (read(counts), read(offsets), read(entries), read(slots));
+    let index = [read(counts), read(offsets), read(entries), read(slots)];
+    assert_index_lists(&index, &blocks, [b, t, h_kv, n, n_blocks]);
+}
+
+/// `rows` lists of `n` slots: distinct blocks below `n_blocks`, block 0 in every list, one
+/// unused slot (-1), in random order.
+fn random_lists(rng: &mut rand::rngs::StdRng, rows: usize, n: usize, n_blocks: usize) -> Vec<i32> {
+    use rand::seq::SliceRandom;
+    let mut blocks = Vec::new();
+    for _ in 0..rows {
+        let mut row: Vec<i32> = (1..n_blocks as i32).collect();
+        row.shuffle(rng);
+        row.truncate(n - 2);
+        row.extend([0, -1]);
+        row.shuffle(rng);
+        blocks.extend(row);
+    }
+    blocks
+}
+
+/// Each block's list in the inverted index (`[counts, offsets, entries, slots]`) holds exactly
+/// the (query, slot) pairs whose list names the block.
+fn assert_index_lists(index: &[Vec<u32>; 4], blocks: &[i32], [b, t, h_kv, n, n_blocks]: [usize; 5]) {
+    let [counts, offsets, entries, slots] = index;
     for bb in 0..b {
         for hk in 0..h_kv {
             for j in 0..n_blocks {
