@@ -140,7 +140,7 @@ fn announce_build(what: &str) {
     eprintln!("building {what} (cargo's progress follows)");
 }
 
-/// `cargo run -p nsa-train --bin nsa` with the backend's features (and the CPU as fallback).
+/// `cargo run --bin nsa` with the backend's features (and the CPU as fallback).
 pub(crate) fn nsa(command: &str, args: NsaArgs) -> ExitCode {
     cargo_run("nsa-train", "nsa", command, args, &[])
 }
@@ -151,13 +151,16 @@ fn nsa_bench(command: &str, args: NsaArgs, out: &Path) -> ExitCode {
     cargo_run("nsa-bench", "nsa-bench", command, NsaArgs { release: true, ..args }, &out)
 }
 
-/// `cargo run -p PACKAGE --bin BIN -- COMMAND --backend B ARGS.. EXTRA..`, built with the
-/// features of [`features`] (both packages name their backend features alike).
+/// `cargo run --bin BIN --features PACKAGE/F.. -- COMMAND --backend B ARGS.. EXTRA..`, built with
+/// the features of [`features`] (both packages name their backend features alike). Built from
+/// the workspace root, as `cargo xtask test` builds, so the features of every member resolve
+/// the same way for both: the test build then reuses this build's `nsa-train` and `nsa`
+/// instead of compiling them again.
 fn cargo_run(package: &str, bin: &str, command: &str, a: NsaArgs, extra: &[String]) -> ExitCode {
     let backend = a.backend.detect();
-    let features = features(backend).join(",");
+    let features: Vec<String> = features(backend).iter().map(|f| format!("{package}/{f}")).collect();
     let mut cmd = Command::new(cargo());
-    cmd.args(["run", "-p", package, "--bin", bin, "--no-default-features", "--features", &features]);
+    cmd.args(["run", "--bin", bin, "--features", &features.join(",")]);
     if a.release {
         cmd.arg("--release");
     }
