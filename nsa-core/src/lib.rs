@@ -3,6 +3,7 @@
 
 pub mod attention;
 pub mod config;
+pub mod decode;
 #[cfg(feature = "learner")]
 pub mod learner;
 pub mod loss;
@@ -29,6 +30,7 @@ pub fn materialize<B: Backend, M: Module<B>>(module: M) -> M {
 
 pub use attention::{Branch, DenseAttention, DenseAttentionConfig, NsaAttention, NsaAttentionConfig, NsaAux};
 pub use config::{AttentionKind, ConfigError, NsaConfig, Phi};
+pub use decode::{DecodeCache, DecodeOutput};
 pub use loss::lm_loss;
 pub use model::{MlpKind, NsaLm, NsaLmConfig};
 pub use nsa_kernels::SparseAttentionBackend;

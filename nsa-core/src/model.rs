@@ -210,7 +210,7 @@ impl<B: SparseAttentionBackend> Block<B> {
 
 /// A Burn `RmsNorm`'s function through `nsa_kernels::rms_norm`, whose forward keeps only its
 /// input and one statistic per row for the backward (Burn's keeps about three activations).
-fn norm<B: SparseAttentionBackend>(layer: &RmsNorm<B>, x: Tensor<B, 3>) -> Tensor<B, 3> {
+pub(crate) fn norm<B: SparseAttentionBackend>(layer: &RmsNorm<B>, x: Tensor<B, 3>) -> Tensor<B, 3> {
     rms_norm(x, layer.gamma.val(), layer.epsilon)
 }
 

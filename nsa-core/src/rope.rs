@@ -8,7 +8,7 @@
 
 use burn::config::Config;
 use burn::module::Module;
-use burn::tensor::{backend::Backend, Tensor, TensorData};
+use burn::tensor::{backend::Backend, Int, Tensor, TensorData};
 use nsa_kernels::{linear_matmul, GemmBackend};
 
 use crate::attention::constants::cached;
@@ -76,7 +76,6 @@ impl<B: GemmBackend> Rope<B> {
             "sequence length {t} exceeds the model's RoPE table ({}); raise seq_len in the config",
             self.max_len()
         );
-        let half = d / 2;
         let mut table_shape = [1, 1, 1, d];
         table_shape[axis] = t;
         // The table is stored at the model's default dtype; a mixed-precision forward rotates in
@@ -84,20 +83,37 @@ impl<B: GemmBackend> Rope<B> {
         let dtype = x.dtype();
         let cos = self.cos.clone().narrow(0, 0, t).cast(dtype).reshape(table_shape);
         let sin = self.sin.clone().narrow(0, 0, t).cast(dtype).reshape(table_shape);
-        // Each pair (e, o) -> (e cos - o sin, e sin + o cos) = (e, o) cos + (-o, e) sin. The
-        // swapped, signed pairs are `x S` for a fixed signed permutation `S` (exact in any dtype:
-        // each output is one input, negated or not), a product on the tensor cores whose
-        // backward is a product too; a flip would be a copy kernel of its own each way, and
-        // splitting x into even and odd halves would need slices, fills and slice-assigns.
-        let device = x.device();
-        let swap = cached::<B, _>(&format!("rope_swap_{dtype:?}"), &[d], &device, || {
-            let mut s = vec![0.0f64; d * d];
-            for i in 0..half {
-                s[(2 * i + 1) * d + 2 * i] = -1.0; // column 2i takes -x[2i + 1]
-                s[2 * i * d + 2 * i + 1] = 1.0; // column 2i + 1 takes x[2i]
-            }
-            Tensor::<B, 2>::from_data(TensorData::new(s, [d, d]), &device).cast(dtype)
-        });
-        x.clone() * cos + linear_matmul(x, swap) * sin
+        rotate_with(x, cos, sin)
     }
+
+    /// Rotates `x: [B, 1, H, d]` (one token per sequence) at each row's position `at: [B]`.
+    pub fn apply_at(&self, x: Tensor<B, 4>, at: &Tensor<B, 1, Int>) -> Tensor<B, 4> {
+        let [b, _, _, d] = x.dims();
+        let dtype = x.dtype();
+        let row = |table: &Tensor<B, 2>| table.clone().select(0, at.clone()).cast(dtype).reshape([b, 1, 1, d]);
+        let (cos, sin) = (row(&self.cos), row(&self.sin));
+        rotate_with(x, cos, sin)
+    }
+}
+
+/// `x` rotated by the angles whose cosines and sines `cos` and `sin` hold (broadcast over `x`).
+fn rotate_with<B: GemmBackend>(x: Tensor<B, 4>, cos: Tensor<B, 4>, sin: Tensor<B, 4>) -> Tensor<B, 4> {
+    let d = x.dims()[3];
+    let half = d / 2;
+    let dtype = x.dtype();
+    // Each pair (e, o) -> (e cos - o sin, e sin + o cos) = (e, o) cos + (-o, e) sin. The
+    // swapped, signed pairs are `x S` for a fixed signed permutation `S` (exact in any dtype:
+    // each output is one input, negated or not), a product on the tensor cores whose
+    // backward is a product too; a flip would be a copy kernel of its own each way, and
+    // splitting x into even and odd halves would need slices, fills and slice-assigns.
+    let device = x.device();
+    let swap = cached::<B, _>(&format!("rope_swap_{dtype:?}"), &[d], &device, || {
+        let mut s = vec![0.0f64; d * d];
+        for i in 0..half {
+            s[(2 * i + 1) * d + 2 * i] = -1.0; // column 2i takes -x[2i + 1]
+            s[2 * i * d + 2 * i + 1] = 1.0; // column 2i + 1 takes x[2i]
+        }
+        Tensor::<B, 2>::from_data(TensorData::new(s, [d, d]), &device).cast(dtype)
+    });
+    x.clone() * cos + linear_matmul(x, swap) * sin
 }

@@ -1,41 +1,133 @@
-//! Sampling from a checkpoint: each token recomputes the whole sequence (no KV cache), the same
-//! forward as training.
+//! Sampling from a model with the decode cache: each prompt is prefilled once (the training
+//! forward), then every new token is one decode step that reads the cache instead of the whole
+//! context (`nsa_core::decode`).
+
+use std::time::Instant;
 
 use burn::tensor::{Int, Tensor, TensorData};
 use nsa_core::{NsaLm, SparseAttentionBackend};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+/// How tokens are drawn.
+#[derive(Clone, Debug)]
 pub struct SampleOptions {
-    pub tokens: usize,
+    /// New tokens per sequence at most.
+    pub max_tokens: usize,
+    /// 0 is greedy.
     pub temperature: f64,
+    /// Keep the `top_k` likeliest tokens (0 keeps all).
     pub top_k: usize,
+    /// Then keep the smallest set whose probability reaches `top_p` (1 keeps all).
+    pub top_p: f64,
     pub seed: u64,
 }
 
-/// Continues `prompt` by `opts.tokens` tokens. The context is the last `seq_len` tokens.
-pub fn sample<B: SparseAttentionBackend>(
-    model: &NsaLm<B>,
-    prompt: &[u32],
-    opts: &SampleOptions,
-    device: &B::Device,
-) -> Vec<u32> {
-    let mut rng = StdRng::seed_from_u64(opts.seed);
-    let mut tokens = prompt.to_vec();
-    for _ in 0..opts.tokens {
-        let start = tokens.len().saturating_sub(model.seq_len());
-        let context: Vec<i64> = tokens[start..].iter().map(|&t| i64::from(t)).collect();
-        let t = context.len();
-        let input = Tensor::<B, 2, Int>::from_data(TensorData::new(context, [1, t]), device);
-        let logits = model.forward(input).narrow(1, t - 1, 1).reshape([-1]);
-        let logits: Vec<f64> = logits.into_data().convert::<f64>().to_vec().unwrap();
-        tokens.push(pick(&logits, opts, &mut rng));
-    }
-    tokens[prompt.len()..].to_vec()
+/// What a generation produced, and its speed.
+#[derive(Clone, Debug)]
+pub struct Generation {
+    /// The new tokens of each sequence (without its prompt; the end-of-text token excluded).
+    pub tokens: Vec<Vec<u32>>,
+    /// Prompt tokens prefilled, and the seconds the prefill took (first token included).
+    pub prefill_tokens: usize,
+    pub prefill_secs: f64,
+    /// Tokens made by decode steps (every sequence of the batch counted), and their seconds.
+    pub decode_tokens: usize,
+    pub decode_secs: f64,
+    /// Whether a sequence reached the model's length before its limit or end-of-text.
+    pub hit_length: bool,
 }
 
-/// Greedy at temperature 0, else top-k sampling at the temperature.
-fn pick(logits: &[f64], opts: &SampleOptions, rng: &mut StdRng) -> u32 {
+/// Continues each of `prompts` by up to `opts.max_tokens` tokens, stopping a sequence at `stop`
+/// (the end-of-text id); `on_token(row, token)` is called as each token is drawn. A prompt
+/// longer than the model's `seq_len` is an error: positions past it have no trained rotation.
+pub fn generate<B: SparseAttentionBackend>(
+    model: &NsaLm<B>,
+    prompts: &[Vec<u32>],
+    opts: &SampleOptions,
+    stop: Option<u32>,
+    device: &B::Device,
+    mut on_token: impl FnMut(usize, u32),
+) -> Result<Generation, String> {
+    let seq_len = model.seq_len();
+    let longest = prompts.iter().map(Vec::len).max().ok_or("no prompt given")?;
+    if let Some(empty) = prompts.iter().position(Vec::is_empty) {
+        return Err(format!("prompt {empty} has no tokens"));
+    }
+    if longest > seq_len {
+        return Err(format!(
+            "the prompt is {longest} tokens, longer than the model's seq_len of {seq_len} (the longest context it was \
+             trained on): shorten it"
+        ));
+    }
+    let max_len = seq_len.min(longest + opts.max_tokens);
+    let mut rng = StdRng::seed_from_u64(opts.seed);
+    let mut out: Vec<Vec<u32>> = vec![Vec::new(); prompts.len()];
+    let mut done = vec![opts.max_tokens == 0; prompts.len()];
+
+    let start = Instant::now();
+    let mut cache = model.decode_cache(prompts.len(), max_len, device);
+    let mut last = Vec::with_capacity(prompts.len());
+    for (row, prompt) in prompts.iter().enumerate() {
+        let ids: Vec<i64> = prompt.iter().map(|&t| i64::from(t)).collect();
+        let input = Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [1, prompt.len()]), device);
+        let (logits, filled) = model.prefill(input, row, cache);
+        cache = filled;
+        let logits: Vec<f64> = logits.into_data().convert::<f64>().to_vec().map_err(|e| format!("{e:?}"))?;
+        last.push(pick(&logits, opts, &mut rng));
+    }
+    let prefill_secs = start.elapsed().as_secs_f64();
+    let mut take = |row: usize, token: u32, out: &mut Vec<Vec<u32>>, done: &mut Vec<bool>| {
+        if done[row] {
+            return;
+        }
+        if Some(token) == stop {
+            done[row] = true;
+            return;
+        }
+        out[row].push(token);
+        on_token(row, token);
+        done[row] = out[row].len() >= opts.max_tokens;
+    };
+    for (row, &token) in last.iter().enumerate() {
+        take(row, token, &mut out, &mut done);
+    }
+
+    let start = Instant::now();
+    let mut decode_tokens = 0;
+    let mut hit_length = false;
+    while done.iter().any(|d| !d) {
+        if cache.lengths.iter().any(|&t| t >= max_len) {
+            hit_length = max_len == seq_len;
+            break;
+        }
+        let ids: Vec<i64> = last.iter().map(|&t| i64::from(t)).collect();
+        let input = Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [last.len(), 1]), device);
+        let (step, next) = model.decode(input, cache);
+        cache = next;
+        let vocab = step.logits.dims()[1];
+        let logits: Vec<f64> = step.logits.into_data().convert::<f64>().to_vec().map_err(|e| format!("{e:?}"))?;
+        for (row, token) in last.iter_mut().enumerate() {
+            *token = pick(&logits[row * vocab..(row + 1) * vocab], opts, &mut rng);
+        }
+        decode_tokens += last.len();
+        for (row, &token) in last.iter().enumerate() {
+            take(row, token, &mut out, &mut done);
+        }
+    }
+    Ok(Generation {
+        tokens: out,
+        prefill_tokens: prompts.iter().map(Vec::len).sum(),
+        prefill_secs,
+        decode_tokens,
+        decode_secs: start.elapsed().as_secs_f64(),
+        hit_length,
+    })
+}
+
+/// Greedy at temperature 0; else the temperature's distribution over the `top_k` likeliest
+/// tokens, cut to the smallest set reaching `top_p`.
+pub fn pick(logits: &[f64], opts: &SampleOptions, rng: &mut StdRng) -> u32 {
     let mut order: Vec<usize> = (0..logits.len()).collect();
     order.sort_by(|a, b| logits[*b].total_cmp(&logits[*a]));
     if opts.temperature <= 0.0 {
@@ -46,12 +138,41 @@ fn pick(logits: &[f64], opts: &SampleOptions, rng: &mut StdRng) -> u32 {
     let max = logits[top[0]];
     let weights: Vec<f64> = top.iter().map(|&i| ((logits[i] - max) / opts.temperature).exp()).collect();
     let total: f64 = weights.iter().sum();
-    let mut draw = rng.random::<f64>() * total;
-    for (i, w) in top.iter().zip(&weights) {
+    // The nucleus: the likeliest tokens until their share reaches top_p (at least one).
+    let mut kept = 0;
+    let mut mass = 0.0;
+    while kept < k && (kept == 0 || mass < opts.top_p * total) {
+        mass += weights[kept];
+        kept += 1;
+    }
+    let mut draw = rng.random::<f64>() * mass;
+    for (i, w) in top[..kept].iter().zip(&weights) {
         draw -= w;
         if draw <= 0.0 {
             return *i as u32;
         }
     }
-    top[k - 1] as u32
+    top[kept - 1] as u32
+}
+
+/// Text printed as tokens come: the decoded text grows token by token, and a token that ends
+/// inside a multi-byte character waits for the rest of it.
+#[derive(Default)]
+pub struct TextStream {
+    ids: Vec<u32>,
+    printed: usize,
+}
+
+impl TextStream {
+    /// Adds `token`; returns the text that is now complete and not yet returned.
+    pub fn push(&mut self, token: u32, decode: impl Fn(&[u32]) -> String) -> String {
+        self.ids.push(token);
+        let text = decode(&self.ids);
+        if text.ends_with('\u{FFFD}') || text.len() < self.printed || !text.is_char_boundary(self.printed) {
+            return String::new();
+        }
+        let new = text[self.printed..].to_string();
+        self.printed = text.len();
+        new
+    }
 }

@@ -251,17 +251,22 @@ impl<B: GemmBackend> Compressor<B> {
         }
     }
 
+    /// Blocks of `l` tokens each, keys `[B, N, l, H, d_k]` and values `[B, N, l, H, d_v]`, to
+    /// one compressed key and value each (`[B, N, H, d]`): what a decode step does with the
+    /// block its token completes.
+    pub fn compress(&self, k_blocks: Tensor<B, 5>, v_blocks: Tensor<B, 5>) -> (Tensor<B, 4>, Tensor<B, 4>) {
+        let key = self.apply_phi(&self.key_phi, &self.key_mlp, k_blocks);
+        let value = self.apply_phi(&self.value_phi, &self.value_mlp, v_blocks);
+        (key, value)
+    }
+
     /// [`Self::forward`] from each block's `l` tokens whole ([`Self::gather_blocks`]).
     pub fn forward_gathered(&self, k: Tensor<B, 4>, v: Tensor<B, 4>) -> Option<(Tensor<B, 4>, Tensor<B, 4>)> {
         let n = self.num_blocks(k.dims()[1]);
         if n == 0 {
             return None;
         }
-        let k_blocks = self.gather_blocks(k, n);
-        let v_blocks = self.gather_blocks(v, n);
-        let key = self.apply_phi(&self.key_phi, &self.key_mlp, k_blocks);
-        let value = self.apply_phi(&self.value_phi, &self.value_mlp, v_blocks);
-        Some((key, value))
+        Some(self.compress(self.gather_blocks(k, n), self.gather_blocks(v, n)))
     }
 
     /// `blocks: [B, N, l, H, h]` -> `[B, N, H, h]` through whichever `phi` is configured.

@@ -203,7 +203,7 @@ impl<B: SparseAttentionBackend> NsaAttention<B> {
         (out, gates)
     }
 
-    fn kv(&self, branch: Branch) -> &KvProjection<B> {
+    pub(crate) fn kv(&self, branch: Branch) -> &KvProjection<B> {
         &self.kv[if self.config.shared_kv { 0 } else { branch as usize }]
     }
 

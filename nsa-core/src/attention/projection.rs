@@ -3,7 +3,7 @@
 use burn::config::Config;
 use burn::module::Module;
 use burn::nn::{Initializer, Linear, LinearConfig};
-use burn::tensor::{backend::Backend, Tensor};
+use burn::tensor::{backend::Backend, Int, Tensor};
 use nsa_kernels::{linear_matmul, GemmBackend};
 
 use crate::rope::Rope;
@@ -79,6 +79,14 @@ impl<B: GemmBackend> KvProjection<B> {
     /// (tokens before heads: the layout the projection writes, so no copy is made).
     pub fn forward(&self, x: Tensor<B, 3>, rope: &Rope<B>) -> (Tensor<B, 4>, Tensor<B, 4>) {
         let k = rope.apply_tokens_first(tokens_first_heads(apply(&self.key, x.clone()), self.kv_heads));
+        let v = tokens_first_heads(apply(&self.value, x), self.kv_heads);
+        (k, v)
+    }
+
+    /// [`Self::forward`] for one token per sequence, `x: [B, 1, dim]`, rotated at each row's
+    /// position `at: [B]`.
+    pub fn forward_at(&self, x: Tensor<B, 3>, rope: &Rope<B>, at: &Tensor<B, 1, Int>) -> (Tensor<B, 4>, Tensor<B, 4>) {
+        let k = rope.apply_at(tokens_first_heads(apply(&self.key, x.clone()), self.kv_heads), at);
         let v = tokens_first_heads(apply(&self.value, x), self.kv_heads);
         (k, v)
     }

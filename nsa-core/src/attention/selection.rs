@@ -23,15 +23,27 @@ pub fn num_selection_blocks(t: usize, l_sel: usize) -> usize {
 /// beat `j`), exact and deterministic on every backend; it materialises `B*H_kv*T*n_sel^2`
 /// booleans, small next to the reference path's `T x T` scores.
 pub fn select_top_n<B: Backend>(scores: Tensor<B, 4>, l_sel: usize, n: usize) -> Tensor<B, 4, Bool> {
-    let [b, h, t, nb] = scores.dims();
+    let [_, _, t, nb] = scores.dims();
     let device = scores.device();
     let (forced, candidate, remaining) =
         cached::<B, _>("top_n", &[t, nb, l_sel, n], &device, || top_n_masks::<B>(t, nb, l_sel, n, &device));
+    let row = [1, 1, t, nb];
+    take_top_n(scores, forced.reshape(row), candidate.reshape(row), remaining.reshape(row))
+}
+
+/// The top-n of `scores: [B, H, T, nb]` given, per row, the `forced` blocks, the `candidate`
+/// blocks and how many candidates it takes (`remaining`), each `[B or 1, 1, T, nb]`: the
+/// forced blocks and the candidates that fewer than `remaining` candidates beat.
+pub fn take_top_n<B: Backend>(
+    scores: Tensor<B, 4>,
+    forced: Tensor<B, 4, Bool>,
+    candidate: Tensor<B, 4, Bool>,
+    remaining: Tensor<B, 4, Int>,
+) -> Tensor<B, 4, Bool> {
+    let shape = scores.dims();
     let rank = candidate_rank(scores, candidate.clone());
-    let shape = [b, h, t, nb];
-    let wins = rank.lower(remaining.reshape([1, 1, t, nb]).expand(shape));
-    let chosen = wins.bool_and(candidate.reshape([1, 1, t, nb]).expand(shape));
-    chosen.bool_or(forced.reshape([1, 1, t, nb]).expand(shape))
+    let wins = rank.lower(remaining.expand(shape));
+    wins.bool_and(candidate.expand(shape)).bool_or(forced.expand(shape))
 }
 
 /// The shape-only parts of [`select_top_n`], `[T, nb]` each: the forced blocks, the candidates
@@ -62,8 +74,8 @@ fn top_n_masks<B: Backend>(
 }
 
 /// For each block, how many candidate blocks beat it: a higher score, or an equal score and a
-/// lower index. `scores: [B, H, T, nb]`, `candidate: [T, nb]` -> `[B, H, T, nb]`.
-fn candidate_rank<B: Backend>(scores: Tensor<B, 4>, candidate: Tensor<B, 2, Bool>) -> Tensor<B, 4, Int> {
+/// lower index. `scores: [B, H, T, nb]`, `candidate: [B or 1, 1, T, nb]` -> `[B, H, T, nb]`.
+fn candidate_rank<B: Backend>(scores: Tensor<B, 4>, candidate: Tensor<B, 4, Bool>) -> Tensor<B, 4, Int> {
     let [b, h, t, nb] = scores.dims();
     let device = scores.device();
     let pair = [b, h, t, nb, nb];
@@ -82,7 +94,7 @@ fn candidate_rank<B: Backend>(scores: Tensor<B, 4>, candidate: Tensor<B, 2, Bool
         .clone()
         .greater(own.clone())
         .bool_or(rival.equal(own).bool_and(rival_lower_index))
-        .bool_and(candidate.reshape([1, 1, t, 1, nb]).expand(pair));
+        .bool_and(candidate.unsqueeze_dim::<5>(3).expand(pair));
     beats.int().sum_dim(4).reshape([b, h, t, nb])
 }
 

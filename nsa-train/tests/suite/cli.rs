@@ -81,6 +81,20 @@ fn train_then_generate_from_the_checkpoint() {
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     let text = String::from_utf8_lossy(&output.stdout);
     assert!(text.starts_with("line 1") && text.trim_end().len() >= 6, "{text}");
+    assert!(String::from_utf8_lossy(&output.stderr).contains("tokens/s), decode"), "the closing speed line");
+
+    // A prompt from a file, several samples at once.
+    std::fs::write(dir.join("prompt.txt"), "line 2").unwrap();
+    let prompt_file = dir.join("prompt.txt").display().to_string();
+    let args = ["generate", "--checkpoint", &out, "--prompt-file", &prompt_file, "--max-tokens", "8", "--batch", "2"];
+    let output = Command::new(env!("CARGO_BIN_EXE_nsa")).args(args).args(["--backend", "cpu"]).output().unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(text.matches("--- sample").count(), 2, "{text}");
+    assert_fails_with(
+        &["generate", "--checkpoint", &out, "--prompt", "x", "--top-p", "0"],
+        "--top-p must be in (0, 1]",
+    );
 }
 
 #[test]

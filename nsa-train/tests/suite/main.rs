@@ -5,6 +5,7 @@
 mod cli;
 mod common;
 mod data;
+mod generate;
 mod parallel;
 mod resume_config;
 mod tokenizer;

@@ -9,6 +9,7 @@ mod activation;
 mod compressed;
 mod config;
 mod constants;
+mod decode;
 mod embedding;
 mod gemm;
 mod gradients;

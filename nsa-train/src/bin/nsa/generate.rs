@@ -1,5 +1,6 @@
 //! `nsa generate`: text sampled from a checkpoint.
 
+use std::io::Write;
 use std::path::PathBuf;
 
 use burn::tensor::backend::AutodiffBackend;
@@ -8,7 +9,7 @@ use nsa_train::backends::{resolve, use_kernel_cache};
 use nsa_train::checkpoint;
 use nsa_train::config::{BackendKind, RunConfig};
 use nsa_train::data::tokenizer::Tokenizer;
-use nsa_train::generate::{sample, SampleOptions};
+use nsa_train::generate::{Generation, SampleOptions, TextStream};
 use nsa_train::with_backend;
 
 #[derive(clap::Args)]
@@ -16,26 +17,74 @@ pub(crate) struct GenerateArgs {
     /// A run directory (its newest checkpoint) or one checkpoint directory.
     #[arg(long)]
     checkpoint: PathBuf,
+    /// The text to continue.
+    #[arg(long, required_unless_present = "prompt_file", conflicts_with = "prompt_file")]
+    prompt: Option<String>,
+    /// A file whose text is the prompt.
     #[arg(long)]
-    prompt: String,
-    #[arg(long, default_value_t = 200)]
-    tokens: usize,
+    prompt_file: Option<PathBuf>,
+    /// New tokens per sample at most (generation also stops at end-of-text).
+    #[arg(long, alias = "tokens", default_value_t = 200)]
+    max_tokens: usize,
+    /// 0 samples greedily.
     #[arg(long, default_value_t = 0.8)]
     temperature: f64,
+    /// Sample among the k likeliest tokens (0: all).
     #[arg(long, default_value_t = 40)]
     top_k: usize,
+    /// Then among the fewest tokens whose probability reaches p (1: all).
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f64,
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Samples of the prompt drawn together (one decode step serves them all); printed when done.
+    #[arg(long, default_value_t = 1)]
+    batch: usize,
     #[arg(long, value_enum)]
     backend: Option<BackendKind>,
 }
 
-pub(crate) fn generate(args: GenerateArgs) -> Result<(), String> {
-    let GenerateArgs { checkpoint: path, prompt, tokens, temperature, top_k, seed, backend } = args;
-    let opts = SampleOptions { tokens, temperature, top_k, seed };
-    if prompt.is_empty() {
-        return Err("--prompt is empty: give the text to continue (at least one character)".into());
+/// The prompt text, from `--prompt` or `--prompt-file`.
+fn prompt_text(prompt: Option<String>, file: Option<PathBuf>) -> Result<String, String> {
+    let (text, from) = match (prompt, file) {
+        (Some(text), _) => (text, "--prompt".to_string()),
+        (None, Some(path)) => {
+            let text = std::fs::read_to_string(&path)
+                .map_err(|e| format!("--prompt-file {}: cannot read: {e}", path.display()))?;
+            (text, format!("--prompt-file {}", path.display()))
+        }
+        (None, None) => return Err("give --prompt TEXT or --prompt-file PATH".into()),
+    };
+    if text.is_empty() {
+        return Err(format!("{from} is empty: give the text to continue (at least one character)"));
     }
+    Ok(text)
+}
+
+/// Checks the sampling flags, each error naming its flag.
+fn options(args: &GenerateArgs) -> Result<SampleOptions, String> {
+    if !(args.temperature >= 0.0 && args.temperature.is_finite()) {
+        return Err(format!("--temperature must be a finite number >= 0, got {}", args.temperature));
+    }
+    if !(args.top_p > 0.0 && args.top_p <= 1.0) {
+        return Err(format!("--top-p must be in (0, 1], got {}", args.top_p));
+    }
+    if args.batch == 0 {
+        return Err("--batch must be at least 1".into());
+    }
+    Ok(SampleOptions {
+        max_tokens: args.max_tokens,
+        temperature: args.temperature,
+        top_k: args.top_k,
+        top_p: args.top_p,
+        seed: args.seed,
+    })
+}
+
+pub(crate) fn generate(args: GenerateArgs) -> Result<(), String> {
+    let opts = options(&args)?;
+    let GenerateArgs { checkpoint: path, prompt, prompt_file, batch, backend, .. } = args;
+    let prompt = prompt_text(prompt, prompt_file)?;
     // Accept a run directory (its newest intact checkpoint) or a checkpoint directory.
     let (newest, damaged) = checkpoint::newest_intact(&path);
     for (dir, why) in &damaged {
@@ -69,8 +118,44 @@ pub(crate) fn generate(args: GenerateArgs) -> Result<(), String> {
         if prompt_ids.is_empty() {
             return Err(format!("--prompt {prompt:?} encodes to no tokens: give text the tokenizer keeps"));
         }
-        let out = sample(&model, &prompt_ids, &opts, &device);
-        println!("{prompt}{}", tokenizer.decode(&out));
+        let prompts = vec![prompt_ids; batch];
+        let decode = |ids: &[u32]| tokenizer.decode(ids);
+        let mut stream = TextStream::default();
+        if batch == 1 {
+            print!("{prompt}");
+        }
+        let done =
+            nsa_train::generate::generate(&model, &prompts, &opts, Some(tokenizer.eod()), &device, |_, token| {
+                if batch == 1 {
+                    print!("{}", stream.push(token, decode));
+                    let _ = std::io::stdout().flush();
+                }
+            })?;
+        if batch == 1 {
+            println!();
+        } else {
+            for (i, tokens) in done.tokens.iter().enumerate() {
+                println!("--- sample {i}\n{prompt}{}", tokenizer.decode(tokens));
+            }
+        }
+        report(&done, model.seq_len());
         Ok(())
     })
+}
+
+/// The closing line: prefill and decode speed.
+fn report(done: &Generation, seq_len: usize) {
+    let rate = |tokens: usize, secs: f64| if secs > 0.0 { tokens as f64 / secs } else { 0.0 };
+    if done.hit_length {
+        eprintln!("stopped at the model's seq_len of {seq_len} tokens");
+    }
+    eprintln!(
+        "prefill {} tokens in {:.2} s ({:.0} tokens/s), decode {} tokens in {:.2} s ({:.1} tokens/s)",
+        done.prefill_tokens,
+        done.prefill_secs,
+        rate(done.prefill_tokens, done.prefill_secs),
+        done.decode_tokens,
+        done.decode_secs,
+        rate(done.decode_tokens, done.decode_secs)
+    );
 }

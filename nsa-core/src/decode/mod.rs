@@ -1,0 +1,23 @@
+//! Generation with a cache (spec, "Prefill, decode, varlen"): a prefill runs a prompt through the
+//! training forward and keeps, per layer and sequence, what later tokens read; each decode step
+//! then takes one new token per sequence and reads the selected blocks, the window and the
+//! compressed blocks from the cache instead of recomputing the context.
+//!
+//! A step's tensors have shapes fixed by the batch and the cache's maximum length (the
+//! positions are device values, built once per step in [`DecodePositions`]), so on a GPU nothing
+//! compiles or autotunes after the first token. Sequences of one batch may have different
+//! lengths. The step runs in tensor ops on every backend.
+
+pub mod attend;
+pub mod cache;
+pub mod dense_layer;
+pub mod model;
+pub mod nsa_layer;
+pub mod positions;
+pub mod store;
+
+pub use cache::{DecodeCache, LayerCache, NsaLayerCache};
+pub use model::DecodeOutput;
+pub use nsa_layer::NsaFill;
+pub use positions::{DecodePositions, NsaPositions};
+pub use store::{KeyValues, Slots, TokenStore};

@@ -1,0 +1,128 @@
+//! The model's prefill and decode step over a [`DecodeCache`].
+
+use burn::tensor::{Int, Tensor};
+use nsa_kernels::SparseAttentionBackend;
+
+use super::cache::{DecodeCache, LayerCache, NsaLayerCache};
+use super::positions::DecodePositions;
+use super::store::{KeyValues, TokenStore};
+use crate::attention::projection::apply;
+use crate::config::NsaConfig;
+use crate::model::{embed, norm, Attention, NsaLm};
+
+/// A decode step's logits and, per NSA layer, the blocks each sequence's token selected.
+pub struct DecodeOutput<B: SparseAttentionBackend> {
+    /// `[B, vocab]`.
+    pub logits: Tensor<B, 2>,
+    /// `[B, 1, H_kv, n]` per NSA layer (as the training forward lists them).
+    pub blocks: Vec<Tensor<B, 4, Int>>,
+}
+
+impl<B: SparseAttentionBackend> NsaLm<B> {
+    /// An empty cache for `batch` sequences of up to `max_len` positions (at most the model's
+    /// `seq_len`), in the dtype of the model's weights.
+    pub fn decode_cache(&self, batch: usize, max_len: usize, device: &B::Device) -> DecodeCache<B> {
+        assert!(max_len <= self.seq_len(), "a cache of {max_len} positions is longer than the model's seq_len");
+        let dtype = self.embedding.weight.val().dtype();
+        let layers = self
+            .blocks
+            .iter()
+            .map(|block| match &block.attention {
+                Attention::Nsa(layer) => {
+                    LayerCache::Nsa(NsaLayerCache::new(&layer.config, batch, max_len, dtype, device))
+                }
+                Attention::Dense(layer) => {
+                    let c = &layer.config;
+                    let kv = KeyValues::zeros(batch, c.n_kv_heads, max_len, [c.d_k, c.d_v], dtype, device);
+                    LayerCache::Dense(TokenStore(kv))
+                }
+            })
+            .collect();
+        DecodeCache { layers, lengths: vec![0; batch], max_len }
+    }
+
+    /// Runs `tokens: [1, T]` (the training forward) as row `row` of `cache`, which must be empty
+    /// there, and fills that row: the logits of the last position `[1, vocab]` and the cache.
+    pub fn prefill(
+        &self,
+        tokens: Tensor<B, 2, Int>,
+        row: usize,
+        mut cache: DecodeCache<B>,
+    ) -> (Tensor<B, 2>, DecodeCache<B>) {
+        let t = tokens.dims()[1];
+        assert!(t >= 1 && t <= cache.max_len, "a prompt of {t} tokens does not fit a cache of {}", cache.max_len);
+        assert_eq!(cache.lengths[row], 0, "row {row} of the cache is already filled");
+        let mut x = embed(&self.embedding, tokens);
+        let mut layers = Vec::with_capacity(self.blocks.len());
+        for (block, layer) in self.blocks.iter().zip(cache.layers) {
+            let normed = norm(&block.attention_norm, x.clone());
+            let (attended, layer) = match (&block.attention, layer) {
+                (Attention::Nsa(nsa), LayerCache::Nsa(layer)) => {
+                    let (out, _, fill) = nsa.prefill(normed);
+                    (out, LayerCache::Nsa(layer.fill(row, &fill)))
+                }
+                (Attention::Dense(dense), LayerCache::Dense(store)) => {
+                    let (out, kv) = dense.prefill(normed);
+                    (out, LayerCache::Dense(store.fill(row, &kv)))
+                }
+                _ => panic!("the cache was made for another model"),
+            };
+            layers.push(layer);
+            x = x.clone() + attended;
+            x = x.clone() + block.mlp.forward(norm(&block.mlp_norm, x));
+        }
+        cache.layers = layers;
+        cache.lengths[row] = t;
+        let last = norm(&self.norm, x.narrow(1, t - 1, 1));
+        (apply(&self.lm_head, last).reshape([1, -1]), cache)
+    }
+
+    /// One token per sequence, `tokens: [B, 1]`, each at its row's length: the logits and the
+    /// cache with the tokens appended. Every tensor's shape is fixed by the batch and the
+    /// cache's maximum length, so a GPU compiles a step's kernels once.
+    pub fn decode(&self, tokens: Tensor<B, 2, Int>, cache: DecodeCache<B>) -> (DecodeOutput<B>, DecodeCache<B>) {
+        let DecodeCache { layers, lengths, max_len } = cache;
+        assert_eq!(tokens.dims(), [lengths.len(), 1], "one token per cached sequence");
+        if let Some(full) = lengths.iter().find(|&&t| t >= max_len) {
+            panic!("a sequence of {full} tokens fills its cache of {max_len}: no room for another");
+        }
+        let device = tokens.device();
+        let positions = DecodePositions::new(&lengths, max_len, self.nsa_config(), self.has_dense(), &device);
+        let mut x = embed(&self.embedding, tokens);
+        let (mut next, mut blocks) = (Vec::with_capacity(layers.len()), Vec::new());
+        for (block, layer) in self.blocks.iter().zip(layers) {
+            let normed = norm(&block.attention_norm, x.clone());
+            let (attended, layer) = match (&block.attention, layer) {
+                (Attention::Nsa(nsa), LayerCache::Nsa(layer)) => {
+                    let (out, selected, layer) = nsa.decode(normed, layer, &positions);
+                    blocks.push(selected);
+                    (out, LayerCache::Nsa(layer))
+                }
+                (Attention::Dense(dense), LayerCache::Dense(store)) => {
+                    let (out, store) = dense.decode(normed, store, &positions);
+                    (out, LayerCache::Dense(store))
+                }
+                _ => panic!("the cache was made for another model"),
+            };
+            next.push(layer);
+            x = x.clone() + attended;
+            x = x.clone() + block.mlp.forward(norm(&block.mlp_norm, x));
+        }
+        let b = lengths.len();
+        let logits = apply(&self.lm_head, norm(&self.norm, x)).reshape([b as i32, -1]);
+        let lengths = lengths.into_iter().map(|t| t + 1).collect();
+        (DecodeOutput { logits, blocks }, DecodeCache { layers: next, lengths, max_len })
+    }
+
+    /// The NSA layers' shape (all layers share one), when the model has NSA layers.
+    fn nsa_config(&self) -> Option<&NsaConfig> {
+        self.blocks.iter().find_map(|block| match &block.attention {
+            Attention::Nsa(layer) => Some(&layer.config),
+            Attention::Dense(_) => None,
+        })
+    }
+
+    fn has_dense(&self) -> bool {
+        self.blocks.iter().any(|block| matches!(block.attention, Attention::Dense(_)))
+    }
+}

@@ -1,0 +1,160 @@
+//! The NSA layer's prefill (the training forward, plus the keys and values it caches) and its
+//! decode step (one new token per sequence against the cache), as the spec's one function.
+
+use burn::tensor::{Bool, Int, Tensor};
+use nsa_kernels::sparse::reference::{overlap_weights, stats_dtype};
+use nsa_kernels::SparseAttentionBackend;
+
+use super::attend::attend;
+use super::cache::NsaLayerCache;
+use super::positions::{DecodePositions, NsaPositions};
+use super::store::{KeyValues, Slots, TokenStore};
+use crate::attention::constants::cached;
+use crate::attention::projection::{apply, tokens_first_heads};
+use crate::attention::selection::{selected_list, take_top_n};
+use crate::attention::{Branch, NsaAttention, NsaAux};
+
+/// What a prefill of `T` tokens leaves for the cache, tokens first (`[1, T, H_kv, d]`).
+pub struct NsaFill<B: SparseAttentionBackend> {
+    pub selected: KeyValues<B>,
+    pub window: KeyValues<B>,
+    /// The compressed branch's raw rotated keys and values (the cache keeps the last `l`).
+    pub raw_compressed: KeyValues<B>,
+    /// The compressed blocks `[1, N, H_kv, d]`, when one exists.
+    pub compressed: Option<KeyValues<B>>,
+}
+
+impl<B: SparseAttentionBackend> NsaLayerCache<B> {
+    /// Row `row` filled from a prefill of that sequence.
+    pub fn fill(self, row: usize, fill: &NsaFill<B>) -> Self {
+        NsaLayerCache {
+            selected: self.selected.fill(row, &fill.selected),
+            window: self.window.fill_ring(row, &fill.window),
+            tail: self.tail.fill_ring(row, &fill.raw_compressed),
+            compressed: match &fill.compressed {
+                Some(blocks) => self.compressed.fill_front(row, blocks),
+                None => self.compressed,
+            },
+        }
+    }
+}
+
+/// `[B, 1, H, d]` (one token, tokens first) -> `[B, H, 1, d]` (heads first, as the cache holds).
+fn heads_first<B: SparseAttentionBackend>(x: Tensor<B, 4>) -> Tensor<B, 4> {
+    x.swap_dims(1, 2)
+}
+
+impl<B: SparseAttentionBackend> NsaAttention<B> {
+    /// The forward of `x: [1, T, dim]` (the training path, fused kernels included) and what a
+    /// decode cache keeps of it. The keys and values are computed again beside the forward's,
+    /// by the same ops, so the training forward stays as it is.
+    pub fn prefill(&self, x: Tensor<B, 3>) -> (Tensor<B, 3>, NsaAux<B>, NsaFill<B>) {
+        let (out, aux) = self.forward_with_aux(x.clone());
+        let kv = |branch| {
+            let (keys, values) = self.kv(branch).forward(x.clone(), &self.rope);
+            KeyValues { keys, values }
+        };
+        let raw_compressed = kv(Branch::Compressed);
+        let compressed = self
+            .compressor
+            .forward(raw_compressed.keys.clone(), raw_compressed.values.clone())
+            .map(|(keys, values)| KeyValues { keys, values });
+        let fill = NsaFill { selected: kv(Branch::Selected), window: kv(Branch::Window), raw_compressed, compressed };
+        (out, aux, fill)
+    }
+
+    /// One new token per sequence, `x: [B, 1, dim]` at the positions `at`, against `cache`
+    /// (which takes the token's keys and values first): the output `[B, 1, dim]`, the selected
+    /// blocks `[B, 1, H_kv, n]` (as the training forward lists them) and the cache.
+    pub fn decode(
+        &self,
+        x: Tensor<B, 3>,
+        cache: NsaLayerCache<B>,
+        at: &DecodePositions<B>,
+    ) -> (Tensor<B, 3>, Tensor<B, 4, Int>, NsaLayerCache<B>) {
+        let c = &self.config;
+        let p = at.nsa.as_ref().expect("decode positions built for an NSA model");
+        let b = x.dims()[0];
+        let g = c.n_heads / c.n_kv_heads;
+        let q = self.rope.apply_at(tokens_first_heads(apply(&self.query, x.clone()), c.n_heads), &at.at);
+        let q = q.reshape([b, c.n_kv_heads, g, c.d_k]);
+        let new = |branch| {
+            let (k, v) = self.kv(branch).forward_at(x.clone(), &self.rope, &at.at);
+            KeyValues { keys: heads_first(k), values: heads_first(v) }
+        };
+
+        let tail = cache.tail.write(new(Branch::Compressed), &p.tail_hit);
+        let compressed = cache.compressed.write(self.compress_tail(&tail, &p.tail_order), &p.emit_hit);
+        let cmp = &compressed.0;
+        let (o_cmp, probs) = attend(q.clone(), cmp.keys.clone(), cmp.values.clone(), p.compressed_visible.clone());
+        let blocks = self.decode_select(probs, p);
+
+        let selected = cache.selected.append(new(Branch::Selected), &at.at);
+        let (keys, visible) = self.selected_keys(&selected, blocks.clone(), p);
+        let (o_slc, _) = attend(q.clone(), keys.keys, keys.values, visible);
+
+        let window = cache.window.write(new(Branch::Window), &p.window_hit);
+        let (o_win, _) = attend(q, window.0.keys.clone(), window.0.values.clone(), p.window_visible.clone());
+
+        let heads = |o: Tensor<B, 4>| o.reshape([b, 1, c.n_heads, c.d_v]);
+        let (out, _) = self.mix(x, [heads(o_cmp), heads(o_slc), heads(o_win)]);
+        (out, blocks, NsaLayerCache { selected, window, tail, compressed })
+    }
+
+    /// The block the tail's `l` positions make (`[B, H_kv, 1, d]`), in position order: written
+    /// into the compressed slots only by the rows whose token completes a block.
+    fn compress_tail(&self, tail: &Slots<B>, order: &Tensor<B, 2, Int>) -> KeyValues<B> {
+        let ordered = tail.gather(order); // [B, H, l, d]
+        let blocks = |x: Tensor<B, 4>| {
+            let [b, h, l, d] = x.dims();
+            x.swap_dims(1, 2).reshape([b, 1, l, h, d])
+        };
+        let (keys, values) = self.compressor.compress(blocks(ordered.keys), blocks(ordered.values));
+        KeyValues { keys: heads_first(keys), values: heads_first(values) }
+    }
+
+    /// The selected blocks `[B, 1, H_kv, n]` from the compressed branch's probabilities
+    /// `[B, H_kv, g, N]`: the spec's scores (Eq. 9, the Eq. 10 group sum) and its top-n.
+    fn decode_select(&self, probs: Tensor<B, 4>, p: &NsaPositions<B>) -> Tensor<B, 4, Int> {
+        let c = &self.config;
+        let [b, h, _, n_cmp] = probs.dims();
+        let n_sel = p.forced.dims()[3];
+        let device = probs.device();
+        let stats = stats_dtype(probs.dtype());
+        let weights = cached::<B, _>("decode_overlap", &[n_cmp, n_sel, c.l, c.d, c.l_sel], &device, || {
+            overlap_weights::<B>(n_cmp, n_sel, c.l, c.d, c.l_sel, &device)
+        });
+        let summed = probs.sum_dim(2).reshape([b * h, n_cmp]);
+        let scores = summed.matmul(weights.cast(stats)).reshape([b, h, 1, n_sel]);
+        let chosen = take_top_n(scores, p.forced.clone(), p.candidate.clone(), p.remaining.clone());
+        selected_list(chosen, c.n)
+    }
+
+    /// The keys and values of the selected blocks `[B, 1, H_kv, n]`, `[B, H_kv, n * l_sel, d]`,
+    /// and which of them the token sees (`[B, H_kv, 1, n * l_sel]`: listed, and not after it).
+    fn selected_keys(
+        &self,
+        store: &TokenStore<B>,
+        blocks: Tensor<B, 4, Int>,
+        p: &NsaPositions<B>,
+    ) -> (KeyValues<B>, Tensor<B, 4, Bool>) {
+        let (l_sel, n) = (self.config.l_sel, self.config.n);
+        let [b, _, h, _] = blocks.dims();
+        let len = store.0.slots();
+        let device = blocks.device();
+        let shape = [b, h, n, l_sel];
+        let offset = Tensor::<B, 1, Int>::arange(0..l_sel as i64, &device).reshape([1, 1, 1, l_sel]).expand(shape);
+        let block = blocks.reshape([b, h, n, 1]).expand(shape);
+        let position = block.clone().mul_scalar(l_sel as i64) + offset;
+        let visible = block
+            .greater_equal_elem(0)
+            .bool_and(position.clone().lower_equal(p.last_key.clone().expand(shape)))
+            .reshape([b, h, 1, n * l_sel]);
+        let index = position.clamp(0, len as i64 - 1).reshape([b, h, n * l_sel, 1]);
+        let take = |x: &Tensor<B, 4>| {
+            let d = x.dims()[3];
+            x.clone().gather(2, index.clone().expand([b, h, n * l_sel, d]))
+        };
+        (KeyValues { keys: take(&store.0.keys), values: take(&store.0.values) }, visible)
+    }
+}

@@ -1,0 +1,153 @@
+//! Decoding with the cache is the training forward, one token at a time (spec, "Prefill,
+//! decode, varlen"): a prefill of `T` tokens then `k` decode steps give the logits and the
+//! selected blocks of one forward over `T + k`, in float64 on the CPU; the cache a prefill fills
+//! equals the one token-by-token decoding fills; rows of different lengths decode in one batch.
+//!
+//! The small shape (`l = 8, d = 4, l_sel = 8, w = 16`) over 40 positions crosses compression
+//! emits, selection-block boundaries and the window's edge, and starts below `l`.
+
+use burn::tensor::{Int, Tensor, TensorData};
+use nsa_core::decode::{DecodeCache, LayerCache};
+use nsa_core::{AttentionKind, NsaConfig, NsaLm, NsaLmConfig, Phi};
+use nsa_tests::{fresh_rng, max_rel_err, randomized, small_config, to_vec, B64};
+use rand::rngs::StdRng;
+use rand::Rng;
+
+const LEN: usize = 40;
+
+fn model(rng: &mut StdRng, attention: NsaConfig) -> NsaLm<B64> {
+    let cfg = NsaLmConfig::new().with_vocab_size(32).with_n_layers(2).with_seq_len(LEN).with_attention(attention);
+    cfg.validate().unwrap();
+    randomized(cfg.init::<B64>(&Default::default()), rng, 0.3)
+}
+
+fn tokens(rng: &mut StdRng, t: usize) -> Vec<i64> {
+    (0..t).map(|_| rng.random_range(0..32)).collect()
+}
+
+fn row(tokens: &[i64]) -> Tensor<B64, 2, Int> {
+    Tensor::from_data(TensorData::new(tokens.to_vec(), [1, tokens.len()]), &Default::default())
+}
+
+/// Logits `[T, vocab]` and, per NSA layer, the block lists `[T][H_kv * n]` of one forward.
+fn full_forward(model: &NsaLm<B64>, tokens: &[i64]) -> (Vec<Vec<f64>>, Vec<Vec<Vec<i64>>>) {
+    let (logits, aux) = model.forward_with_aux(row(tokens));
+    let vocab = logits.dims()[2];
+    let logits = to_vec(logits).chunks(vocab).map(<[f64]>::to_vec).collect();
+    let blocks = aux
+        .into_iter()
+        .map(|a| {
+            let [_, t, h, n] = a.blocks.dims();
+            let list: Vec<i64> = a.blocks.into_data().convert::<i64>().to_vec().unwrap();
+            list.chunks(h * n).take(t).map(<[i64]>::to_vec).collect()
+        })
+        .collect();
+    (logits, blocks)
+}
+
+/// Prefills `rows[b][..prompt[b]]` into row `b`, then decodes the rest one token per step;
+/// checks every step's logits and blocks against each row's own full forward.
+fn check_decode(name: &str, model: &NsaLm<B64>, rows: &[Vec<i64>], prompt: &[usize]) {
+    let mut cache = model.decode_cache(rows.len(), LEN, &Default::default());
+    let wants: Vec<_> = rows.iter().map(|r| full_forward(model, r)).collect();
+    for (b, (tokens, &t)) in rows.iter().zip(prompt).enumerate() {
+        let (logits, filled) = model.prefill(row(&tokens[..t]), b, cache);
+        cache = filled;
+        let err = max_rel_err(&to_vec(logits), &wants[b].0[t - 1]);
+        assert!(err <= 1e-9, "{name}: prefill logits of row {b} differ by {err:e}");
+    }
+    let steps = rows.iter().zip(prompt).map(|(r, &t)| r.len() - t).min().unwrap();
+    for step in 0..steps {
+        let next: Vec<i64> = rows.iter().zip(prompt).map(|(r, &t)| r[t + step]).collect();
+        let input = Tensor::<B64, 2, Int>::from_data(TensorData::new(next, [rows.len(), 1]), &Default::default());
+        let (out, next_cache) = model.decode(input, cache);
+        cache = next_cache;
+        let vocab = out.logits.dims()[1];
+        let logits = to_vec(out.logits);
+        for (b, &t) in prompt.iter().enumerate() {
+            let position = t + step;
+            let err = max_rel_err(&logits[b * vocab..(b + 1) * vocab], &wants[b].0[position]);
+            assert!(err <= 1e-9, "{name}: row {b} position {position}: logits differ by {err:e}");
+            for (layer, blocks) in out.blocks.iter().enumerate() {
+                let [_, _, h, n] = blocks.dims();
+                let got: Vec<i64> = blocks.clone().into_data().convert::<i64>().to_vec().unwrap();
+                let want = &wants[b].1[layer][position];
+                assert_eq!(
+                    &got[b * h * n..(b + 1) * h * n],
+                    &want[..],
+                    "{name}: row {b} position {position} layer {layer}: blocks"
+                );
+            }
+        }
+    }
+}
+
+fn check_shape(name: &str, attention: NsaConfig) {
+    let mut rng = fresh_rng(name);
+    let model = model(&mut rng, attention);
+    let sequence = tokens(&mut rng, LEN);
+    // A prompt shorter than a compressed block, then every kind of boundary while decoding.
+    check_decode(name, &model, &[sequence], &[3]);
+}
+
+#[test]
+fn decode_matches_the_forward_phi_avg_g2() {
+    check_shape("decode_phi_avg_g2", small_config().with_phi(Phi::Avg));
+}
+
+#[test]
+fn decode_matches_the_forward_phi_linear_g1_dk_differs_from_dv() {
+    check_shape("decode_phi_linear_g1", small_config().with_phi(Phi::Linear).with_n_heads(2).with_d_v(4));
+}
+
+#[test]
+fn decode_matches_the_forward_phi_mlp_g6_shared_kv() {
+    let shape = small_config().with_phi(Phi::Mlp).with_n_heads(6).with_n_kv_heads(1).with_shared_kv(true);
+    check_shape("decode_phi_mlp_g6", shape);
+}
+
+#[test]
+fn decode_matches_the_forward_dense() {
+    check_shape("decode_dense", small_config().with_attention(AttentionKind::Dense));
+}
+
+/// Two rows of different lengths in one batch: each decodes as it would alone.
+#[test]
+fn rows_of_different_lengths_decode_together() {
+    let mut rng = fresh_rng("rows_of_different_lengths_decode_together");
+    let model = model(&mut rng, small_config().with_phi(Phi::Linear));
+    let rows = [tokens(&mut rng, LEN), tokens(&mut rng, 30)];
+    check_decode("ragged batch", &model, &rows, &[17, 5]);
+}
+
+/// A prefill of `T` tokens fills the cache that one token and `T - 1` decode steps fill.
+#[test]
+fn prefill_fills_the_cache_decoding_fills() {
+    let mut rng = fresh_rng("prefill_fills_the_cache_decoding_fills");
+    let model = model(&mut rng, small_config().with_phi(Phi::Mlp));
+    let sequence = tokens(&mut rng, 27);
+    let device = Default::default();
+    let (_, prefilled) = model.prefill(row(&sequence), 0, model.decode_cache(1, LEN, &device));
+    let (_, mut decoded) = model.prefill(row(&sequence[..1]), 0, model.decode_cache(1, LEN, &device));
+    for &token in &sequence[1..] {
+        decoded = model.decode(row(&[token]), decoded).1;
+    }
+    assert_eq!(prefilled.lengths, decoded.lengths);
+    for (layer, (a, b)) in cache_tensors(prefilled).into_iter().zip(cache_tensors(decoded)).enumerate() {
+        let err = max_rel_err(&a, &b);
+        assert!(err <= 1e-9, "tensor {layer} of the caches differs by {err:e}");
+    }
+}
+
+/// Every tensor of every layer's cache, flattened.
+fn cache_tensors(cache: DecodeCache<B64>) -> Vec<Vec<f64>> {
+    let mut out = Vec::new();
+    for layer in cache.layers {
+        let LayerCache::Nsa(layer) = layer else { panic!("an NSA model has NSA caches") };
+        for kv in [layer.selected.0, layer.window.0, layer.tail.0, layer.compressed.0] {
+            out.push(to_vec(kv.keys));
+            out.push(to_vec(kv.values));
+        }
+    }
+    out
+}
