@@ -7,6 +7,7 @@ use std::process::{Command, ExitCode};
 use clap::{Parser, Subcommand, ValueEnum};
 use nsa_backend_kind::BackendKind;
 
+mod bench_decode;
 mod bench_train;
 mod vulkan;
 
@@ -45,11 +46,14 @@ enum Task {
     /// --iters, --warmup, --precision, --batch-size).
     /// `selection`: the block selection kernel (`nsa-bench selection`; after `--`: --lengths,
     /// --check-len, --iters): its lists against the f64 reference, bf16 against f32.
+    /// `decode`: generation with the decode cache (`nsa bench-decode`; after `--`: --config,
+    /// --contexts, --batches, --tokens, --warmup, --precision), with `--anchor` beside PyTorch's
+    /// dense model decoding with a static KV cache (`bench/decode_anchor.py`).
     Bench {
         #[arg(value_enum)]
         what: BenchKind,
-        /// `train`: also train the PyTorch anchor (needs python3 with torch and a CUDA GPU) and
-        /// print ours over it.
+        /// `train`, `decode`: also run the PyTorch anchor (needs python3 with torch and a CUDA
+        /// GPU) and print ours over it.
         #[arg(long)]
         anchor: bool,
         /// `train` with `--devices A,B,..` after `--`: first the same benchmark on device A alone,
@@ -57,14 +61,16 @@ enum Task {
         #[arg(long)]
         scaling: bool,
         /// Where results go (`bench-train.json`, `anchor.jsonl`, `bench-train-1.json`,
-        /// `kernels.json`, `gemm.json`, `profile.json`, `selection.json`).
+        /// `kernels.json`, `gemm.json`, `profile.json`, `selection.json`, `bench-decode.json`,
+        /// `decode-anchor.jsonl`).
         #[arg(long, default_value = DEFAULT_OUT)]
         out: PathBuf,
         #[command(flatten)]
         nsa: NsaArgs,
     },
     /// Build and run `nsa generate`: sample from a checkpoint. Arguments after `--` go to
-    /// `nsa generate`: --checkpoint, --prompt, --tokens, --temperature, --top-k.
+    /// `nsa generate`: --checkpoint, --prompt or --prompt-file, --max-tokens, --temperature, --top-k,
+    /// --top-p, --seed, --batch.
     Generate(NsaArgs),
 }
 
@@ -90,6 +96,7 @@ enum BenchKind {
     Kernels,
     Profile,
     Selection,
+    Decode,
 }
 
 fn main() -> ExitCode {
@@ -118,6 +125,7 @@ fn main() -> ExitCode {
         Task::Bench { what: BenchKind::Gemm, nsa: a, out, .. } => nsa_bench("gemm", a, &out),
         Task::Bench { what: BenchKind::Profile, nsa: a, out, .. } => nsa_bench("profile", a, &out),
         Task::Bench { what: BenchKind::Selection, nsa: a, out, .. } => nsa_bench("selection", a, &out),
+        Task::Bench { what: BenchKind::Decode, nsa: a, anchor, out, .. } => bench_decode::run(a, anchor, &out),
         Task::Bench { what: BenchKind::Train, nsa: a, anchor, scaling, out } => {
             bench_train::run(a, anchor, scaling, &out)
         }

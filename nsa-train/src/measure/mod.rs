@@ -1,8 +1,10 @@
 //! Measuring the training run: `nsa bench-train`'s benchmark of the steps as a run queues them
-//! ([`bench`]) and the breakdown of one step into phases timed apart ([`profile`]).
+//! ([`bench`]) and the breakdown of one step into phases timed apart ([`profile`]); and
+//! generation: `nsa bench-decode` ([`decode`]).
 
 mod attention_parts;
 pub mod bench;
+pub mod decode;
 mod matmuls;
 pub mod profile;
 mod stopwatch;

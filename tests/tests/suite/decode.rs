@@ -1,37 +1,43 @@
 //! Decoding with the cache is the training forward, one token at a time (spec, "Prefill,
 //! decode, varlen"): a prefill of `T` tokens then `k` decode steps give the logits and the
-//! selected blocks of one forward over `T + k`, in float64 on the CPU; the cache a prefill fills
-//! equals the one token-by-token decoding fills; rows of different lengths decode in one batch.
+//! selected blocks of one forward over `T + k`, in float64 on the CPU and in f32 on WGPU; the
+//! cache a prefill fills equals the one token-by-token decoding fills; rows of different lengths
+//! decode in one batch.
 //!
 //! The small shape (`l = 8, d = 4, l_sel = 8, w = 16`) over 40 positions crosses compression
 //! emits, selection-block boundaries and the window's edge, and starts below `l`.
 
 use burn::tensor::{Int, Tensor, TensorData};
 use nsa_core::decode::{DecodeCache, LayerCache};
-use nsa_core::{AttentionKind, NsaConfig, NsaLm, NsaLmConfig, Phi};
+use nsa_core::{AttentionKind, NsaConfig, NsaLm, NsaLmConfig, Phi, SparseAttentionBackend};
 use nsa_tests::{fresh_rng, max_rel_err, randomized, small_config, to_vec, B64};
 use rand::rngs::StdRng;
 use rand::Rng;
 
 const LEN: usize = 40;
 
-fn model(rng: &mut StdRng, attention: NsaConfig) -> NsaLm<B64> {
+fn model<B: SparseAttentionBackend>(rng: &mut StdRng, attention: NsaConfig, device: &B::Device) -> NsaLm<B> {
     let cfg = NsaLmConfig::new().with_vocab_size(32).with_n_layers(2).with_seq_len(LEN).with_attention(attention);
     cfg.validate().unwrap();
-    randomized(cfg.init::<B64>(&Default::default()), rng, 0.3)
+    randomized(cfg.init::<B>(device), rng, 0.3)
 }
 
 fn tokens(rng: &mut StdRng, t: usize) -> Vec<i64> {
     (0..t).map(|_| rng.random_range(0..32)).collect()
 }
 
-fn row(tokens: &[i64]) -> Tensor<B64, 2, Int> {
-    Tensor::from_data(TensorData::new(tokens.to_vec(), [1, tokens.len()]), &Default::default())
+fn row<B: SparseAttentionBackend>(tokens: &[i64], device: &B::Device) -> Tensor<B, 2, Int> {
+    Tensor::from_data(TensorData::new(tokens.to_vec(), [1, tokens.len()]), device)
 }
 
 /// Logits `[T, vocab]` and, per NSA layer, the block lists `[T][H_kv * n]` of one forward.
-fn full_forward(model: &NsaLm<B64>, tokens: &[i64]) -> (Vec<Vec<f64>>, Vec<Vec<Vec<i64>>>) {
-    let (logits, aux) = model.forward_with_aux(row(tokens));
+#[allow(clippy::type_complexity)]
+fn full_forward<B: SparseAttentionBackend>(
+    model: &NsaLm<B>,
+    tokens: &[i64],
+    device: &B::Device,
+) -> (Vec<Vec<f64>>, Vec<Vec<Vec<i64>>>) {
+    let (logits, aux) = model.forward_with_aux(row(tokens, device));
     let vocab = logits.dims()[2];
     let logits = to_vec(logits).chunks(vocab).map(<[f64]>::to_vec).collect();
     let blocks = aux
@@ -46,20 +52,27 @@ fn full_forward(model: &NsaLm<B64>, tokens: &[i64]) -> (Vec<Vec<f64>>, Vec<Vec<V
 }
 
 /// Prefills `rows[b][..prompt[b]]` into row `b`, then decodes the rest one token per step;
-/// checks every step's logits and blocks against each row's own full forward.
-fn check_decode(name: &str, model: &NsaLm<B64>, rows: &[Vec<i64>], prompt: &[usize]) {
-    let mut cache = model.decode_cache(rows.len(), LEN, &Default::default());
-    let wants: Vec<_> = rows.iter().map(|r| full_forward(model, r)).collect();
+/// checks every step's logits (to `tol`) and blocks against each row's own full forward.
+fn check_decode<B: SparseAttentionBackend>(
+    name: &str,
+    model: &NsaLm<B>,
+    rows: &[Vec<i64>],
+    prompt: &[usize],
+    tol: f64,
+    device: &B::Device,
+) {
+    let mut cache = model.decode_cache(rows.len(), LEN, device);
+    let wants: Vec<_> = rows.iter().map(|r| full_forward(model, r, device)).collect();
     for (b, (tokens, &t)) in rows.iter().zip(prompt).enumerate() {
-        let (logits, filled) = model.prefill(row(&tokens[..t]), b, cache);
+        let (logits, filled) = model.prefill(row(&tokens[..t], device), b, cache);
         cache = filled;
         let err = max_rel_err(&to_vec(logits), &wants[b].0[t - 1]);
-        assert!(err <= 1e-9, "{name}: prefill logits of row {b} differ by {err:e}");
+        assert!(err <= tol, "{name}: prefill logits of row {b} differ by {err:e}");
     }
     let steps = rows.iter().zip(prompt).map(|(r, &t)| r.len() - t).min().unwrap();
     for step in 0..steps {
         let next: Vec<i64> = rows.iter().zip(prompt).map(|(r, &t)| r[t + step]).collect();
-        let input = Tensor::<B64, 2, Int>::from_data(TensorData::new(next, [rows.len(), 1]), &Default::default());
+        let input = Tensor::<B, 2, Int>::from_data(TensorData::new(next, [rows.len(), 1]), device);
         let (out, next_cache) = model.decode(input, cache);
         cache = next_cache;
         let vocab = out.logits.dims()[1];
@@ -67,7 +80,7 @@ fn check_decode(name: &str, model: &NsaLm<B64>, rows: &[Vec<i64>], prompt: &[usi
         for (b, &t) in prompt.iter().enumerate() {
             let position = t + step;
             let err = max_rel_err(&logits[b * vocab..(b + 1) * vocab], &wants[b].0[position]);
-            assert!(err <= 1e-9, "{name}: row {b} position {position}: logits differ by {err:e}");
+            assert!(err <= tol, "{name}: row {b} position {position}: logits differ by {err:e}");
             for (layer, blocks) in out.blocks.iter().enumerate() {
                 let [_, _, h, n] = blocks.dims();
                 let got: Vec<i64> = blocks.clone().into_data().convert::<i64>().to_vec().unwrap();
@@ -84,10 +97,11 @@ fn check_decode(name: &str, model: &NsaLm<B64>, rows: &[Vec<i64>], prompt: &[usi
 
 fn check_shape(name: &str, attention: NsaConfig) {
     let mut rng = fresh_rng(name);
-    let model = model(&mut rng, attention);
+    let device = Default::default();
+    let model = model::<B64>(&mut rng, attention, &device);
     let sequence = tokens(&mut rng, LEN);
     // A prompt shorter than a compressed block, then every kind of boundary while decoding.
-    check_decode(name, &model, &[sequence], &[3]);
+    check_decode(name, &model, &[sequence], &[3], 1e-9, &device);
 }
 
 #[test]
@@ -115,22 +129,34 @@ fn decode_matches_the_forward_dense() {
 #[test]
 fn rows_of_different_lengths_decode_together() {
     let mut rng = fresh_rng("rows_of_different_lengths_decode_together");
-    let model = model(&mut rng, small_config().with_phi(Phi::Linear));
+    let device = Default::default();
+    let model = model::<B64>(&mut rng, small_config().with_phi(Phi::Linear), &device);
     let rows = [tokens(&mut rng, LEN), tokens(&mut rng, 30)];
-    check_decode("ragged batch", &model, &rows, &[17, 5]);
+    check_decode("ragged batch", &model, &rows, &[17, 5], 1e-9, &device);
+}
+
+/// The same on WGPU in f32 (Mesa lavapipe in CI), as a GPU run generates: Burn's fusion, the
+/// fused training kernels in the prefill, the decode step's tensor ops on the GPU runtime.
+#[test]
+fn decode_matches_the_forward_on_wgpu() {
+    let mut rng = fresh_rng("decode_matches_the_forward_on_wgpu");
+    let device = burn::backend::wgpu::WgpuDevice::default();
+    let model = model::<burn::backend::Wgpu>(&mut rng, small_config().with_phi(Phi::Linear), &device);
+    let rows = [tokens(&mut rng, LEN), tokens(&mut rng, 30)];
+    check_decode("wgpu", &model, &rows, &[17, 5], 1e-4, &device);
 }
 
 /// A prefill of `T` tokens fills the cache that one token and `T - 1` decode steps fill.
 #[test]
 fn prefill_fills_the_cache_decoding_fills() {
     let mut rng = fresh_rng("prefill_fills_the_cache_decoding_fills");
-    let model = model(&mut rng, small_config().with_phi(Phi::Mlp));
-    let sequence = tokens(&mut rng, 27);
     let device = Default::default();
-    let (_, prefilled) = model.prefill(row(&sequence), 0, model.decode_cache(1, LEN, &device));
-    let (_, mut decoded) = model.prefill(row(&sequence[..1]), 0, model.decode_cache(1, LEN, &device));
+    let model = model::<B64>(&mut rng, small_config().with_phi(Phi::Mlp), &device);
+    let sequence = tokens(&mut rng, 27);
+    let (_, prefilled) = model.prefill(row(&sequence, &device), 0, model.decode_cache(1, LEN, &device));
+    let (_, mut decoded) = model.prefill(row(&sequence[..1], &device), 0, model.decode_cache(1, LEN, &device));
     for &token in &sequence[1..] {
-        decoded = model.decode(row(&[token]), decoded).1;
+        decoded = model.decode(row(&[token], &device), decoded).1;
     }
     assert_eq!(prefilled.lengths, decoded.lengths);
     for (layer, (a, b)) in cache_tensors(prefilled).into_iter().zip(cache_tensors(decoded)).enumerate() {

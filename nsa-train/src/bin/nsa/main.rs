@@ -2,6 +2,7 @@
 //! kernel and GEMM benchmarks and the profiler are `nsa-bench`'s.
 
 mod bench;
+mod bench_decode;
 mod generate;
 mod train;
 
@@ -23,6 +24,9 @@ enum Command {
     /// The training run as a benchmark: steady tokens/s over the timed steps (stalls included),
     /// the median and worst step, peak device memory, and a breakdown of one step.
     BenchTrain(bench::BenchTrainArgs),
+    /// Generation with the decode cache as a benchmark: prefill time, per-token latency and
+    /// tokens/s per context length and batch, on a model of the config's shape.
+    BenchDecode(bench_decode::BenchDecodeArgs),
     /// Sample text from a checkpoint.
     Generate(generate::GenerateArgs),
 }
@@ -46,6 +50,7 @@ fn run_command(cli: Cli) -> Result<ExitCode, String> {
     match cli.command {
         Command::Train(args) => train::train(args),
         Command::BenchTrain(args) => bench::bench_train(args).map(|()| ExitCode::SUCCESS),
+        Command::BenchDecode(args) => bench_decode::bench_decode(args).map(|()| ExitCode::SUCCESS),
         Command::Generate(args) => generate::generate(args).map(|()| ExitCode::SUCCESS),
     }
 }

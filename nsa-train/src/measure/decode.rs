@@ -1,0 +1,134 @@
+//! `nsa bench-decode`: generation with the decode cache as a benchmark. Per context length and
+//! batch: the prefill of a random prompt per sequence (timed apart), then decode steps of one
+//! token per sequence, each ending with its logits on the host as a sampler reads them.
+
+use std::time::Instant;
+
+use burn::tensor::{FloatDType, Int, Tensor, TensorData};
+use nsa_core::{cast_params, NsaLm, NsaLmConfig, SparseAttentionBackend};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+
+use crate::metrics::MemoryProbe;
+
+pub struct DecodeBenchOptions {
+    pub contexts: Vec<usize>,
+    pub batches: Vec<usize>,
+    /// Timed decode steps, after `warmup` untimed ones.
+    pub tokens: usize,
+    pub warmup: usize,
+    /// The weights' dtype (`None`: the backend's default float).
+    pub dtype: Option<FloatDType>,
+}
+
+/// One configuration's figures.
+#[derive(Clone, Debug, Serialize)]
+pub struct DecodeBenchResult {
+    pub context: usize,
+    pub batch: usize,
+    /// All sequences' prefills, first token's logits included.
+    pub prefill_s: f64,
+    /// The median step: one token for every sequence.
+    pub token_ms: f64,
+    /// Tokens of all sequences per second over the timed steps.
+    pub tokens_per_s: f64,
+    /// Device memory reserved after the run, where the backend reports it.
+    pub reserved_gib: Option<f64>,
+}
+
+/// Runs every (context, batch) of `opts` on a model of `model`'s shape with random weights
+/// (timings do not depend on the values), its positions long enough for the longest run.
+pub fn bench_decode<B: SparseAttentionBackend>(
+    model: &NsaLmConfig,
+    opts: &DecodeBenchOptions,
+    device: &B::Device,
+    memory: Option<MemoryProbe>,
+) -> Vec<DecodeBenchResult> {
+    let longest = opts.contexts.iter().max().copied().unwrap_or(1) + opts.warmup + opts.tokens;
+    let cfg = NsaLmConfig { seq_len: longest, ..model.clone() };
+    let model: NsaLm<B> = cfg.init(device);
+    let model = match opts.dtype {
+        Some(dtype) => cast_params(model, dtype),
+        None => model,
+    };
+    let mut rng = StdRng::seed_from_u64(0);
+    let mut results = Vec::new();
+    for &context in &opts.contexts {
+        for &batch in &opts.batches {
+            let mut result = run_one(&model, context, batch, opts, &mut rng, device);
+            result.reserved_gib = memory.as_ref().and_then(|probe| probe()).map(|m| m.reserved as f64 / 2f64.powi(30));
+            eprintln!(
+                "context {context:>6} batch {batch:>3}: prefill {:.2} s, {:.2} ms a token, {:.0} tokens/s",
+                result.prefill_s, result.token_ms, result.tokens_per_s
+            );
+            results.push(result);
+        }
+    }
+    results
+}
+
+fn run_one<B: SparseAttentionBackend>(
+    model: &NsaLm<B>,
+    context: usize,
+    batch: usize,
+    opts: &DecodeBenchOptions,
+    rng: &mut StdRng,
+    device: &B::Device,
+) -> DecodeBenchResult {
+    let vocab = model.lm_head.weight.val().dims()[1] as i64;
+    let start = Instant::now();
+    let mut cache = model.decode_cache(batch, context + opts.warmup + opts.tokens, device);
+    let mut next = Vec::with_capacity(batch);
+    for row in 0..batch {
+        let prompt: Vec<i64> = (0..context).map(|_| rng.random_range(0..vocab)).collect();
+        let input = Tensor::<B, 2, Int>::from_data(TensorData::new(prompt, [1, context]), device);
+        let (logits, filled) = model.prefill(input, row, cache);
+        cache = filled;
+        next.push(greedy(&to_host(logits)));
+    }
+    let prefill_s = start.elapsed().as_secs_f64();
+    let mut steps = Vec::with_capacity(opts.tokens);
+    for step in 0..opts.warmup + opts.tokens {
+        let start = Instant::now();
+        let input = Tensor::<B, 2, Int>::from_data(TensorData::new(next.clone(), [batch, 1]), device);
+        let (out, filled) = model.decode(input, cache);
+        cache = filled;
+        let logits = to_host(out.logits);
+        let row = logits.len() / batch;
+        next = logits.chunks(row).map(greedy).collect();
+        if step >= opts.warmup {
+            steps.push(start.elapsed().as_secs_f64());
+        }
+    }
+    let mean = steps.iter().sum::<f64>() / steps.len().max(1) as f64;
+    steps.sort_by(f64::total_cmp);
+    DecodeBenchResult {
+        context,
+        batch,
+        prefill_s,
+        token_ms: steps.get(steps.len() / 2).copied().unwrap_or(0.0) * 1e3,
+        tokens_per_s: if mean > 0.0 { batch as f64 / mean } else { 0.0 },
+        reserved_gib: None,
+    }
+}
+
+fn to_host<B: SparseAttentionBackend>(logits: Tensor<B, 2>) -> Vec<f32> {
+    logits.into_data().convert::<f32>().to_vec().expect("logits are floats")
+}
+
+fn greedy(logits: &[f32]) -> i64 {
+    (0..logits.len()).max_by(|&a, &b| logits[a].total_cmp(&logits[b])).unwrap_or(0) as i64
+}
+
+/// The results as a table.
+pub fn report(results: &[DecodeBenchResult]) -> String {
+    let mut out = String::from("context  batch  prefill s  ms/token  tokens/s\n");
+    for r in results {
+        out += &format!(
+            "{:>7}  {:>5}  {:>9.2}  {:>8.2}  {:>8.0}\n",
+            r.context, r.batch, r.prefill_s, r.token_ms, r.tokens_per_s
+        );
+    }
+    out
+}
