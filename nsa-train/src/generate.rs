@@ -5,7 +5,7 @@
 use std::time::Instant;
 
 use burn::tensor::{Int, Tensor, TensorData};
-use nsa_core::{NsaLm, SparseAttentionBackend};
+use nsa_core::{DecodeCache, NsaLm, SparseAttentionBackend};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -66,16 +66,8 @@ pub fn generate<B: SparseAttentionBackend>(
     let mut done = vec![opts.max_tokens == 0; prompts.len()];
 
     let start = Instant::now();
-    let mut cache = model.decode_cache(prompts.len(), max_len, device);
-    let mut last = Vec::with_capacity(prompts.len());
-    for (row, prompt) in prompts.iter().enumerate() {
-        let ids: Vec<i64> = prompt.iter().map(|&t| i64::from(t)).collect();
-        let input = Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [1, prompt.len()]), device);
-        let (logits, filled) = model.prefill(input, row, cache);
-        cache = filled;
-        let logits: Vec<f64> = logits.into_data().convert::<f64>().to_vec().map_err(|e| format!("{e:?}"))?;
-        last.push(pick(&logits, opts, &mut rng));
-    }
+    let (mut cache, first) = prefill_all(model, prompts, max_len, device)?;
+    let mut last: Vec<u32> = first.iter().map(|logits| pick(logits, opts, &mut rng)).collect();
     let prefill_secs = start.elapsed().as_secs_f64();
     let mut take = |row: usize, token: u32, out: &mut Vec<Vec<u32>>, done: &mut Vec<bool>| {
         if done[row] {
@@ -106,7 +98,7 @@ pub fn generate<B: SparseAttentionBackend>(
         let (step, next) = model.decode(input, cache);
         cache = next;
         let vocab = step.logits.dims()[1];
-        let logits: Vec<f64> = step.logits.into_data().convert::<f64>().to_vec().map_err(|e| format!("{e:?}"))?;
+        let logits = to_host(step.logits)?;
         for (row, token) in last.iter_mut().enumerate() {
             *token = pick(&logits[row * vocab..(row + 1) * vocab], opts, &mut rng);
         }
@@ -123,6 +115,30 @@ pub fn generate<B: SparseAttentionBackend>(
         decode_secs: start.elapsed().as_secs_f64(),
         hit_length,
     })
+}
+
+/// A cache of `max_len` positions with each prompt prefilled into its row, and each row's
+/// logits for the token after its prompt.
+fn prefill_all<B: SparseAttentionBackend>(
+    model: &NsaLm<B>,
+    prompts: &[Vec<u32>],
+    max_len: usize,
+    device: &B::Device,
+) -> Result<(DecodeCache<B>, Vec<Vec<f64>>), String> {
+    let mut cache = model.decode_cache(prompts.len(), max_len, device);
+    let mut first = Vec::with_capacity(prompts.len());
+    for (row, prompt) in prompts.iter().enumerate() {
+        let ids: Vec<i64> = prompt.iter().map(|&t| i64::from(t)).collect();
+        let input = Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [1, prompt.len()]), device);
+        let (logits, filled) = model.prefill(input, row, cache);
+        cache = filled;
+        first.push(to_host(logits)?);
+    }
+    Ok((cache, first))
+}
+
+fn to_host<B: SparseAttentionBackend>(logits: Tensor<B, 2>) -> Result<Vec<f64>, String> {
+    logits.into_data().convert::<f64>().to_vec().map_err(|e| format!("cannot read the logits: {e:?}"))
 }
 
 /// Greedy at temperature 0; else the temperature's distribution over the `top_k` likeliest
