@@ -137,18 +137,21 @@ fn prefill_all<B: SparseAttentionBackend>(
     Ok((cache, first))
 }
 
-fn to_host<B: SparseAttentionBackend>(logits: Tensor<B, 2>) -> Result<Vec<f64>, String> {
+/// Logits on the host, as a sampler reads them.
+pub fn to_host<B: SparseAttentionBackend>(logits: Tensor<B, 2>) -> Result<Vec<f64>, String> {
     logits.into_data().convert::<f64>().to_vec().map_err(|e| format!("cannot read the logits: {e:?}"))
 }
 
 /// Greedy at temperature 0; else the temperature's distribution over the `top_k` likeliest
 /// tokens, cut to the smallest set reaching `top_p`.
 pub fn pick(logits: &[f64], opts: &SampleOptions, rng: &mut StdRng) -> u32 {
+    if opts.temperature <= 0.0 {
+        // The first of the largest: ties go to the lower id, as the sort below orders them.
+        let best = (0..logits.len()).rev().max_by(|&a, &b| logits[a].total_cmp(&logits[b])).unwrap_or(0);
+        return best as u32;
+    }
     let mut order: Vec<usize> = (0..logits.len()).collect();
     order.sort_by(|a, b| logits[*b].total_cmp(&logits[*a]));
-    if opts.temperature <= 0.0 {
-        return order[0] as u32;
-    }
     let k = if opts.top_k == 0 { order.len() } else { opts.top_k.min(order.len()) };
     let top = &order[..k];
     let max = logits[top[0]];

@@ -7,6 +7,7 @@ use std::process::{Command, ExitCode};
 
 use serde_json::Value;
 
+use crate::bench_train::run_anchor_script;
 use crate::{nsa, NsaArgs};
 
 pub fn run(mut args: NsaArgs, anchor: bool, out: &Path) -> ExitCode {
@@ -47,15 +48,7 @@ fn run_anchor(ours_path: &Path, passed: &[String], out: &Path) -> Result<(), Str
             cmd.args([flag, &value]);
         }
     }
-    eprintln!("+ {cmd:?}");
-    let output = cmd.output().map_err(|e| format!("cannot run python3 for the anchor: {e}"))?;
-    if !output.status.success() {
-        return Err(format!(
-            "the anchor failed (python3 with torch and a CUDA GPU?):\n{}",
-            String::from_utf8_lossy(&output.stderr)
-        ));
-    }
-    let anchor = String::from_utf8_lossy(&output.stdout).to_string();
+    let anchor = run_anchor_script(&mut cmd)?;
     std::fs::write(out.join("decode-anchor.jsonl"), &anchor).map_err(|e| e.to_string())?;
     let anchors: Vec<Value> = anchor.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
     println!("context  batch | ours ms/token tokens/s | anchor ms/token tokens/s | ours/anchor tokens/s");

@@ -71,15 +71,7 @@ fn run_anchor(ours: &Value, out: &Path) -> Result<(), String> {
     let (batch, seq_len) = (ours["batch"].as_u64().unwrap_or(0), ours["seq_len"].as_u64().unwrap_or(0));
     let mut cmd = Command::new("python3");
     cmd.args(["bench/train_anchor.py", "--batch", &batch.to_string(), "--seq-len", &seq_len.to_string()]);
-    eprintln!("+ {cmd:?}");
-    let output = cmd.output().map_err(|e| format!("cannot run python3 for the anchor: {e}"))?;
-    if !output.status.success() {
-        return Err(format!(
-            "the anchor failed (python3 with torch and a CUDA GPU?):\n{}",
-            String::from_utf8_lossy(&output.stderr)
-        ));
-    }
-    let text = String::from_utf8_lossy(&output.stdout).to_string();
+    let text = run_anchor_script(&mut cmd)?;
     if let Err(e) = std::fs::write(out.join("anchor.jsonl"), &text) {
         eprintln!("error: {e}");
     }
@@ -121,6 +113,20 @@ fn first_device_only(args: &[String]) -> Option<Vec<String>> {
     out[at] =
         if at > 0 && out[at - 1] == "--devices" { devices[0].to_string() } else { format!("--devices={}", devices[0]) };
     Some(out)
+}
+
+/// Runs an anchor script (printed first) and returns its standard output; a failure says what
+/// the anchor needs.
+pub(crate) fn run_anchor_script(cmd: &mut Command) -> Result<String, String> {
+    eprintln!("+ {cmd:?}");
+    let output = cmd.output().map_err(|e| format!("cannot run python3 for the anchor: {e}"))?;
+    if !output.status.success() {
+        return Err(format!(
+            "the anchor failed (python3 with torch and a CUDA GPU?):\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        ));
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).to_string())
 }
 
 fn read_json(path: &Path) -> Result<Value, String> {

@@ -10,6 +10,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
+use crate::generate::{pick, to_host, SampleOptions};
 use crate::metrics::MemoryProbe;
 
 pub struct DecodeBenchOptions {
@@ -85,7 +86,7 @@ fn run_one<B: SparseAttentionBackend>(
         let input = Tensor::<B, 2, Int>::from_data(TensorData::new(prompt, [1, context]), device);
         let (logits, filled) = model.prefill(input, row, cache);
         cache = filled;
-        next.push(greedy(&to_host(logits)));
+        next.push(greedy(&to_host(logits).expect("logits are floats")));
     }
     let prefill_s = start.elapsed().as_secs_f64();
     let mut steps = Vec::with_capacity(opts.tokens);
@@ -94,7 +95,7 @@ fn run_one<B: SparseAttentionBackend>(
         let input = Tensor::<B, 2, Int>::from_data(TensorData::new(next.clone(), [batch, 1]), device);
         let (out, filled) = model.decode(input, cache);
         cache = filled;
-        let logits = to_host(out.logits);
+        let logits = to_host(out.logits).expect("logits are floats");
         let row = logits.len() / batch;
         next = logits.chunks(row).map(greedy).collect();
         if step >= opts.warmup {
@@ -113,12 +114,10 @@ fn run_one<B: SparseAttentionBackend>(
     }
 }
 
-fn to_host<B: SparseAttentionBackend>(logits: Tensor<B, 2>) -> Vec<f32> {
-    logits.into_data().convert::<f32>().to_vec().expect("logits are floats")
-}
-
-fn greedy(logits: &[f32]) -> i64 {
-    (0..logits.len()).max_by(|&a, &b| logits[a].total_cmp(&logits[b])).unwrap_or(0) as i64
+/// The likeliest token: what a greedy sampler draws.
+fn greedy(logits: &[f64]) -> i64 {
+    let greedy = SampleOptions { max_tokens: 0, temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0 };
+    i64::from(pick(logits, &greedy, &mut StdRng::seed_from_u64(0)))
 }
 
 /// The results as a table.
