@@ -10,6 +10,7 @@
 //! differentiates by itself.
 
 pub mod activation;
+pub mod decode;
 pub mod devices;
 mod fingerprint;
 pub mod gemm;
@@ -22,6 +23,7 @@ pub mod optim;
 pub mod sparse;
 
 pub use activation::{silu, silu_linear_matmul, ActivationBackend};
+pub use decode::{decode_attention, DecodeAttentionBackend};
 pub use fingerprint::KERNEL_FINGERPRINT;
 pub use gemm::{linear_matmul, GemmBackend};
 pub use mix::{gated_mix, gated_mix_reference, GatedMixBackend};

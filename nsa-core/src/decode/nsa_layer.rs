@@ -2,13 +2,15 @@
 //! decode step (one new token per sequence against the cache), as the spec's one function.
 
 use burn::tensor::{Bool, Int, Tensor};
+use nsa_kernels::decode::StepOutputs;
 use nsa_kernels::sparse::reference::{overlap_weights, stats_dtype};
-use nsa_kernels::SparseAttentionBackend;
+use nsa_kernels::sparse::Selection;
+use nsa_kernels::{decode_attention, SparseAttentionBackend};
 
 use super::attend::attend;
 use super::cache::NsaLayerCache;
 use super::positions::{DecodePositions, NsaPositions};
-use super::store::{KeyValues, Slots, TokenStore};
+use super::store::{KeyValues, Slots};
 use crate::attention::constants::cached;
 use crate::attention::projection::{apply, tokens_first_heads};
 use crate::attention::selection::{selected_list, take_top_n};
@@ -74,10 +76,7 @@ impl<B: SparseAttentionBackend> NsaAttention<B> {
     ) -> (Tensor<B, 3>, Tensor<B, 4, Int>, NsaLayerCache<B>) {
         let c = &self.config;
         let p = at.nsa.as_ref().expect("decode positions built for an NSA model");
-        let b = x.dims()[0];
-        let g = c.n_heads / c.n_kv_heads;
         let q = self.rope.apply_at(tokens_first_heads(apply(&self.query, x.clone()), c.n_heads), &at.at);
-        let q = q.reshape([b, c.n_kv_heads, g, c.d_k]);
         let new = |branch| {
             let (k, v) = self.kv(branch).forward_at(x.clone(), &self.rope, &at.at);
             KeyValues { keys: heads_first(k), values: heads_first(v) }
@@ -85,20 +84,40 @@ impl<B: SparseAttentionBackend> NsaAttention<B> {
 
         let tail = cache.tail.write(new(Branch::Compressed), &p.tail_hit);
         let compressed = cache.compressed.write(self.compress_tail(&tail, &p.tail_order), &p.emit_hit);
-        let cmp = &compressed.0;
-        let (o_cmp, probs) = attend(q.clone(), cmp.keys.clone(), cmp.values.clone(), p.compressed_visible.clone());
-        let blocks = self.decode_select(probs, p);
-
         let selected = cache.selected.append(new(Branch::Selected), &at.at);
-        let (keys, visible) = self.selected_keys(&selected, blocks.clone(), p);
-        let (o_slc, _) = attend(q.clone(), keys.keys, keys.values, visible);
-
         let window = cache.window.write(new(Branch::Window), &p.window_hit);
-        let (o_win, _) = attend(q, window.0.keys.clone(), window.0.values.clone(), p.window_visible.clone());
-
-        let heads = |o: Tensor<B, 4>| o.reshape([b, 1, c.n_heads, c.d_v]);
-        let (out, _) = self.mix(x, [heads(o_cmp), heads(o_slc), heads(o_win)]);
+        let selection = Selection { length: c.l, stride: c.d, block_size: c.l_sel, n: c.n };
+        let caches = [&compressed.0, &selected.0, &window.0].map(|kv| (&kv.keys, &kv.values));
+        let (branches, blocks) = match decode_attention(q.clone(), caches, at.at.clone(), selection) {
+            Some(kernel) => kernel,
+            None => self.decode_branches(q, [&compressed.0, &selected.0, &window.0], p),
+        };
+        let (out, _) = self.mix(x, branches);
         (out, blocks, NsaLayerCache { selected, window, tail, compressed })
+    }
+
+    /// The decode step's attention in tensor ops (what the kernel of
+    /// [`nsa_kernels::decode_attention`] is held to): queries `[B, 1, H, d_k]` against the
+    /// compressed blocks, the selected branch's rows and the window ring (heads first) -> the
+    /// three branch outputs `[B, 1, H, d_v]` and the blocks `[B, 1, H_kv, n]`.
+    fn decode_branches(
+        &self,
+        q: Tensor<B, 4>,
+        [compressed, selected, window]: [&KeyValues<B>; 3],
+        p: &NsaPositions<B>,
+    ) -> StepOutputs<B> {
+        let c = &self.config;
+        let b = q.dims()[0];
+        let g = c.n_heads / c.n_kv_heads;
+        let q = q.reshape([b, c.n_kv_heads, g, c.d_k]);
+        let (o_cmp, probs) =
+            attend(q.clone(), compressed.keys.clone(), compressed.values.clone(), p.compressed_visible.clone());
+        let blocks = self.decode_select(probs, p);
+        let (keys, visible) = self.selected_keys(selected, blocks.clone(), p);
+        let (o_slc, _) = attend(q.clone(), keys.keys, keys.values, visible);
+        let (o_win, _) = attend(q, window.keys.clone(), window.values.clone(), p.window_visible.clone());
+        let heads = |o: Tensor<B, 4>| o.reshape([b, 1, c.n_heads, c.d_v]);
+        ([heads(o_cmp), heads(o_slc), heads(o_win)], blocks)
     }
 
     /// The block the tail's `l` positions make (`[B, H_kv, 1, d]`), in position order: written
@@ -134,13 +153,13 @@ impl<B: SparseAttentionBackend> NsaAttention<B> {
     /// and which of them the token sees (`[B, H_kv, 1, n * l_sel]`: listed, and not after it).
     fn selected_keys(
         &self,
-        store: &TokenStore<B>,
+        store: &KeyValues<B>,
         blocks: Tensor<B, 4, Int>,
         p: &NsaPositions<B>,
     ) -> (KeyValues<B>, Tensor<B, 4, Bool>) {
         let (l_sel, n) = (self.config.l_sel, self.config.n);
         let [b, _, h, _] = blocks.dims();
-        let len = store.0.slots();
+        let len = store.keys.dims()[2];
         let device = blocks.device();
         let shape = [b, h, n, l_sel];
         let offset = Tensor::<B, 1, Int>::arange(0..l_sel as i64, &device).reshape([1, 1, 1, l_sel]).expand(shape);
@@ -155,6 +174,6 @@ impl<B: SparseAttentionBackend> NsaAttention<B> {
             let d = x.dims()[3];
             x.clone().gather(2, index.clone().expand([b, h, n * l_sel, d]))
         };
-        (KeyValues { keys: take(&store.0.keys), values: take(&store.0.values) }, visible)
+        (KeyValues { keys: take(&store.keys), values: take(&store.values) }, visible)
     }
 }

@@ -17,6 +17,7 @@
 )]
 
 pub mod compression;
+pub mod decode;
 pub mod key_gradients;
 pub mod portable;
 pub mod primitives;

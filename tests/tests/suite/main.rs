@@ -10,6 +10,7 @@ mod compressed;
 mod config;
 mod constants;
 mod decode;
+mod decode_kernel;
 mod embedding;
 mod gemm;
 mod gradients;

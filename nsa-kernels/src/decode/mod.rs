@@ -1,0 +1,87 @@
+//! A decode step's attention, as a backend extension ([`DecodeAttentionBackend`]): one new
+//! query per sequence against its NSA cache, the three branches and the block selection.
+//!
+//! In tensor ops a step is about a hundred ops per layer (masks, gathers, three softmaxes, the
+//! top-n), and at decode sizes each op's host cost, not its GPU time, is the step's time. On
+//! `CubeBackend` the whole of it is one kernel ([`crate::kernel::decode`]); other backends have
+//! none (`None`), and the caller runs its tensor ops, which the kernel is held to.
+
+mod autodiff;
+#[cfg(feature = "cube")]
+mod cube;
+#[cfg(feature = "fusion")]
+mod fusion;
+
+use burn::tensor::backend::Backend;
+use burn::tensor::ops::{FloatTensor, IntTensor};
+use burn::tensor::{Int, Tensor, TensorPrimitive};
+
+use crate::sparse::Selection;
+
+/// What a decode step's attention reads. Caches are heads first, as the cache holds them.
+pub struct DecodeStep<B: Backend> {
+    /// The new tokens' rotated queries, `[B, 1, H_q, d_k]`.
+    pub q: FloatTensor<B>,
+    /// Keys and values of the compressed blocks, `[B, H_kv, N, d]` (the first
+    /// `(t + 1 - l) / d + 1` valid at position `t`).
+    pub compressed: [FloatTensor<B>; 2],
+    /// The selected branch's keys and values of every position, `[B, H_kv, L, d]` (`0..=t`
+    /// valid).
+    pub selected: [FloatTensor<B>; 2],
+    /// The window's ring, `[B, H_kv, R, d]` (slot `p % R` holds position `p`).
+    pub window: [FloatTensor<B>; 2],
+    /// Each sequence's position `t` (the new token's), `[B]`.
+    pub positions: IntTensor<B>,
+    pub selection: Selection,
+}
+
+/// A decode step's branch outputs and selection.
+pub struct DecodeBranches<B: Backend> {
+    /// Compressed, selected and window outputs, `[B, 1, H_q, d_v]` each.
+    pub outputs: [FloatTensor<B>; 3],
+    /// The selected blocks, `[B, 1, H_kv, n]` (ascending, `-1` in unused slots).
+    pub blocks: IntTensor<B>,
+}
+
+/// A backend that may run a decode step's attention as a kernel.
+pub trait DecodeAttentionBackend: Backend {
+    /// Whether [`Self::decode_attention`] returns `Some`.
+    fn has_decode_kernel() -> bool {
+        false
+    }
+
+    /// The step's three branches and selected blocks, as the spec computes them for one query
+    /// at each sequence's position; `None` where the backend has no kernel.
+    fn decode_attention(_step: DecodeStep<Self>) -> Option<DecodeBranches<Self>> {
+        None
+    }
+}
+
+/// The cache's keys and values of one branch, `[B, H_kv, S, d]` each.
+pub type BranchCache<'a, B> = (&'a Tensor<B, 4>, &'a Tensor<B, 4>);
+
+/// The three branch outputs `[B, 1, H_q, d_v]` and the selected blocks `[B, 1, H_kv, n]`.
+pub type StepOutputs<B> = ([Tensor<B, 4>; 3], Tensor<B, 4, Int>);
+
+/// [`DecodeAttentionBackend::decode_attention`] on tensors, or `None` without a kernel.
+pub fn decode_attention<B: DecodeAttentionBackend>(
+    q: Tensor<B, 4>,
+    [compressed, selected, window]: [BranchCache<'_, B>; 3],
+    positions: Tensor<B, 1, Int>,
+    selection: Selection,
+) -> Option<StepOutputs<B>> {
+    if !B::has_decode_kernel() {
+        return None;
+    }
+    let pair = |(k, v): BranchCache<'_, B>| [k.clone(), v.clone()].map(|x| x.into_primitive().tensor());
+    let step = DecodeStep {
+        q: q.into_primitive().tensor(),
+        compressed: pair(compressed),
+        selected: pair(selected),
+        window: pair(window),
+        positions: positions.into_primitive(),
+        selection,
+    };
+    let DecodeBranches { outputs, blocks } = B::decode_attention(step)?;
+    Some((outputs.map(|o| Tensor::from_primitive(TensorPrimitive::Float(o))), Tensor::from_primitive(blocks)))
+}
