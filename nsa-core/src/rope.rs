@@ -8,7 +8,7 @@
 
 use burn::config::Config;
 use burn::module::Module;
-use burn::tensor::{backend::Backend, Int, Tensor, TensorData};
+use burn::tensor::{backend::Backend, DType, Int, Tensor, TensorData};
 use nsa_kernels::{linear_matmul, GemmBackend};
 
 use crate::attention::constants::cached;
@@ -86,13 +86,26 @@ impl<B: GemmBackend> Rope<B> {
         rotate_with(x, cos, sin)
     }
 
-    /// Rotates `x: [B, 1, H, d]` (one token per sequence) at each row's position `at: [B]`.
-    pub fn apply_at(&self, x: Tensor<B, 4>, at: &Tensor<B, 1, Int>) -> Tensor<B, 4> {
-        let [b, _, _, d] = x.dims();
-        let dtype = x.dtype();
+    /// The rotation of one token per sequence at each row's position `at: [B]`, in `dtype`: a
+    /// decode step takes it from the table once for every layer's queries and keys.
+    pub fn rows_at(&self, at: &Tensor<B, 1, Int>, dtype: DType) -> RopeRows<B> {
+        let (b, d) = (at.dims()[0], self.cos.dims()[1]);
         let row = |table: &Tensor<B, 2>| table.clone().select(0, at.clone()).cast(dtype).reshape([b, 1, 1, d]);
-        let (cos, sin) = (row(&self.cos), row(&self.sin));
-        rotate_with(x, cos, sin)
+        RopeRows { cos: row(&self.cos), sin: row(&self.sin) }
+    }
+}
+
+/// The table's rows at one position per sequence, `[B, 1, 1, d]` each ([`Rope::rows_at`]).
+#[derive(Clone, Debug)]
+pub struct RopeRows<B: Backend> {
+    cos: Tensor<B, 4>,
+    sin: Tensor<B, 4>,
+}
+
+impl<B: GemmBackend> RopeRows<B> {
+    /// Rotates `x: [B, 1, H, d]` (one token per sequence) at the rows' positions.
+    pub fn rotate(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
+        rotate_with(x, self.cos.clone(), self.sin.clone())
     }
 }
 

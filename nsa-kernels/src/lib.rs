@@ -23,6 +23,10 @@ pub mod optim;
 pub mod sparse;
 
 pub use activation::{silu, silu_linear_matmul, ActivationBackend};
+/// CubeCL's backend without Burn's fusion, for callers that name it (e.g. a decode step on CUDA,
+/// where fusion's per-op work is host time).
+#[cfg(feature = "cube")]
+pub use burn_cubecl::CubeBackend;
 pub use decode::{decode_attention, DecodeAttentionBackend};
 pub use fingerprint::KERNEL_FINGERPRINT;
 pub use gemm::{linear_matmul, GemmBackend};

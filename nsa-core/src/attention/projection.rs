@@ -3,10 +3,10 @@
 use burn::config::Config;
 use burn::module::Module;
 use burn::nn::{Initializer, Linear, LinearConfig};
-use burn::tensor::{backend::Backend, Int, Tensor};
+use burn::tensor::{backend::Backend, Tensor};
 use nsa_kernels::{linear_matmul, GemmBackend};
 
-use crate::rope::Rope;
+use crate::rope::{Rope, RopeRows};
 
 /// A bias-free linear layer drawn from `N(0, std)`.
 pub fn linear<B: Backend>(d_in: usize, d_out: usize, std: f64, device: &B::Device) -> Linear<B> {
@@ -83,10 +83,10 @@ impl<B: GemmBackend> KvProjection<B> {
         (k, v)
     }
 
-    /// [`Self::forward`] for one token per sequence, `x: [B, 1, dim]`, rotated at each row's
-    /// position `at: [B]`.
-    pub fn forward_at(&self, x: Tensor<B, 3>, rope: &Rope<B>, at: &Tensor<B, 1, Int>) -> (Tensor<B, 4>, Tensor<B, 4>) {
-        let k = rope.apply_at(tokens_first_heads(apply(&self.key, x.clone()), self.kv_heads), at);
+    /// [`Self::forward`] for one token per sequence, `x: [B, 1, dim]`, rotated by `rope` (each
+    /// row's position).
+    pub fn forward_at(&self, x: Tensor<B, 3>, rope: &RopeRows<B>) -> (Tensor<B, 4>, Tensor<B, 4>) {
+        let k = rope.rotate(tokens_first_heads(apply(&self.key, x.clone()), self.kv_heads));
         let v = tokens_first_heads(apply(&self.value, x), self.kv_heads);
         (k, v)
     }

@@ -26,9 +26,9 @@ impl<B: SparseAttentionBackend> DenseAttention<B> {
     ) -> (Tensor<B, 3>, TokenStore<B>) {
         let c = &self.config;
         let b = x.dims()[0];
-        let q = self.rope.apply_at(tokens_first_heads(apply(&self.query, x.clone()), c.n_heads), &at.at);
+        let q = at.rope.rotate(tokens_first_heads(apply(&self.query, x.clone()), c.n_heads));
         let q = q.reshape([b, c.n_kv_heads, c.n_heads / c.n_kv_heads, c.d_k]);
-        let (k, v) = self.kv.forward_at(x, &self.rope, &at.at);
+        let (k, v) = self.kv.forward_at(x, &at.rope);
         let store = cache.append(KeyValues { keys: k.swap_dims(1, 2), values: v.swap_dims(1, 2) }, &at.at);
         let visible = at.causal.clone().expect("decode positions built for a dense model");
         let (out, _) = attend(q, store.0.keys.clone(), store.0.values.clone(), visible);

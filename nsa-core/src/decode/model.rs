@@ -9,6 +9,7 @@ use super::store::{KeyValues, TokenStore};
 use crate::attention::projection::apply;
 use crate::config::NsaConfig;
 use crate::model::{embed, norm, Attention, NsaLm};
+use crate::rope::Rope;
 
 /// A decode step's logits and, per NSA layer, the blocks each sequence's token selected.
 pub struct DecodeOutput<B: SparseAttentionBackend> {
@@ -87,8 +88,9 @@ impl<B: SparseAttentionBackend> NsaLm<B> {
             panic!("a sequence of {full} tokens fills its cache of {max_len}: no room for another");
         }
         let device = tokens.device();
-        let positions = DecodePositions::new(&lengths, max_len, self.nsa_config(), self.has_dense(), &device);
         let mut x = embed(&self.embedding, tokens);
+        let rope = (self.rope(), x.dtype());
+        let positions = DecodePositions::new(&lengths, max_len, self.nsa_config(), self.has_dense(), rope, &device);
         let (mut next, mut blocks) = (Vec::with_capacity(layers.len()), Vec::new());
         for (block, layer) in self.blocks.iter().zip(layers) {
             let normed = norm(&block.attention_norm, x.clone());
@@ -120,6 +122,14 @@ impl<B: SparseAttentionBackend> NsaLm<B> {
             Attention::Nsa(layer) => Some(&layer.config),
             Attention::Dense(_) => None,
         })
+    }
+
+    /// The rotation table (every layer's is the same).
+    fn rope(&self) -> &Rope<B> {
+        match &self.blocks[0].attention {
+            Attention::Nsa(layer) => &layer.rope,
+            Attention::Dense(layer) => &layer.rope,
+        }
     }
 
     fn has_dense(&self) -> bool {

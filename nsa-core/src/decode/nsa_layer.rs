@@ -76,9 +76,9 @@ impl<B: SparseAttentionBackend> NsaAttention<B> {
     ) -> (Tensor<B, 3>, Tensor<B, 4, Int>, NsaLayerCache<B>) {
         let c = &self.config;
         let p = at.nsa.as_ref().expect("decode positions built for an NSA model");
-        let q = self.rope.apply_at(tokens_first_heads(apply(&self.query, x.clone()), c.n_heads), &at.at);
+        let q = at.rope.rotate(tokens_first_heads(apply(&self.query, x.clone()), c.n_heads));
         let new = |branch| {
-            let (k, v) = self.kv(branch).forward_at(x.clone(), &self.rope, &at.at);
+            let (k, v) = self.kv(branch).forward_at(x.clone(), &at.rope);
             KeyValues { keys: heads_first(k), values: heads_first(v) }
         };
 

@@ -2,16 +2,20 @@
 //! the host's lengths and read by every layer, so a layer adds no index arithmetic of its own.
 //! Every tensor's shape depends only on the batch and the cache's maximum length.
 
-use burn::tensor::{backend::Backend, Bool, Int, Tensor, TensorData};
+use burn::tensor::{backend::Backend, Bool, DType, Int, Tensor, TensorData};
+use nsa_kernels::GemmBackend;
 
 use super::cache::compressed_blocks;
 use crate::config::NsaConfig;
+use crate::rope::{Rope, RopeRows};
 
 /// One decode step's positions.
 #[derive(Clone, Debug)]
 pub struct DecodePositions<B: Backend> {
     /// Each row's position `[B]` (its length before this token).
     pub at: Tensor<B, 1, Int>,
+    /// The rotation at those positions, for every layer's queries and keys.
+    pub rope: RopeRows<B>,
     /// What NSA layers read (`None` for a dense model).
     pub nsa: Option<NsaPositions<B>>,
     /// Positions `0..=t_b`, `[B, 1, 1, L]`: what a dense layer's token sees (`None` for an NSA
@@ -44,12 +48,21 @@ pub struct NsaPositions<B: Backend> {
     pub last_key: Tensor<B, 4, Int>,
 }
 
-impl<B: Backend> DecodePositions<B> {
+impl<B: GemmBackend> DecodePositions<B> {
     /// The step at `lengths` for a cache of `max_len` positions: for NSA layers of shape `nsa`,
-    /// for dense layers when `dense`.
-    pub fn new(lengths: &[usize], max_len: usize, nsa: Option<&NsaConfig>, dense: bool, device: &B::Device) -> Self {
+    /// for dense layers when `dense`, rotating by `rope` in `dtype`.
+    pub fn new(
+        lengths: &[usize],
+        max_len: usize,
+        nsa: Option<&NsaConfig>,
+        dense: bool,
+        (rope, dtype): (&Rope<B>, DType),
+        device: &B::Device,
+    ) -> Self {
+        let at = per_row(lengths, |t| t as i64, device);
         DecodePositions {
-            at: per_row(lengths, |t| t as i64, device),
+            rope: rope.rows_at(&at, dtype),
+            at,
             nsa: nsa.map(|c| NsaPositions::new(c, lengths, max_len, device)),
             causal: dense.then(|| below(per_row(lengths, |t| t as i64 + 1, device), max_len)),
         }

@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::FloatDType;
 use nsa_train::backends::{resolve, use_kernel_cache};
-use nsa_train::config::{Precision, RunConfig};
-use nsa_train::measure::decode::{self, DecodeBenchOptions};
+use nsa_train::config::{BackendKind, Precision, RunConfig};
+use nsa_train::measure::decode::{self, DecodeBenchOptions, DecodeBenchResult};
 use nsa_train::run_args::DEFAULT_CONFIG;
 use nsa_train::with_backend;
 
@@ -30,10 +30,14 @@ pub(crate) struct BenchDecodeArgs {
     #[arg(long, value_enum)]
     precision: Option<Precision>,
     #[arg(long, value_enum)]
-    backend: Option<nsa_train::config::BackendKind>,
+    backend: Option<BackendKind>,
     /// Compiled kernels and autotune results (overrides `train.kernel_cache`; "" disables).
     #[arg(long)]
     kernel_cache: Option<String>,
+    /// Decode on CubeCL's backend without Burn's fusion (CUDA): each op is launched as it is
+    /// queued, with no fusion stream between the model and the device.
+    #[arg(long)]
+    no_fusion: bool,
     /// Also write the results as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -48,7 +52,7 @@ pub(crate) fn bench_decode(args: BenchDecodeArgs) -> Result<(), String> {
     let kind = resolve(args.backend.unwrap_or(cfg.train.backend))?;
     let dtype = match args.precision.unwrap_or(cfg.train.precision) {
         Precision::F32 => None,
-        Precision::Bf16 if kind == nsa_train::config::BackendKind::Cuda => Some(FloatDType::BF16),
+        Precision::Bf16 if kind == BackendKind::Cuda => Some(FloatDType::BF16),
         Precision::Bf16 => return Err(format!("--precision bf16 needs the CUDA backend, not {}", kind.name())),
     };
     let opts = DecodeBenchOptions {
@@ -59,16 +63,40 @@ pub(crate) fn bench_decode(args: BenchDecodeArgs) -> Result<(), String> {
         dtype,
     };
     eprintln!("bench-decode: {} on {}", args.config.display(), kind.name());
-    let results = with_backend!(kind, false, &[0], |B, devices, memory| {
-        #[allow(clippy::clone_on_copy)] // `Copy` on the CPU backend's device only.
-        let device = devices[0].clone();
-        let probe = memory(&device);
-        Ok(decode::bench_decode::<<B as AutodiffBackend>::InnerBackend>(&cfg.model, &opts, &device, probe))
-    })?;
+    let results = match args.no_fusion {
+        true => unfused(kind, &cfg, &opts)?,
+        false => fused(kind, &cfg, &opts)?,
+    };
     print!("{}", decode::report(&results));
     if let Some(path) = args.json {
         let text = serde_json::to_string_pretty(&results).expect("the results serialise");
         std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
     }
     Ok(())
+}
+
+fn fused(kind: BackendKind, cfg: &RunConfig, opts: &DecodeBenchOptions) -> Result<Vec<DecodeBenchResult>, String> {
+    with_backend!(kind, false, &[0], |B, devices, memory| {
+        #[allow(clippy::clone_on_copy)] // `Copy` on the CPU backend's device only.
+        let device = devices[0].clone();
+        let probe = memory(&device);
+        Ok(decode::bench_decode::<<B as AutodiffBackend>::InnerBackend>(&cfg.model, opts, &device, probe))
+    })
+}
+
+#[cfg(feature = "cuda")]
+fn unfused(kind: BackendKind, cfg: &RunConfig, opts: &DecodeBenchOptions) -> Result<Vec<DecodeBenchResult>, String> {
+    use burn::cubecl::cuda::CudaRuntime;
+    use nsa_train::backends::{cubecl_memory, cuda_devices};
+    if kind != BackendKind::Cuda {
+        return Err(format!("--no-fusion runs on the CUDA backend, not {}", kind.name()));
+    }
+    let device = cuda_devices(&[0]).remove(0);
+    let probe = cubecl_memory::<CudaRuntime>(&device);
+    Ok(decode::bench_decode::<nsa_kernels::CubeBackend<CudaRuntime, f32, i32, u8>>(&cfg.model, opts, &device, probe))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn unfused(_: BackendKind, _: &RunConfig, _: &DecodeBenchOptions) -> Result<Vec<DecodeBenchResult>, String> {
+    Err("--no-fusion runs on the CUDA backend, which this build does not have".into())
 }
