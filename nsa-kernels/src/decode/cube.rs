@@ -1,5 +1,5 @@
-//! `CubeBackend`: the step as [`crate::kernel::decode::step`], one cube of one plane per
-//! `(sequence, KV head)`.
+//! `CubeBackend`: the step as [`crate::kernel::decode::step`], one cube of up to [`PLANES`]
+//! planes per `(sequence, KV head)`.
 
 use burn::tensor::{DType, Shape};
 use burn_cubecl::element::BoolElement;
@@ -13,7 +13,7 @@ use cubecl::{calculate_cube_count_elemwise, CubeDim};
 use super::{DecodeAttentionBackend, DecodeBranches, DecodeStep};
 use crate::kernel::decode::step::decode_step;
 use crate::sparse::launch::capabilities;
-use crate::sparse::tiling::{SelectionTiling, SELECTION_LANES};
+use crate::sparse::tiling::{SelectionTiling, SELECTION_LANES, SELECTION_SHARED};
 use crate::sparse::Selection;
 
 impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> DecodeAttentionBackend
@@ -36,10 +36,22 @@ fn tokens_first<R: CubeRuntime>(x: CubeTensor<R>) -> CubeTensor<R> {
     permute(x, &[0, 2, 1, 3])
 }
 
+/// Planes of a decode cube at most: more keys in flight per chunk round at long context, and
+/// still few enough that a cube's merge buffers stay small.
+const PLANES: usize = 8;
+
+/// Shared memory one decode cube of `planes` declares (bytes): the staged queries, the block
+/// scores, each plane's chunk scores, the planes' states to merge, the key masses, the
+/// argmax's exchange rows and the chosen blocks.
+fn shared_bytes(planes: usize, blocks: usize, g: usize, d_k: usize, d_v: usize, n: usize) -> usize {
+    let lanes = SELECTION_LANES;
+    4 * (g * d_k + blocks + planes * (g * lanes + 2 * g + g * d_v + lanes + 2 * lanes) + n + 1)
+}
+
 /// Launches the step over `q [B, 1, H_q, d_k]` and the caches `[B, S, H_kv, d]` (compressed,
 /// selected, window; keys then values). Panics with one line when the cache has more
-/// selection blocks than a cube's shared memory holds scores for, as the training selection
-/// does (over a million positions at the production shape).
+/// selection blocks than a cube's shared memory holds scores for (as the training selection
+/// does, past a million positions at the production shape).
 fn launch<R: CubeRuntime>(
     q: CubeTensor<R>,
     caches: [[CubeTensor<R>; 2]; 3],
@@ -50,22 +62,26 @@ fn launch<R: CubeRuntime>(
     let [b, _, h_q, d_k] = q.meta.shape().dims::<4>();
     let [[compressed_k, compressed_v], [selected_k, selected_v], [window_k, window_v]] = caches;
     let [_, max_len, h_kv, d_v] = selected_v.meta.shape().dims::<4>();
-    let g = h_q / h_kv;
+    let (g, n) = (h_q / h_kv, selection.n);
     let client = q.client.clone();
-    let shared = capabilities(&client).shared_bytes;
-    let tiling = SelectionTiling::plan(max_len, selection.block_size, selection.n, g, d_k, shared)
-        .unwrap_or_else(|message| panic!("{message}"));
+    // Rounded up to a plane, so that nearby cache lengths share one compiled kernel.
+    let blocks = max_len.div_ceil(selection.block_size).max(1).next_multiple_of(SELECTION_LANES);
+    let shared = capabilities(&client).shared_bytes.min(SELECTION_SHARED);
+    let planes = (1..=PLANES).rev().find(|&p| shared_bytes(p, blocks, g, d_k, d_v, n) <= shared).unwrap_or_else(|| {
+        panic!(
+            "cache too long for the decode step on this device: {} selection blocks need {} KiB of shared \
+                 memory, the device gives a cube {} KiB",
+            max_len.div_ceil(selection.block_size),
+            shared_bytes(1, blocks, g, d_k, d_v, n) / 1024,
+            shared / 1024
+        )
+    });
     let output =
         || empty_device_contiguous_dtype::<R>(client.clone(), q.device.clone(), Shape::new([b, 1, h_q, d_v]), q.dtype);
     let outputs = [output(), output(), output()];
-    let list = empty_device_contiguous_dtype::<R>(
-        client.clone(),
-        q.device.clone(),
-        Shape::new([b, 1, h_kv, selection.n]),
-        int,
-    );
-    let dim = CubeDim::new_1d(SELECTION_LANES as u32);
-    let count = calculate_cube_count_elemwise(&client, b * h_kv * SELECTION_LANES, dim);
+    let list = empty_device_contiguous_dtype::<R>(client.clone(), q.device.clone(), Shape::new([b, 1, h_kv, n]), int);
+    let dim = CubeDim::new_2d(SELECTION_LANES as u32, planes as u32);
+    let count = calculate_cube_count_elemwise(&client, b * h_kv * dim.num_elems() as usize, dim);
     let vector = SelectionTiling::vector(d_k);
     let [o_compressed, o_selected, o_window] = outputs.clone().map(|o| o.into_tensor_arg());
     decode_step::launch::<R>(
@@ -92,9 +108,10 @@ fn launch<R: CubeRuntime>(
         g,
         d_k,
         d_v,
-        tiling.blocks,
-        selection.n,
+        blocks,
+        n,
         vector,
+        planes,
         [q.dtype.into(), int.into()],
     );
     (outputs, list)

@@ -3,10 +3,10 @@
 //! loops of the spec on fresh random caches: outputs to 1e-4, block lists identical (a row whose
 //! reference scores nearly tie at the cut is not compared, and such rows must be rare).
 //!
-//! The shape crosses every loop boundary of the kernel: more compressed keys than one staged
-//! chunk (128), more keys per branch than a plane has lanes (32), a wrapped window ring, a value
-//! width that is not a multiple of the lanes, an odd group, and rows at different positions in
-//! one batch, one before any compressed block exists.
+//! The shape crosses every loop boundary of the kernel: in every branch more keys than a cube's
+//! planes take in one round (8 x 32), a partly visible selected block, a wrapped window ring, a
+//! value width that is not a multiple of the lanes, an odd group, and rows at different
+//! positions in one batch, one before any compressed block exists.
 
 use burn::tensor::{Int, Tensor, TensorData};
 use nsa_kernels::{decode_attention, Selection};
@@ -19,9 +19,9 @@ const H_KV: usize = 2;
 const G: usize = 3;
 const D_K: usize = 12;
 const D_V: usize = 40;
-const MAX_LEN: usize = 640;
-const RING: usize = 48;
-const SELECTION: Selection = Selection { length: 8, stride: 4, block_size: 16, n: 5 };
+const MAX_LEN: usize = 1400;
+const RING: usize = 300;
+const SELECTION: Selection = Selection { length: 8, stride: 4, block_size: 32, n: 10 };
 const NEAR_TIE: f64 = 1e-5;
 
 /// A cache `[B, H_kv, S, d]` of standard normal draws, flat.
@@ -110,7 +110,7 @@ fn reference(q: &[f64], caches: &[Cache; 6], b: usize, hk: usize, t: usize) -> (
 #[test]
 fn decode_kernel_matches_the_spec_on_wgpu() {
     let mut rng = fresh_rng("decode_kernel_matches_the_spec_on_wgpu");
-    let positions = [600usize, 5, 77, 639];
+    let positions = [1300usize, 5, 77, 1399];
     let batch = positions.len();
     let n_compressed = (MAX_LEN - SELECTION.length) / SELECTION.stride + 1;
     let caches = [

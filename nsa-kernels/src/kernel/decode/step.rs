@@ -1,24 +1,23 @@
-//! One decode step per `(b, hk)` cube of one plane ([`LANES`] units), at the sequence's
+//! One decode step per `(b, hk)` cube of `planes` planes of [`LANES`] units, at the sequence's
 //! position `t` (a run-time value, so shapes never change from token to token):
 //! 1. stage the group's `g` query rows (scaled, f32) in shared memory;
-//! 2. the compressed branch over the blocks complete at `t` ([`attend_keys`]), whose
-//!    log-sum-exps feed
-//! 3. the block selection, with the training kernel's own steps (the same sums in the same
-//!    order, so the same ties): key masses ([`group_mass`]), block scores ([`add_chunk_mass`]),
-//!    forced blocks and top-n ([`take_best`]), the list ([`write_list`]);
+//! 2. the compressed branch over the blocks complete at `t` ([`attend_keys`], the planes'
+//!    states merged by [`merge_planes`]), whose log-sum-exps feed
+//! 3. the block selection: each key's mass `sum_h exp(q_h . k - lse_h)` (a chunk of
+//!    `planes x LANES` keys at a time), then the training selection's own steps in the first
+//!    plane: block scores with keys in ascending order ([`add_chunk_mass`]), forced blocks and
+//!    top-n ([`take_top_n`]), the list ([`write_list`]);
 //! 4. the selected branch over the chosen blocks' positions `<= t`;
 //! 5. the window branch over the ring's filled slots.
 
 use cubecl::prelude::*;
 
-use super::attend::{attend_keys, write_rows, DecodeRows};
+use super::attend::{attend_keys, key_scores, merge_planes, write_rows, DecodeRows};
 use crate::kernel::compression::visible::visible_blocks;
 use crate::kernel::primitives::rows::offset3;
-use crate::kernel::selection::block_scores::{add_chunk_mass, group_mass, key_stride, stage_keys};
-use crate::kernel::selection::top_n::{take_best, write_list};
-use crate::sparse::tiling::{
-    SELECTION_CHUNK as CHUNK, SELECTION_KEYS_PER_LANE as KEYS_PER_LANE, SELECTION_LANES as LANES,
-};
+use crate::kernel::selection::block_scores::add_chunk_mass;
+use crate::kernel::selection::top_n::{force_blocks, lane_best, merge_best, write_list, TAKEN};
+use crate::sparse::tiling::SELECTION_LANES as LANES;
 
 /// `q [B, 1, H_q, d_k]`; the cache's compressed blocks, selected-branch rows and window ring as
 /// `[B, S, H_kv, d]` (any strides); the positions `[B]` -> the three branch outputs
@@ -49,6 +48,7 @@ pub fn decode_step<F: Float, I: Int, V: Size>(
     #[comptime] blocks: usize,
     #[comptime] n: usize,
     #[comptime] vector: usize,
+    #[comptime] planes: usize,
     #[define(F, I)] _dtypes: [StorageType; 2],
 ) {
     let h_kv = compressed_k.shape(2);
@@ -58,13 +58,18 @@ pub fn decode_step<F: Float, I: Int, V: Size>(
     }
     let (b, hk) = (cube / h_kv, cube % h_kv);
     let t = u32::cast_from(positions[b]) as usize;
+    let lane = UNIT_POS_X as usize;
+    let lead = UNIT_POS_Y == 0;
 
     let mut queries = SharedMemory::<Vector<f32, V>>::new(comptime!(g * d_k / vector));
     let mut scores = SharedMemory::<f32>::new(blocks);
     stage_query::<F, V>(q, &mut queries, &mut scores, b, hk, scale, g, d_k, blocks, vector);
     sync_cube();
 
-    let mut chunk = SharedMemory::<f32>::new(comptime!(g * LANES));
+    let mut chunk = SharedMemory::<f32>::new(comptime!(planes * g * LANES));
+    let mut stats = SharedMemory::<f32>::new(comptime!(planes * g * 2));
+    let mut outs = SharedMemory::<f32>::new(comptime!(planes * g * d_v));
+    let mut chosen = SharedMemory::<u32>::new(n);
     let visible = visible_blocks(t, compressed_k.shape(1), length, stride);
     let mut rows = DecodeRows::new(g, d_v);
     attend_keys::<F, V>(
@@ -73,28 +78,25 @@ pub fn decode_step<F: Float, I: Int, V: Size>(
         compressed_k,
         compressed_v,
         &mut chunk,
+        &chosen,
         b,
         hk,
-        0,
         visible,
+        t,
+        false,
+        block_size,
         g,
         d_k,
         d_v,
         vector,
+        planes,
     );
+    merge_planes(&mut rows, &mut stats, &mut outs, g, d_v, planes);
     write_rows::<F>(&rows, out_compressed, b, hk, g, d_v);
 
-    let mut lse = SharedMemory::<f32>::new(g);
-    if UNIT_POS == 0 {
-        #[unroll]
-        for h in 0..g {
-            lse[h] = rows.lse(h);
-        }
-    }
-    sync_cube();
     add_block_scores::<F, V>(
         &queries,
-        &lse,
+        &rows,
         compressed_k,
         &mut scores,
         b,
@@ -107,41 +109,30 @@ pub fn decode_step<F: Float, I: Int, V: Size>(
         d_k,
         blocks,
         vector,
+        planes,
     );
-
-    let mut chosen = SharedMemory::<u32>::new(n);
     let mut taken = SharedMemory::<u32>::new(1usize);
-    let mut best_score = SharedMemory::<f32>::new(LANES);
-    let mut best_block = SharedMemory::<u32>::new(LANES);
-    let lane = UNIT_POS_X as usize;
-    take_best(
-        &mut scores,
-        &mut chosen,
-        &mut taken,
-        &mut best_score,
-        &mut best_block,
-        t / block_size,
-        0,
-        lane,
-        blocks,
-        n,
-    );
-    write_list::<I>(list, &chosen, &taken, offset3::<I>(list, b, 0, hk), 0, lane, n);
+    take_top_n(&mut scores, &mut chosen, &mut taken, t / block_size, blocks, n, planes);
+    if lead {
+        write_list::<I>(list, &chosen, &taken, offset3::<I>(list, b, 0, hk), 0, lane, n);
+    }
 
     let mut rows = DecodeRows::new(g, d_v);
-    let count = taken[0] as usize;
-    for slot in 0..count {
-        let first = chosen[slot] as usize * block_size;
-        let keys = min(block_size, t + 1 - first);
-        attend_keys::<F, V>(
-            &mut rows, &queries, selected_k, selected_v, &mut chunk, b, hk, first, keys, g, d_k, d_v, vector,
-        );
-    }
+    let keys = taken[0] as usize * block_size;
+    attend_keys::<F, V>(
+        &mut rows, &queries, selected_k, selected_v, &mut chunk, &chosen, b, hk, keys, t, true, block_size, g, d_k,
+        d_v, vector, planes,
+    );
+    merge_planes(&mut rows, &mut stats, &mut outs, g, d_v, planes);
     write_rows::<F>(&rows, out_selected, b, hk, g, d_v);
 
     let mut rows = DecodeRows::new(g, d_v);
     let filled = min(t + 1, window_k.shape(1));
-    attend_keys::<F, V>(&mut rows, &queries, window_k, window_v, &mut chunk, b, hk, 0, filled, g, d_k, d_v, vector);
+    attend_keys::<F, V>(
+        &mut rows, &queries, window_k, window_v, &mut chunk, &chosen, b, hk, filled, t, false, block_size, g, d_k, d_v,
+        vector, planes,
+    );
+    merge_planes(&mut rows, &mut stats, &mut outs, g, d_v, planes);
     write_rows::<F>(&rows, out_window, b, hk, g, d_v);
 }
 
@@ -162,6 +153,7 @@ fn stage_query<F: Float, V: Size>(
     #[comptime] vector: usize,
 ) {
     let per_row = comptime!(d_k / vector);
+    let units = CUBE_DIM as usize;
     let mut idx = UNIT_POS as usize;
     while idx < g * per_row {
         let at = offset3::<F>(q, b, 0, hk * g + idx / per_row) + (idx % per_row) * vector;
@@ -171,22 +163,24 @@ fn stage_query<F: Float, V: Size>(
             value[e] = f32::cast_from(q[at + e]) * scale;
         }
         queries[idx] = value;
-        idx += LANES;
+        idx += units;
     }
     idx = UNIT_POS as usize;
     while idx < blocks {
         scores[idx] = 0.0f32;
-        idx += LANES;
+        idx += units;
     }
 }
 
 /// The spec's block scores of the query (Eq. 9 and 10, not divided by `length`) from the
-/// `visible` compressed keys, a chunk at a time, as the training selection sums them.
+/// `visible` compressed keys and the compressed branch's merged `rows` (their log-sum-exps):
+/// every unit computes one key's mass per chunk, the first plane adds the chunk's masses to the
+/// scores in ascending key order, as the training selection does.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn add_block_scores<F: Float, V: Size>(
     queries: &SharedMemory<Vector<f32, V>>,
-    lse: &SharedMemory<f32>,
+    rows: &DecodeRows,
     compressed_k: &Tensor<F>,
     scores: &mut SharedMemory<f32>,
     b: usize,
@@ -199,24 +193,79 @@ fn add_block_scores<F: Float, V: Size>(
     #[comptime] d_k: usize,
     #[comptime] blocks: usize,
     #[comptime] vector: usize,
+    #[comptime] planes: usize,
 ) {
     let lane = UNIT_POS_X as usize;
-    let mut keys = SharedMemory::<Vector<f32, V>>::new(comptime!(CHUNK * key_stride(d_k, vector)));
-    let mut mass = SharedMemory::<f32>::new(CHUNK);
+    let span = comptime!(planes * LANES);
+    let mut mass = SharedMemory::<f32>::new(span);
+    let mine = UNIT_POS_Y as usize * LANES + lane;
     let mut first = 0usize;
     while first < visible {
-        let count = min(visible - first, CHUNK);
-        stage_keys::<F, V>(compressed_k, &mut keys, b, first, count, hk, d_k, vector);
-        sync_cube();
-        let p = group_mass::<V>(queries, lse, &keys, 0, lane, g, d_k, vector);
+        let count = min(visible - first, span);
+        let valid = mine < count;
+        let s = key_scores::<F, V>(queries, compressed_k, b, hk, first + mine, valid, g, d_k, vector);
+        let mut p = 0.0f32;
         #[unroll]
-        for m in 0..KEYS_PER_LANE {
-            let key = lane + m * LANES;
-            mass[key] = select(first + key < visible, p[m], 0.0f32);
+        for h in 0..g {
+            p += (s[h] - rows.lse(h)).exp();
+        }
+        mass[mine] = select(valid, p, 0.0f32);
+        sync_cube();
+        if UNIT_POS_Y == 0 {
+            add_chunk_mass(&mass, scores, 0, lane, first, count, length, stride, block_size, blocks);
         }
         sync_cube();
-        add_chunk_mass(&mass, scores, 0, lane, first, count, length, stride, block_size, blocks);
-        sync_cube();
         first += count;
+    }
+}
+
+/// The query's selection into `chosen[..taken[0]]` (unordered): the forced blocks 0,
+/// `current - 1` and `current`, then up to `n` in all of the eligible blocks with the highest
+/// scores, ties to the lower index, one per round, as the training selection takes them. The
+/// first plane decides; the others take part in its barriers, each halving its own exchange
+/// row. Called by every unit of the cube (it synchronises).
+#[cube]
+fn take_top_n(
+    scores: &mut SharedMemory<f32>,
+    chosen: &mut SharedMemory<u32>,
+    taken: &mut SharedMemory<u32>,
+    current: usize,
+    #[comptime] blocks: usize,
+    #[comptime] n: usize,
+    #[comptime] planes: usize,
+) {
+    let lane = UNIT_POS_X as usize;
+    let lead = UNIT_POS_Y == 0;
+    let mut best_score = SharedMemory::<f32>::new(comptime!(planes * LANES));
+    let mut best_block = SharedMemory::<u32>::new(comptime!(planes * LANES));
+    let at = UNIT_POS_Y as usize * LANES;
+    if lead {
+        let count = force_blocks(scores, chosen, current, 0, lane, blocks, n);
+        if lane == 0 {
+            taken[0] = count as u32;
+        }
+    }
+    sync_cube();
+    // Block 0 is always forced, so at most `n - 1` blocks are chosen by score.
+    for _round in 0..comptime!(n - 1) {
+        let (best, best_j) = lane_best(scores, 0, current, lane);
+        best_score[at + lane] = best;
+        best_block[at + lane] = best_j;
+        merge_best(&mut best_score, &mut best_block, at, lane, 16usize);
+        merge_best(&mut best_score, &mut best_block, at, lane, 8usize);
+        merge_best(&mut best_score, &mut best_block, at, lane, 4usize);
+        merge_best(&mut best_score, &mut best_block, at, lane, 2usize);
+        merge_best(&mut best_score, &mut best_block, at, lane, 1usize);
+        sync_cube();
+        if lead && lane == 0 {
+            let count = taken[0] as usize;
+            if count < n && best_score[0] > TAKEN {
+                let j = best_block[0];
+                chosen[count] = j;
+                scores[j as usize] = TAKEN;
+                taken[0] = (count + 1) as u32;
+            }
+        }
+        sync_cube();
     }
 }

@@ -243,7 +243,7 @@ pub(crate) fn force_blocks(
 /// lane `lane + step`'s (higher score, ties to the lower block). Called by every unit of the
 /// cube (it synchronises).
 #[cube]
-fn merge_best(
+pub(crate) fn merge_best(
     best_score: &mut SharedMemory<f32>,
     best_block: &mut SharedMemory<u32>,
     at: usize,

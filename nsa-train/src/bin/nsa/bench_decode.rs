@@ -7,6 +7,7 @@ use burn::tensor::FloatDType;
 use nsa_train::backends::{resolve, use_kernel_cache};
 use nsa_train::config::{BackendKind, Precision, RunConfig};
 use nsa_train::measure::decode::{self, DecodeBenchOptions, DecodeBenchResult};
+use nsa_train::measure::decode_parity::decode_parity;
 use nsa_train::run_args::DEFAULT_CONFIG;
 use nsa_train::with_backend;
 
@@ -38,6 +39,11 @@ pub(crate) struct BenchDecodeArgs {
     /// queued, with no fusion stream between the model and the device.
     #[arg(long)]
     no_fusion: bool,
+    /// Also decode this many tokens after the first context's prompt and compare every step
+    /// with one forward over the whole sequence (logit error, equal block lists), in the run's
+    /// dtype.
+    #[arg(long, default_value_t = 0)]
+    parity: usize,
     /// Also write the results as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -55,6 +61,7 @@ pub(crate) fn bench_decode(args: BenchDecodeArgs) -> Result<(), String> {
         Precision::Bf16 if kind == BackendKind::Cuda => Some(FloatDType::BF16),
         Precision::Bf16 => return Err(format!("--precision bf16 needs the CUDA backend, not {}", kind.name())),
     };
+    let parity = (args.parity > 0).then(|| (args.contexts[0], args.parity));
     let opts = DecodeBenchOptions {
         contexts: args.contexts,
         batches: args.batches,
@@ -65,7 +72,7 @@ pub(crate) fn bench_decode(args: BenchDecodeArgs) -> Result<(), String> {
     eprintln!("bench-decode: {} on {}", args.config.display(), kind.name());
     let results = match args.no_fusion {
         true => unfused(kind, &cfg, &opts)?,
-        false => fused(kind, &cfg, &opts)?,
+        false => fused(kind, &cfg, &opts, parity)?,
     };
     print!("{}", decode::report(&results));
     if let Some(path) = args.json {
@@ -75,10 +82,26 @@ pub(crate) fn bench_decode(args: BenchDecodeArgs) -> Result<(), String> {
     Ok(())
 }
 
-fn fused(kind: BackendKind, cfg: &RunConfig, opts: &DecodeBenchOptions) -> Result<Vec<DecodeBenchResult>, String> {
+fn fused(
+    kind: BackendKind,
+    cfg: &RunConfig,
+    opts: &DecodeBenchOptions,
+    parity: Option<(usize, usize)>,
+) -> Result<Vec<DecodeBenchResult>, String> {
     with_backend!(kind, false, &[0], |B, devices, memory| {
         #[allow(clippy::clone_on_copy)] // `Copy` on the CPU backend's device only.
         let device = devices[0].clone();
+        if let Some((context, steps)) = parity {
+            type Inner = <B as AutodiffBackend>::InnerBackend;
+            let check = decode_parity::<Inner>(&cfg.model, opts.dtype, context, steps, &device);
+            eprintln!(
+                "parity: {} tokens after {}: logits within {:.2e} of the forward's scale, {:.1}% of block lists equal",
+                check.steps,
+                check.context,
+                check.max_rel_err,
+                100.0 * check.blocks_equal
+            );
+        }
         let probe = memory(&device);
         Ok(decode::bench_decode::<<B as AutodiffBackend>::InnerBackend>(&cfg.model, opts, &device, probe))
     })
