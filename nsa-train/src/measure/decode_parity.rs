@@ -23,7 +23,9 @@ pub struct DecodeParity {
 }
 
 /// Prefills `context` random tokens, decodes `steps` more, and compares each step with one
-/// forward over all `context + steps`, on a model of `model`'s shape with its initial weights.
+/// forward over all `context + steps`, on a model of `model`'s shape with random weights of
+/// standard deviation `sqrt(3 / dim)`: wide enough that attention is not uniform (at the
+/// initial 0.02 every block scores alike and the block selection is decided by rounding).
 pub fn decode_parity<B: SparseAttentionBackend>(
     model: &NsaLmConfig,
     dtype: Option<FloatDType>,
@@ -32,7 +34,8 @@ pub fn decode_parity<B: SparseAttentionBackend>(
     device: &B::Device,
 ) -> DecodeParity {
     let len = context + steps;
-    let model: NsaLm<B> = NsaLmConfig { seq_len: len, ..model.clone() }.init(device);
+    let init_std = (3.0 / model.attention.dim as f64).sqrt();
+    let model: NsaLm<B> = NsaLmConfig { seq_len: len, init_std, ..model.clone() }.init(device);
     let model = match dtype {
         Some(dtype) => cast_params(model, dtype),
         None => model,

@@ -296,3 +296,24 @@ fn tiny_model(seq_len: usize, dim: usize) -> String {
          d_k = 8\nd_v = 8\nl = 8\nd = 4\nl_sel = 8\nn = 3\nw = 8\n"
     )
 }
+
+/// `nsa bench-decode --parity` on the CPU (f32): decoding with the cache follows one forward over
+/// the whole sequence, past several selection blocks, and the report line says how closely.
+#[test]
+fn bench_decode_parity_reports_decoding_against_the_forward() {
+    let config = concat!(env!("CARGO_MANIFEST_DIR"), "/../configs/tiny.toml");
+    let args = ["--contexts", "60", "--batches", "1", "--tokens", "1", "--warmup", "0", "--parity", "40"];
+    let (ok, stderr) =
+        nsa(&[&["bench-decode", "--config", config, "--backend", "cpu", "--precision", "f32"], &args[..]].concat());
+    assert!(ok, "{stderr}");
+    let line =
+        stderr.lines().find(|l| l.starts_with("parity: ")).unwrap_or_else(|| panic!("no parity line:\n{stderr}"));
+    let number = |before: &str, after: &str| -> f64 {
+        let from = line.find(before).unwrap() + before.len();
+        line[from..from + line[from..].find(after).unwrap()].trim().parse().unwrap()
+    };
+    let err = number("logits within", "of the forward");
+    let equal = number("scale,", "% of block lists");
+    assert!(err < 1e-4, "{line}");
+    assert!(equal >= 95.0, "{line}");
+}
