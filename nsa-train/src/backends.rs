@@ -103,6 +103,12 @@ pub fn cubecl_memory<R: burn::cubecl::Runtime>(device: &R::Device) -> Option<Mem
     }))
 }
 
+/// The backend generation runs on CUDA: CubeCL's without Burn's fusion. A decode step is a
+/// few hundred small ops whose host cost is the step's time, and the fusion stream's per-op work
+/// made a step about 1.7x slower (`docs/benchmarks.md`, "Decode"); training keeps fusion.
+#[cfg(feature = "cuda")]
+pub type CudaDecode = nsa_kernels::CubeBackend<burn::cubecl::cuda::CudaRuntime, f32, i32, u8>;
+
 /// The CUDA devices of the given indices.
 #[cfg(feature = "cuda")]
 pub fn cuda_devices(indices: &[usize]) -> Vec<burn::backend::cuda::CudaDevice> {

@@ -4,10 +4,12 @@ use std::path::PathBuf;
 
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::FloatDType;
+use nsa_core::SparseAttentionBackend;
 use nsa_train::backends::{resolve, use_kernel_cache};
 use nsa_train::config::{BackendKind, Precision, RunConfig};
 use nsa_train::measure::decode::{self, DecodeBenchOptions, DecodeBenchResult};
 use nsa_train::measure::decode_parity::decode_parity;
+use nsa_train::metrics::MemoryProbe;
 use nsa_train::run_args::DEFAULT_CONFIG;
 use nsa_train::with_backend;
 
@@ -35,10 +37,10 @@ pub(crate) struct BenchDecodeArgs {
     /// Compiled kernels and autotune results (overrides `train.kernel_cache`; "" disables).
     #[arg(long)]
     kernel_cache: Option<String>,
-    /// Decode on CubeCL's backend without Burn's fusion (CUDA): each op is launched as it is
-    /// queued, with no fusion stream between the model and the device.
+    /// On CUDA, decode through Burn's fusion, as training runs (by default CUDA decodes without
+    /// it, as `nsa generate` does: each op launched as it is queued).
     #[arg(long)]
-    no_fusion: bool,
+    fusion: bool,
     /// Also decode this many tokens after the first context's prompt and compare every step
     /// with one forward over the whole sequence (logit error, equal block lists), in the run's
     /// dtype.
@@ -70,9 +72,9 @@ pub(crate) fn bench_decode(args: BenchDecodeArgs) -> Result<(), String> {
         dtype,
     };
     eprintln!("bench-decode: {} on {}", args.config.display(), kind.name());
-    let results = match args.no_fusion {
-        true => unfused(kind, &cfg, &opts)?,
-        false => fused(kind, &cfg, &opts, parity)?,
+    let results = match (kind, args.fusion) {
+        (BackendKind::Cuda, false) => unfused(&cfg, &opts, parity)?,
+        _ => fused(kind, &cfg, &opts, parity)?,
     };
     print!("{}", decode::report(&results));
     if let Some(path) = args.json {
@@ -82,6 +84,28 @@ pub(crate) fn bench_decode(args: BenchDecodeArgs) -> Result<(), String> {
     Ok(())
 }
 
+/// The parity check (when asked), then the benchmark, on backend `B`.
+fn run_on<B: SparseAttentionBackend>(
+    cfg: &RunConfig,
+    opts: &DecodeBenchOptions,
+    parity: Option<(usize, usize)>,
+    device: &B::Device,
+    probe: Option<MemoryProbe>,
+) -> Vec<DecodeBenchResult> {
+    if let Some((context, steps)) = parity {
+        let check = decode_parity::<B>(&cfg.model, opts.dtype, context, steps, device);
+        eprintln!(
+            "parity: {} tokens after {}: logits within {:.2e} of the forward's scale, {:.1}% of block lists equal",
+            check.steps,
+            check.context,
+            check.max_rel_err,
+            100.0 * check.blocks_equal
+        );
+    }
+    decode::bench_decode::<B>(&cfg.model, opts, device, probe)
+}
+
+/// Through Burn's fusion, as training runs.
 fn fused(
     kind: BackendKind,
     cfg: &RunConfig,
@@ -91,35 +115,25 @@ fn fused(
     with_backend!(kind, false, &[0], |B, devices, memory| {
         #[allow(clippy::clone_on_copy)] // `Copy` on the CPU backend's device only.
         let device = devices[0].clone();
-        if let Some((context, steps)) = parity {
-            type Inner = <B as AutodiffBackend>::InnerBackend;
-            let check = decode_parity::<Inner>(&cfg.model, opts.dtype, context, steps, &device);
-            eprintln!(
-                "parity: {} tokens after {}: logits within {:.2e} of the forward's scale, {:.1}% of block lists equal",
-                check.steps,
-                check.context,
-                check.max_rel_err,
-                100.0 * check.blocks_equal
-            );
-        }
         let probe = memory(&device);
-        Ok(decode::bench_decode::<<B as AutodiffBackend>::InnerBackend>(&cfg.model, opts, &device, probe))
+        Ok(run_on::<<B as AutodiffBackend>::InnerBackend>(cfg, opts, parity, &device, probe))
     })
 }
 
+/// On CUDA without fusion, as `nsa generate` runs there.
 #[cfg(feature = "cuda")]
-fn unfused(kind: BackendKind, cfg: &RunConfig, opts: &DecodeBenchOptions) -> Result<Vec<DecodeBenchResult>, String> {
-    use burn::cubecl::cuda::CudaRuntime;
-    use nsa_train::backends::{cubecl_memory, cuda_devices};
-    if kind != BackendKind::Cuda {
-        return Err(format!("--no-fusion runs on the CUDA backend, not {}", kind.name()));
-    }
+fn unfused(
+    cfg: &RunConfig,
+    opts: &DecodeBenchOptions,
+    parity: Option<(usize, usize)>,
+) -> Result<Vec<DecodeBenchResult>, String> {
+    use nsa_train::backends::{cubecl_memory, cuda_devices, CudaDecode};
     let device = cuda_devices(&[0]).remove(0);
-    let probe = cubecl_memory::<CudaRuntime>(&device);
-    Ok(decode::bench_decode::<nsa_kernels::CubeBackend<CudaRuntime, f32, i32, u8>>(&cfg.model, opts, &device, probe))
+    let probe = cubecl_memory::<burn::cubecl::cuda::CudaRuntime>(&device);
+    Ok(run_on::<CudaDecode>(cfg, opts, parity, &device, probe))
 }
 
 #[cfg(not(feature = "cuda"))]
-fn unfused(_: BackendKind, _: &RunConfig, _: &DecodeBenchOptions) -> Result<Vec<DecodeBenchResult>, String> {
-    Err("--no-fusion runs on the CUDA backend, which this build does not have".into())
+fn unfused(_: &RunConfig, _: &DecodeBenchOptions, _: Option<(usize, usize)>) -> Result<Vec<DecodeBenchResult>, String> {
+    Err("this binary was built without the CUDA backend".into())
 }

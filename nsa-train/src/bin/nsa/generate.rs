@@ -1,10 +1,10 @@
 //! `nsa generate`: text sampled from a checkpoint.
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use burn::tensor::backend::AutodiffBackend;
-use nsa_core::NsaLm;
+use nsa_core::{NsaLm, SparseAttentionBackend};
 use nsa_train::backends::{resolve, use_kernel_cache};
 use nsa_train::checkpoint;
 use nsa_train::config::{BackendKind, RunConfig};
@@ -108,13 +108,37 @@ pub(crate) fn generate(args: GenerateArgs) -> Result<(), String> {
     let tokenizer = Tokenizer::from_spec(&cfg.data.tokenizer).map_err(|e| e.to_string())?;
     let _ = use_kernel_cache(&cfg.train.kernel_cache)?;
     let kind = resolve(backend.unwrap_or(cfg.train.backend))?;
+    let job = Job { cfg: &cfg, ckpt: &ckpt, tokenizer: &tokenizer, prompt: &prompt, batch, opts: &opts };
+    #[cfg(feature = "cuda")]
+    if kind == BackendKind::Cuda {
+        let device = nsa_train::backends::cuda_devices(&[0]).remove(0);
+        return job.run::<nsa_train::backends::CudaDecode>(&device);
+    }
     with_backend!(kind, false, &[0], |B, devices, _memory| {
         #[allow(clippy::clone_on_copy)] // `Copy` on the CPU backend's device only.
         let device = devices[0].clone();
-        let model: NsaLm<<B as AutodiffBackend>::InnerBackend> = cfg.model.init(&device);
-        let model = checkpoint::load_model(&ckpt, model, &device)?;
-        checkpoint::check_phi(&ckpt, &model, cfg.model.attention.phi)?;
-        let prompt_ids = tokenizer.encode(&prompt).map_err(|e| e.to_string())?;
+        job.run::<<B as AutodiffBackend>::InnerBackend>(&device)
+    })
+}
+
+/// What one `nsa generate` samples.
+struct Job<'a> {
+    cfg: &'a RunConfig,
+    ckpt: &'a Path,
+    tokenizer: &'a Tokenizer,
+    prompt: &'a str,
+    batch: usize,
+    opts: &'a SampleOptions,
+}
+
+impl Job<'_> {
+    /// Loads the checkpoint on `B` and samples, streaming a single sample's text as it comes.
+    fn run<B: SparseAttentionBackend>(&self, device: &B::Device) -> Result<(), String> {
+        let Job { cfg, ckpt, tokenizer, prompt, batch, opts } = *self;
+        let model: NsaLm<B> = cfg.model.init(device);
+        let model = checkpoint::load_model(ckpt, model, device)?;
+        checkpoint::check_phi(ckpt, &model, cfg.model.attention.phi)?;
+        let prompt_ids = tokenizer.encode(prompt).map_err(|e| e.to_string())?;
         if prompt_ids.is_empty() {
             return Err(format!("--prompt {prompt:?} encodes to no tokens: give text the tokenizer keeps"));
         }
@@ -124,13 +148,12 @@ pub(crate) fn generate(args: GenerateArgs) -> Result<(), String> {
         if batch == 1 {
             print!("{prompt}");
         }
-        let done =
-            nsa_train::generate::generate(&model, &prompts, &opts, Some(tokenizer.eod()), &device, |_, token| {
-                if batch == 1 {
-                    print!("{}", stream.push(token, decode));
-                    let _ = std::io::stdout().flush();
-                }
-            })?;
+        let done = nsa_train::generate::generate(&model, &prompts, opts, Some(tokenizer.eod()), device, |_, token| {
+            if batch == 1 {
+                print!("{}", stream.push(token, decode));
+                let _ = std::io::stdout().flush();
+            }
+        })?;
         if batch == 1 {
             println!();
         } else {
@@ -140,7 +163,7 @@ pub(crate) fn generate(args: GenerateArgs) -> Result<(), String> {
         }
         report(&done, model.seq_len());
         Ok(())
-    })
+    }
 }
 
 /// The closing line: prefill and decode speed.
