@@ -103,9 +103,10 @@ pub fn cubecl_memory<R: burn::cubecl::Runtime>(device: &R::Device) -> Option<Mem
     }))
 }
 
-/// The backend generation runs on CUDA: CubeCL's without Burn's fusion. A decode step is a
-/// few hundred small ops whose host cost is the step's time, and the fusion stream's per-op work
-/// made a step about 1.7x slower (`docs/benchmarks.md`, "Decode"); training keeps fusion.
+/// The backend generation runs on CUDA: CubeCL's without Burn's fusion. A decode step is many
+/// small ops whose host cost is the step's time, and the fusion stream adds work to each of
+/// them while finding little to fuse at one token (`docs/benchmarks.md`, "Decode", has both);
+/// training keeps fusion.
 #[cfg(feature = "cuda")]
 pub type CudaDecode = nsa_kernels::CubeBackend<burn::cubecl::cuda::CudaRuntime, f32, i32, u8>;
 
