@@ -5,8 +5,9 @@ use std::fs::File;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 
-use arrow_array::{Array, LargeStringArray, StringArray, StringViewArray};
-use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::file::reader::{FileReader, SerializedFileReader};
+use parquet::record::Field;
+use parquet::schema::types::Type;
 
 /// A data problem, displayed as one line that names the file (and line or row when known).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -136,27 +137,26 @@ fn read_jsonl(path: &Path) -> Result<Vec<String>, DataError> {
     Ok(docs)
 }
 
+/// The `text` column's strings, row by row (null rows skipped), through parquet's row reader:
+/// Arrow's columnar reader would add a dozen crates to every first build for one string column.
 fn read_parquet(path: &Path) -> Result<Vec<String>, DataError> {
     let file = File::open(path).map_err(|e| fail(path, format!("cannot open: {e}")))?;
-    let builder = ParquetRecordBatchReaderBuilder::try_new(file)
-        .map_err(|e| fail(path, format!("not a readable parquet file: {e}")))?;
-    let schema = builder.schema().clone();
-    let column = schema.index_of("text").map_err(|_| fail(path, "no `text` column"))?;
-    let mask = parquet::arrow::ProjectionMask::roots(builder.parquet_schema(), [column]);
-    let reader = builder.with_projection(mask).build().map_err(|e| fail(path, e))?;
+    let reader =
+        SerializedFileReader::new(file).map_err(|e| fail(path, format!("not a readable parquet file: {e}")))?;
+    let root = reader.metadata().file_metadata().schema_descr().root_schema();
+    let text = root.get_fields().iter().find(|f| f.name() == "text").ok_or_else(|| fail(path, "no `text` column"))?;
+    let projection =
+        Type::group_type_builder(root.name()).with_fields(vec![text.clone()]).build().map_err(|e| fail(path, e))?;
+    let rows = reader.get_row_iter(Some(projection)).map_err(|e| fail(path, e))?;
     let mut docs = Vec::new();
-    for batch in reader {
-        let batch = batch.map_err(|e| fail(path, format!("cannot decode: {e}")))?;
-        let array = batch.column(0);
-        let mut push = |v: Option<&str>| docs.extend(v.map(str::to_owned));
-        if let Some(a) = array.as_any().downcast_ref::<StringArray>() {
-            a.iter().for_each(&mut push);
-        } else if let Some(a) = array.as_any().downcast_ref::<LargeStringArray>() {
-            a.iter().for_each(&mut push);
-        } else if let Some(a) = array.as_any().downcast_ref::<StringViewArray>() {
-            a.iter().for_each(&mut push);
-        } else {
-            return Err(fail(path, format!("column `text` has type {}, expected strings", array.data_type())));
+    for (i, row) in rows.enumerate() {
+        let row = row.map_err(|e| fail(path, format!("row {}: cannot decode: {e}", i + 1)))?;
+        match row.get_column_iter().next().map(|(_, field)| field) {
+            Some(Field::Str(text)) => docs.push(text.clone()),
+            Some(Field::Null) | None => {}
+            Some(other) => {
+                return Err(fail(path, format!("row {}: column `text` holds {other}, expected a string", i + 1)))
+            }
         }
     }
     Ok(docs)

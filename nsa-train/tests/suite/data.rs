@@ -4,18 +4,31 @@ use crate::common;
 
 use std::sync::Arc;
 
-use arrow_array::{ArrayRef, Int32Array, RecordBatch, StringArray};
 use nsa_train::data::corpus::{is_validation, BatchOrder, DataCursor, PackedSplit};
 use nsa_train::data::sources::{read_documents, read_file};
 use nsa_train::data::tokenizer::{Tokenizer, BYTE_EOD};
-use parquet::arrow::ArrowWriter;
+use parquet::data_type::{ByteArray, ByteArrayType, Int32Type};
+use parquet::file::writer::SerializedFileWriter;
+use parquet::schema::parser::parse_message_type;
 
-fn write_parquet(path: &std::path::Path, column: &str, texts: &[&str]) {
-    let array: ArrayRef = Arc::new(StringArray::from(texts.to_vec()));
-    let ids: ArrayRef = Arc::new(Int32Array::from((0..texts.len() as i32).collect::<Vec<_>>()));
-    let batch = RecordBatch::try_from_iter(vec![("id", ids), (column, array)]).unwrap();
-    let mut writer = ArrowWriter::try_new(std::fs::File::create(path).unwrap(), batch.schema(), None).unwrap();
-    writer.write(&batch).unwrap();
+/// A parquet file of an `id` column and a nullable string column `column` holding `texts`
+/// (`None` a null), in one row group, as FineWeb-Edu's files hold their text.
+fn write_parquet(path: &std::path::Path, column: &str, texts: &[Option<&str>]) {
+    let message = format!("message docs {{ REQUIRED INT32 id; OPTIONAL BYTE_ARRAY {column} (UTF8); }}");
+    let schema = Arc::new(parse_message_type(&message).unwrap());
+    let file = std::fs::File::create(path).unwrap();
+    let mut writer = SerializedFileWriter::new(file, schema, Default::default()).unwrap();
+    let mut group = writer.next_row_group().unwrap();
+    let ids: Vec<i32> = (0..texts.len() as i32).collect();
+    let mut id = group.next_column().unwrap().unwrap();
+    id.typed::<Int32Type>().write_batch(&ids, None, None).unwrap();
+    id.close().unwrap();
+    let values: Vec<ByteArray> = texts.iter().flatten().map(|t| ByteArray::from(*t)).collect();
+    let defined: Vec<i16> = texts.iter().map(|t| t.is_some() as i16).collect();
+    let mut text = group.next_column().unwrap().unwrap();
+    text.typed::<ByteArrayType>().write_batch(&values, Some(&defined), None).unwrap();
+    text.close().unwrap();
+    group.close().unwrap();
     writer.close().unwrap();
 }
 
@@ -24,7 +37,8 @@ fn txt_jsonl_and_parquet_documents_are_read() {
     let dir = common::scratch("formats");
     std::fs::write(dir.join("a.txt"), "first doc\nline two\n\n\n\nsecond doc").unwrap();
     std::fs::write(dir.join("b.jsonl"), "{\"text\": \"json one\", \"id\": 1}\n\n{\"text\": \"json two\"}\n").unwrap();
-    write_parquet(&dir.join("c.parquet"), "text", &["pq one", "pq two", "pq three"]);
+    // A null row is no document.
+    write_parquet(&dir.join("c.parquet"), "text", &[Some("pq one"), Some("pq two"), None, Some("pq three")]);
     std::fs::write(dir.join("ignored.bin"), [0u8, 1, 2]).unwrap();
 
     assert_eq!(read_file(&dir.join("a.txt")).unwrap(), vec!["first doc\nline two", "\nsecond doc"]);
@@ -55,7 +69,7 @@ fn bad_inputs_are_one_line_errors_naming_the_problem() {
     one_line_error(read_file(&dir.join("notext.jsonl")), "line 1: no `text` field");
     std::fs::write(dir.join("num.jsonl"), "{\"text\": 5}\n").unwrap();
     one_line_error(read_file(&dir.join("num.jsonl")), "`text` is not a string");
-    write_parquet(&dir.join("nocol.parquet"), "body", &["x"]);
+    write_parquet(&dir.join("nocol.parquet"), "body", &[Some("x")]);
     one_line_error(read_file(&dir.join("nocol.parquet")), "no `text` column");
     std::fs::write(dir.join("junk.parquet"), b"not parquet at all").unwrap();
     one_line_error(read_file(&dir.join("junk.parquet")), "not a readable parquet file");

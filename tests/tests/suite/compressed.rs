@@ -90,8 +90,8 @@ fn cases(rng: &mut StdRng) -> Vec<Case> {
         // Head dims that are not multiples of 4.
         Case::new(rng, [1, 40, 4, 2, 6, 10], [8, 4, 8]),
         // A stride of 1 (one query per group: no key copies), and a stride longer than a block.
-        Case::new(rng, [1, 30, 2, 1, 8, 8], [4, 1, 4]),
-        Case::new(rng, [2, 45, 4, 2, 8, 8], [5, 8, 8]),
+        Case::new(rng, [1, 30, 2, 2, 8, 8], [4, 1, 4]),
+        Case::new(rng, [2, 45, 2, 2, 8, 8], [5, 8, 8]),
         // 149 blocks: the products' width padded to 160.
         Case::new(rng, [1, 600, 2, 2, 8, 8], [8, 4, 16]),
         // The production group and head dim (g = 6, d = 64, l = 32, d = 16, l' = 64), several
