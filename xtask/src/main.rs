@@ -9,6 +9,7 @@ use nsa_backend_kind::BackendKind;
 
 mod bench_decode;
 mod bench_train;
+mod test;
 mod vulkan;
 
 #[derive(Parser)]
@@ -106,17 +107,11 @@ fn main() -> ExitCode {
                 eprintln!("error: {e}");
                 return ExitCode::FAILURE;
             }
-            // The same features as `cargo xtask train` on this machine, so the dependencies that
-            // command built are reused and only the tests are compiled here.
-            let features: Vec<String> = features(BackendKind::Auto).iter().map(|f| format!("nsa-train/{f}")).collect();
-            let mut cmd = Command::new(cargo());
-            cmd.args(["test", "--workspace", "--features", &features.join(",")]).args(args);
-            vulkan::private_runtime_dir(&mut cmd);
             announce_build(
                 "the tests: after `cargo xtask train` only the test crates, a few minutes; from nothing, \
                  Burn and its GPU stacks too, about 15 minutes more on 2 cores",
             );
-            run(&mut cmd)
+            test::run(args)
         }
         Task::Train(a) => nsa("train", a),
         Task::Generate(a) => nsa("generate", a),
@@ -134,7 +129,7 @@ fn main() -> ExitCode {
 
 /// The `nsa-train` features every task builds with for `backend`: the CPU and WGPU always (so
 /// `train` and `test` share one build of Burn), CUDA where the backend is or detects it.
-fn features(backend: BackendKind) -> Vec<&'static str> {
+pub(crate) fn features(backend: BackendKind) -> Vec<&'static str> {
     let mut features = vec!["cpu", "wgpu"];
     if backend.detect() == BackendKind::Cuda {
         features.push("cuda");
@@ -180,18 +175,30 @@ fn cargo_run(package: &str, bin: &str, command: &str, a: NsaArgs, extra: &[Strin
     run(&mut cmd)
 }
 
-fn cargo() -> String {
+pub(crate) fn cargo() -> String {
     std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())
 }
 
 fn run(command: &mut Command) -> ExitCode {
+    status(command).err().unwrap_or(ExitCode::SUCCESS)
+}
+
+/// Runs `command` to its end: `Err` with the exit code to pass on when it fails.
+pub(crate) fn status(command: &mut Command) -> Result<(), ExitCode> {
     eprintln!("+ {command:?}");
     match command.status() {
-        Ok(status) if status.success() => ExitCode::SUCCESS,
-        Ok(status) => ExitCode::from(status.code().unwrap_or(1).clamp(1, 255) as u8),
+        Ok(status) => exit_code(status),
         Err(e) => {
-            eprintln!("error: cannot run cargo: {e}");
-            ExitCode::FAILURE
+            eprintln!("error: cannot run {:?}: {e}", command.get_program());
+            Err(ExitCode::FAILURE)
         }
+    }
+}
+
+/// The exit code to pass on: `Err` for a failure.
+pub(crate) fn exit_code(status: std::process::ExitStatus) -> Result<(), ExitCode> {
+    match status.code() {
+        Some(0) => Ok(()),
+        code => Err(ExitCode::from(code.unwrap_or(1).clamp(1, 255) as u8)),
     }
 }
