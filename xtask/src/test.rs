@@ -14,7 +14,7 @@ use nsa_backend_kind::BackendKind;
 use crate::{cargo, exit_code, features, status, vulkan};
 
 /// The tests of the cross-crate suite that run in the second process: the sparse-attention
-/// kernels against the float64 loops, on a cold machine as long as every other test together.
+/// kernels against the float64 loops, whose many head shapes are most of the suite's compiling.
 const SIDE_TESTS: &str = "kernels::";
 
 /// Runs the tests; with `args` (a filter, `cargo test`'s flags), one `cargo test` with them.
