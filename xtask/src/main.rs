@@ -128,11 +128,16 @@ fn main() -> ExitCode {
 }
 
 /// The `nsa-train` features every task builds with for `backend`: the CPU and WGPU always (so
-/// `train` and `test` share one build of Burn), CUDA where the backend is or detects it.
+/// `train` and `test` share one build of Burn), CUDA where the backend is or detects it, and
+/// Burn's autotuning where the machine has a GPU. Without one, WGPU runs on a software Vulkan
+/// driver, where autotuning would only multiply the kernels compiled.
 pub(crate) fn features(backend: BackendKind) -> Vec<&'static str> {
     let mut features = vec!["cpu", "wgpu"];
     if backend.detect() == BackendKind::Cuda {
         features.push("cuda");
+    }
+    if BackendKind::Auto.detect() != BackendKind::Cpu {
+        features.push("autotune");
     }
     features
 }

@@ -1,10 +1,10 @@
 //! `cargo xtask test`: every test of the workspace, as CI runs them.
 //!
-//! A process compiles its WGPU kernels one at a time, and on lavapipe a new head shape costs
-//! minutes, so one `cargo test` leaves a core idle for most of a cold run. The whole suite is
-//! built first; then the cross-crate suite's [`SIDE_TESTS`] run as a second process beside
-//! `cargo test` over the rest. (A second `cargo test` would wait for the first: cargo holds
-//! the target directory while its tests run.)
+//! A process compiles its WGPU kernels one at a time, on one core, and on lavapipe the kernels of
+//! a new head shape cost minutes, so one `cargo test` leaves a core idle for most of a cold run.
+//! The whole suite is built first; then the cross-crate suite's [`SIDE_TESTS`] run as a second
+//! process beside `cargo test` over the rest. (A second `cargo test` would wait for the first:
+//! cargo holds the target directory while its tests run.)
 
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitCode, Stdio};
@@ -13,9 +13,12 @@ use nsa_backend_kind::BackendKind;
 
 use crate::{cargo, exit_code, features, status, vulkan};
 
-/// The tests of the cross-crate suite that run in the second process: the sparse-attention
-/// kernels against the float64 loops, whose many head shapes are most of the suite's compiling.
-const SIDE_TESTS: &str = "kernels::";
+/// The tests of the cross-crate suite that run in the second process (test-name filters): the
+/// ones that compile the window kernels at the production head shape (`d = 64`), which the
+/// compressed branch shares, and the largest single compile of the suite. The selection
+/// kernels at that shape, Burn's matrix products and everything else compile in the first.
+const SIDE_TESTS: [&str; 2] =
+    ["compressed::compressed_kernels_match_the_reference", "kernels::wgpu_window_kernels_match_float64_loops"];
 
 /// Runs the tests; with `args` (a filter, `cargo test`'s flags), one `cargo test` with them.
 pub fn run(args: Vec<String>) -> ExitCode {
@@ -40,7 +43,8 @@ pub fn run(args: Vec<String>) -> ExitCode {
         Ok(child) => child,
         Err(code) => return code,
     };
-    let rest = status(&mut cargo_test(&["--", "--skip", SIDE_TESTS]));
+    let skip = SIDE_TESTS.iter().flat_map(|test| ["--skip", test]);
+    let rest = status(&mut cargo_test(&["--"].into_iter().chain(skip).collect::<Vec<_>>()));
     let side = side.wait().map_err(|_| ExitCode::FAILURE).and_then(exit_code);
     rest.and(side).err().unwrap_or(ExitCode::SUCCESS)
 }
@@ -85,7 +89,7 @@ fn suite_of(message: serde_json::Value) -> Option<Suite> {
 /// Starts the suite's [`SIDE_TESTS`], printing as they run.
 fn spawn_side(suite: Suite) -> Result<Child, ExitCode> {
     let mut side = Command::new(&suite.binary);
-    side.arg(SIDE_TESTS).current_dir(&suite.dir);
+    side.args(SIDE_TESTS).arg("--exact").current_dir(&suite.dir);
     vulkan::private_runtime_dir(&mut side);
     eprintln!("+ {side:?} (beside the next)");
     side.spawn().map_err(|e| {

@@ -149,22 +149,31 @@ fn dims(b: usize, t: usize, h_q: usize, h_kv: usize, d_k: usize, d_v: usize) -> 
     Dims { b, t, h_q, h_kv, d_k, d_v }
 }
 
-/// The shapes every implementation is checked on.
-fn cases(rng: &mut StdRng) -> Vec<Case> {
+/// The window shapes every implementation is checked on. A head shape costs lavapipe a minute
+/// or more to compile (several at `d = 64`: LLVM's coroutine split of the barriers), so the
+/// cases reuse a few head shapes and vary what the kernels take at run time; the benchmark's
+/// parity check (`nsa-bench kernels`) covers the production and paper shapes (d = 128 and 192)
+/// on a GPU. The compressed branch runs on the window kernels (`compressed.rs` reuses these
+/// head shapes).
+fn window_cases(rng: &mut StdRng) -> Vec<Case> {
     vec![
         Case::new(rng, dims(2, 37, 6, 1, 16, 8), Spec::Window { w: 8 }),
         Case::new(rng, dims(1, 20, 2, 2, 8, 8), Spec::Window { w: 64 }),
         Case::new(rng, dims(1, 70, 6, 1, 16, 8), Spec::Window { w: 16 }),
+        // The production group (g = 6, d = 64) over several query and key tiles, ragged chunks,
+        // and rows split over units (dQ, dK/dV).
+        Case::new(rng, dims(1, 150, 12, 2, 64, 64), Spec::Window { w: 40 }),
+    ]
+}
+
+/// The selection shapes every implementation is checked on (head shapes chosen as above).
+fn selected_cases(rng: &mut StdRng) -> Vec<Case> {
+    vec![
         Case::new(rng, dims(2, 45, 6, 1, 16, 8), Spec::Selected { l_sel: 8, n: 3 }),
         Case::new(rng, dims(1, 33, 16, 1, 32, 16), Spec::Selected { l_sel: 4, n: 5 }),
         Case::new(rng, dims(1, 70, 2, 2, 8, 8), Spec::Selected { l_sel: 16, n: 4 }),
-        // The production group (g = 6, d = 64) over several query and key tiles, ragged chunks,
-        // and rows split over units (dQ, dK/dV, the selection forward). Each new head dim and
-        // group compiles new kernels, which costs lavapipe a minute or more (several at d = 64:
-        // LLVM's coroutine split of the barriers): the cases reuse a few head shapes and vary
-        // what the kernels take at run time, and the benchmark's parity check (`nsa-bench
-        // kernels`) covers the production and paper shapes (d = 128 and 192) on a GPU.
-        Case::new(rng, dims(1, 150, 12, 2, 64, 64), Spec::Window { w: 40 }),
+        // The production group (g = 6, d = 64), rows split over units (dQ, dK/dV, the
+        // selection forward).
         Case::new(rng, dims(1, 100, 6, 1, 64, 64), Spec::Selected { l_sel: 32, n: 3 }),
         // Blocks larger than a key cube (64 keys at d = 64: two sub-tiles per block).
         Case::new(rng, dims(1, 300, 6, 1, 64, 64), Spec::Selected { l_sel: 128, n: 3 }),
@@ -181,22 +190,31 @@ fn cases(rng: &mut StdRng) -> Vec<Case> {
 #[test]
 fn reference_path_matches_float64_loops() {
     let mut rng = fresh_rng("reference_path_matches_float64_loops");
-    for case in cases(&mut rng) {
+    for case in window_cases(&mut rng).into_iter().chain(selected_cases(&mut rng)) {
         case.check::<A64>(&Default::default(), 1e-10);
     }
 }
 
+/// The window kernels and the selection kernels are two tests, so that `cargo xtask test` can
+/// compile their `d = 64` kernels in two processes at once.
 #[test]
-fn wgpu_kernels_match_float64_loops() {
-    let mut rng = fresh_rng("wgpu_kernels_match_float64_loops");
+fn wgpu_window_kernels_match_float64_loops() {
+    let mut rng = fresh_rng("wgpu_window_kernels_match_float64_loops");
     assert!(<Wgpu as SparseAttentionBackend>::has_fused_sparse_attention());
-    for case in cases(&mut rng) {
+    for case in window_cases(&mut rng) {
         case.check::<Wgpu>(&WgpuDevice::default(), 1e-5);
     }
 }
 
-/// The layer takes the fused kernels or the reference path by `fused_kernels`: the same function
-/// on the same device, so a run can switch paths (for speed or memory) without changing results.
+#[test]
+fn wgpu_selected_kernels_match_float64_loops() {
+    let mut rng = fresh_rng("wgpu_selected_kernels_match_float64_loops");
+    assert!(<Wgpu as SparseAttentionBackend>::has_fused_sparse_attention());
+    for case in selected_cases(&mut rng) {
+        case.check::<Wgpu>(&WgpuDevice::default(), 1e-5);
+    }
+}
+
 #[test]
 fn layer_fused_and_reference_paths_agree_on_wgpu() {
     type Plain = CubeBackend<WgpuRuntime, f32, i32, u32>;
