@@ -9,4 +9,5 @@ pub mod projection;
 pub mod selection;
 
 pub use dense::{DenseAttention, DenseAttentionConfig};
+pub(crate) use nsa::sigmoid;
 pub use nsa::{Branch, NsaAttention, NsaAttentionConfig, NsaAux};

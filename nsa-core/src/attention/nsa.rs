@@ -104,7 +104,7 @@ fn gate_linear<B: Backend>(d_in: usize, d_out: usize, init: f64, device: &B::Dev
 
 /// `sigmoid(x) = (1 + tanh(x / 2)) / 2`: stable for any `x` and computed in the storage dtype
 /// (Burn's own sigmoid rounds through f32, which would cap the float64 reference checks).
-fn sigmoid<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
+pub(crate) fn sigmoid<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
     x.mul_scalar(0.5).tanh().add_scalar(1.0).mul_scalar(0.5)
 }
 
@@ -195,12 +195,18 @@ impl<B: SparseAttentionBackend> NsaAttention<B> {
         let c = &self.config;
         let [b, t, _] = x.dims();
         let gates = sigmoid(apply(&self.gate, x)).reshape([b, t, 3, c.n_heads]);
+        (self.gated_sum(branches, gates.clone()), gates)
+    }
+
+    /// The branch outputs `[B, T, H_q, d_v]` summed under `gates` `[B, T, 3, H_q]`, through `W_o`.
+    pub fn gated_sum(&self, branches: [Tensor<B, 4>; 3], gates: Tensor<B, 4>) -> Tensor<B, 3> {
+        let c = &self.config;
+        let [b, t, _, _] = gates.dims();
         let mixed = match c.fused_kernels {
-            true => gated_mix(branches, gates.clone()),
-            false => gated_mix_reference(branches, gates.clone()),
+            true => gated_mix(branches, gates),
+            false => gated_mix_reference(branches, gates),
         };
-        let out = apply(&self.output, mixed.reshape([b, t, c.n_heads * c.d_v]));
-        (out, gates)
+        apply(&self.output, mixed.reshape([b, t, c.n_heads * c.d_v]))
     }
 
     pub(crate) fn kv(&self, branch: Branch) -> &KvProjection<B> {

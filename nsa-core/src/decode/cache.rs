@@ -3,8 +3,11 @@
 
 use burn::tensor::backend::Backend;
 use burn::tensor::DType;
+use nsa_kernels::SparseAttentionBackend;
 
+use super::projection::StepProjection;
 use super::store::{KeyValues, Slots, TokenStore};
+use crate::attention::NsaAttention;
 use crate::config::NsaConfig;
 
 /// An NSA layer's cache for `B` sequences of up to `L` positions.
@@ -20,10 +23,13 @@ pub struct NsaLayerCache<B: Backend> {
     /// The compressed keys and values emitted so far, block `i` in slot `i`: `[B, H_kv, N, d]`
     /// for the `N` blocks that exist at length `L`.
     pub compressed: Slots<B>,
+    /// The layer's projections as one product, made with the cache.
+    pub projection: StepProjection<B>,
 }
 
-impl<B: Backend> NsaLayerCache<B> {
-    pub fn new(c: &NsaConfig, batch: usize, max_len: usize, dtype: DType, device: &B::Device) -> Self {
+impl<B: SparseAttentionBackend> NsaLayerCache<B> {
+    pub fn new(layer: &NsaAttention<B>, batch: usize, max_len: usize, dtype: DType, device: &B::Device) -> Self {
+        let c = &layer.config;
         let kv = |slots: usize| KeyValues::zeros(batch, c.n_kv_heads, slots, [c.d_k, c.d_v], dtype, device);
         NsaLayerCache {
             selected: TokenStore(kv(max_len)),
@@ -32,6 +38,7 @@ impl<B: Backend> NsaLayerCache<B> {
             // At least one slot, so a cache shorter than a block still has a (never visible) slot
             // to attend.
             compressed: Slots(kv(compressed_blocks(c, max_len).max(1))),
+            projection: StepProjection::new(layer),
         }
     }
 }

@@ -14,10 +14,12 @@ pub mod dense_layer;
 pub mod model;
 pub mod nsa_layer;
 pub mod positions;
+pub mod projection;
 pub mod store;
 
 pub use cache::{DecodeCache, LayerCache, NsaLayerCache};
 pub use model::DecodeOutput;
 pub use nsa_layer::NsaFill;
 pub use positions::{DecodePositions, NsaPositions};
+pub use projection::StepProjection;
 pub use store::{KeyValues, Slots, TokenStore};

@@ -29,9 +29,7 @@ impl<B: SparseAttentionBackend> NsaLm<B> {
             .blocks
             .iter()
             .map(|block| match &block.attention {
-                Attention::Nsa(layer) => {
-                    LayerCache::Nsa(NsaLayerCache::new(&layer.config, batch, max_len, dtype, device))
-                }
+                Attention::Nsa(layer) => LayerCache::Nsa(NsaLayerCache::new(layer, batch, max_len, dtype, device)),
                 Attention::Dense(layer) => {
                     let c = &layer.config;
                     let kv = KeyValues::zeros(batch, c.n_kv_heads, max_len, [c.d_k, c.d_v], dtype, device);

@@ -10,9 +10,9 @@ use nsa_kernels::{decode_attention, SparseAttentionBackend};
 use super::attend::attend;
 use super::cache::NsaLayerCache;
 use super::positions::{DecodePositions, NsaPositions};
+use super::projection::Projected;
 use super::store::{KeyValues, Slots};
 use crate::attention::constants::cached;
-use crate::attention::projection::{apply, tokens_first_heads};
 use crate::attention::selection::{selected_list, take_top_n};
 use crate::attention::{Branch, NsaAttention, NsaAux};
 
@@ -37,6 +37,7 @@ impl<B: SparseAttentionBackend> NsaLayerCache<B> {
                 Some(blocks) => self.compressed.fill_front(row, blocks),
                 None => self.compressed,
             },
+            projection: self.projection,
         }
     }
 }
@@ -76,24 +77,21 @@ impl<B: SparseAttentionBackend> NsaAttention<B> {
     ) -> (Tensor<B, 3>, Tensor<B, 4, Int>, NsaLayerCache<B>) {
         let c = &self.config;
         let p = at.nsa.as_ref().expect("decode positions built for an NSA model");
-        let q = at.rope.rotate(tokens_first_heads(apply(&self.query, x.clone()), c.n_heads));
-        let new = |branch| {
-            let (k, v) = self.kv(branch).forward_at(x.clone(), &at.rope);
-            KeyValues { keys: heads_first(k), values: heads_first(v) }
-        };
+        let Projected { queries: q, branches: [cmp, slc, win], gates } = cache.projection.forward(x, c, &at.rope);
+        let new = |kv: KeyValues<B>| KeyValues { keys: heads_first(kv.keys), values: heads_first(kv.values) };
 
-        let tail = cache.tail.write(new(Branch::Compressed), &p.tail_hit);
+        let tail = cache.tail.write(new(cmp), &p.tail_hit);
         let compressed = cache.compressed.write(self.compress_tail(&tail, &p.tail_order), &p.emit_hit);
-        let selected = cache.selected.append(new(Branch::Selected), &at.at);
-        let window = cache.window.write(new(Branch::Window), &p.window_hit);
+        let selected = cache.selected.append(new(slc), &at.at);
+        let window = cache.window.write(new(win), &p.window_hit);
         let selection = Selection { length: c.l, stride: c.d, block_size: c.l_sel, n: c.n };
         let caches = [&compressed.0, &selected.0, &window.0].map(|kv| (&kv.keys, &kv.values));
         let (branches, blocks) = match decode_attention(q.clone(), caches, at.at.clone(), selection) {
             Some(kernel) => kernel,
             None => self.decode_branches(q, [&compressed.0, &selected.0, &window.0], p),
         };
-        let (out, _) = self.mix(x, branches);
-        (out, blocks, NsaLayerCache { selected, window, tail, compressed })
+        let out = self.gated_sum(branches, gates);
+        (out, blocks, NsaLayerCache { selected, window, tail, compressed, projection: cache.projection })
     }
 
     /// The decode step's attention in tensor ops (what the kernel of
