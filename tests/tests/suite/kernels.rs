@@ -199,22 +199,25 @@ fn reference_path_matches_float64_loops() {
 /// compile their `d = 64` kernels in two processes at once.
 #[test]
 fn wgpu_window_kernels_match_float64_loops() {
-    let mut rng = fresh_rng("wgpu_window_kernels_match_float64_loops");
-    assert!(<Wgpu as SparseAttentionBackend>::has_fused_sparse_attention());
-    for case in window_cases(&mut rng) {
-        case.check::<Wgpu>(&WgpuDevice::default(), 1e-5);
-    }
+    check_on_wgpu("wgpu_window_kernels_match_float64_loops", window_cases);
 }
 
 #[test]
 fn wgpu_selected_kernels_match_float64_loops() {
-    let mut rng = fresh_rng("wgpu_selected_kernels_match_float64_loops");
+    check_on_wgpu("wgpu_selected_kernels_match_float64_loops", selected_cases);
+}
+
+/// `cases` on the WGPU kernels, against the float64 loops.
+fn check_on_wgpu(test: &str, cases: fn(&mut StdRng) -> Vec<Case>) {
+    let mut rng = fresh_rng(test);
     assert!(<Wgpu as SparseAttentionBackend>::has_fused_sparse_attention());
-    for case in selected_cases(&mut rng) {
+    for case in cases(&mut rng) {
         case.check::<Wgpu>(&WgpuDevice::default(), 1e-5);
     }
 }
 
+/// The layer takes the fused kernels or the reference path by `fused_kernels`: the same function
+/// on the same device, so a run can switch paths (for speed or memory) without changing results.
 #[test]
 fn layer_fused_and_reference_paths_agree_on_wgpu() {
     type Plain = CubeBackend<WgpuRuntime, f32, i32, u32>;
