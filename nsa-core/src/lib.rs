@@ -3,6 +3,7 @@
 
 pub mod attention;
 pub mod config;
+pub mod constants;
 pub mod decode;
 #[cfg(feature = "learner")]
 pub mod learner;
@@ -33,5 +34,5 @@ pub use config::{AttentionKind, ConfigError, NsaConfig, Phi};
 pub use decode::{DecodeCache, DecodeOutput};
 pub use loss::lm_loss;
 pub use model::{MlpKind, NsaLm, NsaLmConfig};
-pub use nsa_kernels::SparseAttentionBackend;
+pub use nsa_kernels::{DecodeAttentionBackend, SparseAttentionBackend};
 pub use precision::cast_params;

@@ -241,7 +241,7 @@ pub fn embed<B: GemmBackend>(embedding: &Embedding<B>, tokens: Tensor<B, 2, Int>
     }
     let [b, t] = tokens.dims();
     let device = tokens.device();
-    let ids = crate::attention::constants::cached::<B, _>("vocab_ids", &[vocab], &device, || {
+    let ids = crate::constants::cached::<B, _>("vocab_ids", &[vocab], &device, || {
         Tensor::<B, 1, Int>::arange(0..vocab as i64, &device).reshape([1, 1, vocab])
     });
     let one_hot = tokens.reshape([b, t, 1]).expand([b, t, vocab]).equal(ids.expand([b, t, vocab]));

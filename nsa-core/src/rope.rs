@@ -11,7 +11,7 @@ use burn::module::Module;
 use burn::tensor::{backend::Backend, DType, Int, Tensor, TensorData};
 use nsa_kernels::{linear_matmul, GemmBackend};
 
-use crate::attention::constants::cached;
+use crate::constants::cached;
 
 #[derive(Module, Debug)]
 pub struct Rope<B: Backend> {
@@ -106,6 +106,15 @@ impl<B: GemmBackend> RopeRows<B> {
     /// Rotates `x: [B, 1, H, d]` (one token per sequence) at the rows' positions.
     pub fn rotate(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
         rotate_with(x, self.cos.clone(), self.sin.clone())
+    }
+
+    /// The cosines and sines as `[B, d]` rows (each pair's angle twice), for a kernel that
+    /// rotates by them.
+    pub fn rows(&self) -> [Tensor<B, 2>; 2] {
+        [&self.cos, &self.sin].map(|x| {
+            let [b, _, _, d] = x.dims();
+            x.clone().reshape([b, d])
+        })
     }
 }
 

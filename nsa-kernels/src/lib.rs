@@ -12,22 +12,27 @@
 pub mod activation;
 pub mod decode;
 pub mod devices;
+mod dtypes;
 mod fingerprint;
 pub mod gemm;
 pub mod mix;
+#[cfg(feature = "ndarray")]
+mod ndarray;
 pub mod norm;
 
 #[cfg(feature = "cube")]
 pub mod kernel;
 pub mod optim;
 pub mod sparse;
+pub mod tile_sizes;
 
 pub use activation::{silu, silu_linear_matmul, ActivationBackend};
 /// CubeCL's backend without Burn's fusion, for callers that name it (e.g. a decode step on CUDA,
 /// where fusion's per-op work is host time).
 #[cfg(feature = "cube")]
 pub use burn_cubecl::CubeBackend;
-pub use decode::{decode_attention, DecodeAttentionBackend};
+pub use decode::{decode_attention, decode_write, DecodeAttentionBackend, StepLayout, WrittenStep};
+pub use dtypes::stats_dtype;
 pub use fingerprint::KERNEL_FINGERPRINT;
 pub use gemm::{linear_matmul, GemmBackend};
 pub use mix::{gated_mix, gated_mix_reference, GatedMixBackend};

@@ -9,9 +9,9 @@ use burn::tensor::backend::Backend;
 pub use crate::config::BackendKind;
 use crate::config::{Precision, RunConfig};
 use crate::data::corpus::PackedSplit;
-use crate::data::load_splits;
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
 use crate::metrics::{DeviceMemory, MemoryProbe};
+use crate::splits::load_splits;
 
 /// Points CubeCL's kernel and autotune caches at `setting` (`train.kernel_cache`). Runs before
 /// the first GPU operation, the backend probe included.

@@ -5,7 +5,7 @@
 use std::time::Instant;
 
 use burn::tensor::{Int, Tensor, TensorData};
-use nsa_core::{DecodeCache, NsaLm, SparseAttentionBackend};
+use nsa_core::{DecodeAttentionBackend, DecodeCache, NsaLm};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -41,7 +41,7 @@ pub struct Generation {
 /// Continues each of `prompts` by up to `opts.max_tokens` tokens, stopping a sequence at `stop`
 /// (the end-of-text id); `on_token(row, token)` is called as each token is drawn. A prompt
 /// longer than the model's `seq_len` is an error: positions past it have no trained rotation.
-pub fn generate<B: SparseAttentionBackend>(
+pub fn generate<B: DecodeAttentionBackend>(
     model: &NsaLm<B>,
     prompts: &[Vec<u32>],
     opts: &SampleOptions,
@@ -119,7 +119,7 @@ pub fn generate<B: SparseAttentionBackend>(
 
 /// A cache of `max_len` positions with each prompt prefilled into its row, and each row's
 /// logits for the token after its prompt.
-fn prefill_all<B: SparseAttentionBackend>(
+fn prefill_all<B: DecodeAttentionBackend>(
     model: &NsaLm<B>,
     prompts: &[Vec<u32>],
     max_len: usize,
@@ -138,7 +138,7 @@ fn prefill_all<B: SparseAttentionBackend>(
 }
 
 /// Logits on the host, as a sampler reads them.
-pub fn to_host<B: SparseAttentionBackend>(logits: Tensor<B, 2>) -> Result<Vec<f64>, String> {
+pub fn to_host<B: DecodeAttentionBackend>(logits: Tensor<B, 2>) -> Result<Vec<f64>, String> {
     logits.into_data().convert::<f64>().to_vec().map_err(|e| format!("cannot read the logits: {e:?}"))
 }
 

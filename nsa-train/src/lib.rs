@@ -17,6 +17,7 @@ pub mod parallel;
 pub mod run_args;
 pub mod schedule;
 pub mod signals;
+pub mod splits;
 pub mod step;
 pub mod trainer;
 

@@ -11,7 +11,7 @@ use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::backend::Backend;
 use burn::tensor::Tensor;
 use nsa_train::dashboard::Collect;
-use nsa_train::data::load_splits;
+use nsa_train::splits::load_splits;
 use nsa_train::trainer::Trainer;
 
 #[test]

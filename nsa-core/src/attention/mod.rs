@@ -1,7 +1,6 @@
 //! Attention layers: NSA (three gated branches) and dense causal GQA.
 
 pub mod compress;
-pub mod constants;
 pub mod dense;
 pub mod masks;
 pub mod nsa;

@@ -5,8 +5,8 @@
 
 use burn::tensor::{backend::Backend, Bool, IndexingUpdateOp, Int, Tensor};
 
-use super::constants::cached;
 use super::masks::{index_row, query_positions};
+use crate::constants::cached;
 
 /// Selection blocks covering `t` tokens.
 pub fn num_selection_blocks(t: usize, l_sel: usize) -> usize {

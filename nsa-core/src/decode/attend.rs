@@ -2,7 +2,7 @@
 //! branch of a decode step computes once its keys are gathered.
 
 use burn::tensor::{backend::Backend, Bool, Tensor};
-use nsa_kernels::sparse::reference::stats_dtype;
+use nsa_kernels::stats_dtype;
 
 /// Output `[B, H_kv, g, d_v]` and probabilities `[B, H_kv, g, S]` (statistics dtype) of the
 /// queries `q: [B, H_kv, g, d_k]` over the keys `k: [B, H_kv, S, d_k]` that `visible`

@@ -3,7 +3,7 @@
 
 use burn::tensor::backend::Backend;
 use burn::tensor::DType;
-use nsa_kernels::SparseAttentionBackend;
+use nsa_kernels::DecodeAttentionBackend;
 
 use super::projection::StepProjection;
 use super::store::{KeyValues, Slots, TokenStore};
@@ -27,7 +27,7 @@ pub struct NsaLayerCache<B: Backend> {
     pub projection: StepProjection<B>,
 }
 
-impl<B: SparseAttentionBackend> NsaLayerCache<B> {
+impl<B: DecodeAttentionBackend> NsaLayerCache<B> {
     pub fn new(layer: &NsaAttention<B>, batch: usize, max_len: usize, dtype: DType, device: &B::Device) -> Self {
         let c = &layer.config;
         let kv = |slots: usize| KeyValues::zeros(batch, c.n_kv_heads, slots, [c.d_k, c.d_v], dtype, device);

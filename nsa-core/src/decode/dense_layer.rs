@@ -1,7 +1,7 @@
 //! Dense attention's prefill and decode step: every position's keys and values are cached.
 
 use burn::tensor::Tensor;
-use nsa_kernels::SparseAttentionBackend;
+use nsa_kernels::DecodeAttentionBackend;
 
 use super::attend::attend;
 use super::positions::DecodePositions;
@@ -9,7 +9,7 @@ use super::store::{KeyValues, TokenStore};
 use crate::attention::projection::{apply, tokens_first_heads};
 use crate::attention::DenseAttention;
 
-impl<B: SparseAttentionBackend> DenseAttention<B> {
+impl<B: DecodeAttentionBackend> DenseAttention<B> {
     /// The forward of `x: [1, T, dim]` and its keys and values `[1, T, H_kv, d]` for the cache.
     pub fn prefill(&self, x: Tensor<B, 3>) -> (Tensor<B, 3>, KeyValues<B>) {
         let (keys, values) = self.kv.forward(x.clone(), &self.rope);

@@ -6,7 +6,10 @@
 //! A step's tensors have shapes fixed by the batch and the cache's maximum length (the
 //! positions are device values, built once per step in [`DecodePositions`]), so on a GPU nothing
 //! compiles or autotunes after the first token. Sequences of one batch may have different
-//! lengths. The step runs in tensor ops on every backend.
+//! lengths. On a backend with decode kernels (CubeCL's) a layer's step is a product, the
+//! hand-over of its result into the cache ([`nsa_kernels::decode_write`]) and the attention
+//! ([`nsa_kernels::decode_attention`]); elsewhere the same step runs in tensor ops, which the
+//! kernels are held to.
 
 pub mod attend;
 pub mod cache;

@@ -1,7 +1,7 @@
 //! The model's prefill and decode step over a [`DecodeCache`].
 
 use burn::tensor::{Int, Tensor};
-use nsa_kernels::SparseAttentionBackend;
+use nsa_kernels::DecodeAttentionBackend;
 
 use super::cache::{DecodeCache, LayerCache, NsaLayerCache};
 use super::positions::DecodePositions;
@@ -12,14 +12,14 @@ use crate::model::{embed, norm, Attention, NsaLm};
 use crate::rope::Rope;
 
 /// A decode step's logits and, per NSA layer, the blocks each sequence's token selected.
-pub struct DecodeOutput<B: SparseAttentionBackend> {
+pub struct DecodeOutput<B: DecodeAttentionBackend> {
     /// `[B, vocab]`.
     pub logits: Tensor<B, 2>,
     /// `[B, 1, H_kv, n]` per NSA layer (as the training forward lists them).
     pub blocks: Vec<Tensor<B, 4, Int>>,
 }
 
-impl<B: SparseAttentionBackend> NsaLm<B> {
+impl<B: DecodeAttentionBackend> NsaLm<B> {
     /// An empty cache for `batch` sequences of up to `max_len` positions (at most the model's
     /// `seq_len`), in the dtype of the model's weights.
     pub fn decode_cache(&self, batch: usize, max_len: usize, device: &B::Device) -> DecodeCache<B> {

@@ -1,23 +1,23 @@
 //! The NSA layer's prefill (the training forward, plus the keys and values it caches) and its
 //! decode step (one new token per sequence against the cache), as the spec's one function.
 
-use burn::tensor::{Bool, Int, Tensor};
+use burn::tensor::{backend::Backend, Bool, Int, Tensor};
 use nsa_kernels::decode::StepOutputs;
-use nsa_kernels::sparse::reference::{overlap_weights, stats_dtype};
+use nsa_kernels::sparse::reference::overlap_weights;
 use nsa_kernels::sparse::Selection;
-use nsa_kernels::{decode_attention, SparseAttentionBackend};
+use nsa_kernels::{decode_attention, decode_write, stats_dtype, DecodeAttentionBackend};
 
 use super::attend::attend;
 use super::cache::NsaLayerCache;
-use super::positions::{DecodePositions, NsaPositions};
-use super::projection::Projected;
-use super::store::{KeyValues, Slots};
-use crate::attention::constants::cached;
+use super::positions::{DecodePositions, NsaPositions, StepMasks};
+use super::projection::{Projected, StepProjection};
+use super::store::{KeyValues, Slots, TokenStore};
 use crate::attention::selection::{selected_list, take_top_n};
 use crate::attention::{Branch, NsaAttention, NsaAux};
+use crate::constants::cached;
 
 /// What a prefill of `T` tokens leaves for the cache, tokens first (`[1, T, H_kv, d]`).
-pub struct NsaFill<B: SparseAttentionBackend> {
+pub struct NsaFill<B: DecodeAttentionBackend> {
     pub selected: KeyValues<B>,
     pub window: KeyValues<B>,
     /// The compressed branch's raw rotated keys and values (the cache keeps the last `l`).
@@ -26,7 +26,7 @@ pub struct NsaFill<B: SparseAttentionBackend> {
     pub compressed: Option<KeyValues<B>>,
 }
 
-impl<B: SparseAttentionBackend> NsaLayerCache<B> {
+impl<B: DecodeAttentionBackend> NsaLayerCache<B> {
     /// Row `row` filled from a prefill of that sequence.
     pub fn fill(self, row: usize, fill: &NsaFill<B>) -> Self {
         NsaLayerCache {
@@ -42,12 +42,17 @@ impl<B: SparseAttentionBackend> NsaLayerCache<B> {
     }
 }
 
+/// The masks of a step in tensor ops, which a backend without a decode kernel has.
+fn masks<B: Backend>(p: &NsaPositions<B>) -> &StepMasks<B> {
+    p.masks.as_ref().expect("a step without a decode kernel has its masks")
+}
+
 /// `[B, 1, H, d]` (one token, tokens first) -> `[B, H, 1, d]` (heads first, as the cache holds).
-fn heads_first<B: SparseAttentionBackend>(x: Tensor<B, 4>) -> Tensor<B, 4> {
+fn heads_first<B: DecodeAttentionBackend>(x: Tensor<B, 4>) -> Tensor<B, 4> {
     x.swap_dims(1, 2)
 }
 
-impl<B: SparseAttentionBackend> NsaAttention<B> {
+impl<B: DecodeAttentionBackend> NsaAttention<B> {
     /// The forward of `x: [1, T, dim]` (the training path, fused kernels included) and what a
     /// decode cache keeps of it. The keys and values are computed again beside the forward's,
     /// by the same ops, so the training forward stays as it is.
@@ -77,21 +82,47 @@ impl<B: SparseAttentionBackend> NsaAttention<B> {
     ) -> (Tensor<B, 3>, Tensor<B, 4, Int>, NsaLayerCache<B>) {
         let c = &self.config;
         let p = at.nsa.as_ref().expect("decode positions built for an NSA model");
-        let Projected { queries: q, branches: [cmp, slc, win], gates } = cache.projection.forward(x, c, &at.rope);
-        let new = |kv: KeyValues<B>| KeyValues { keys: heads_first(kv.keys), values: heads_first(kv.values) };
-
-        let tail = cache.tail.write(new(cmp), &p.tail_hit);
-        let compressed = cache.compressed.write(self.compress_tail(&tail, &p.tail_order), &p.emit_hit);
-        let selected = cache.selected.append(new(slc), &at.at);
-        let window = cache.window.write(new(win), &p.window_hit);
+        let NsaLayerCache { selected, window, tail, compressed, projection } = cache;
+        let (q, gates, (tail, selected, window)) = Self::write_token(&projection, x, (tail, selected, window), at, p);
+        // The compression reads the tail only on a step that completes a block.
+        let compressed = match &p.emit {
+            Some(emit) => compressed.write(self.compress_tail(&tail, &emit.tail_order), &emit.emit_hit),
+            None => compressed,
+        };
         let selection = Selection { length: c.l, stride: c.d, block_size: c.l_sel, n: c.n };
         let caches = [&compressed.0, &selected.0, &window.0].map(|kv| (&kv.keys, &kv.values));
         let (branches, blocks) = match decode_attention(q.clone(), caches, at.at.clone(), selection) {
             Some(kernel) => kernel,
-            None => self.decode_branches(q, [&compressed.0, &selected.0, &window.0], p),
+            None => self.decode_branches(q, [&compressed.0, &selected.0, &window.0], masks(p)),
         };
         let out = self.gated_sum(branches, gates);
-        (out, blocks, NsaLayerCache { selected, window, tail, compressed, projection: cache.projection })
+        (out, blocks, NsaLayerCache { selected, window, tail, compressed, projection })
+    }
+
+    /// The token's projections, and its keys and values written into the tail, selected and
+    /// window caches: the rotated queries `[B, 1, H, d_k]`, the gates `[B, 1, 3, H]` and the
+    /// caches. One kernel where the backend has one, tensor ops elsewhere.
+    fn write_token(
+        projection: &StepProjection<B>,
+        x: Tensor<B, 3>,
+        (tail, selected, window): (Slots<B>, TokenStore<B>, Slots<B>),
+        at: &DecodePositions<B>,
+        p: &NsaPositions<B>,
+    ) -> (Tensor<B, 4>, Tensor<B, 4>, (Slots<B>, TokenStore<B>, Slots<B>)) {
+        let y = projection.product(x);
+        if B::has_decode_kernel() {
+            let caches = [tail.0, selected.0, window.0].map(|kv| [kv.keys, kv.values]);
+            let rotation = at.rope.rows();
+            let written = decode_write(y, projection.gate_bias(), rotation, at.at.clone(), caches, projection.layout());
+            let [tail, selected, window] = written.caches.map(|[keys, values]| KeyValues { keys, values });
+            return (written.queries, written.gates, (Slots(tail), TokenStore(selected), Slots(window)));
+        }
+        let Projected { queries, branches: [cmp, slc, win], gates } = projection.split(y, &at.rope);
+        let new = |kv: KeyValues<B>| KeyValues { keys: heads_first(kv.keys), values: heads_first(kv.values) };
+        let tail = tail.write(new(cmp), &masks(p).tail_hit);
+        let selected = selected.append(new(slc), &at.at);
+        let window = window.write(new(win), &masks(p).window_hit);
+        (queries, gates, (tail, selected, window))
     }
 
     /// The decode step's attention in tensor ops (what the kernel of
@@ -102,7 +133,7 @@ impl<B: SparseAttentionBackend> NsaAttention<B> {
         &self,
         q: Tensor<B, 4>,
         [compressed, selected, window]: [&KeyValues<B>; 3],
-        p: &NsaPositions<B>,
+        p: &StepMasks<B>,
     ) -> StepOutputs<B> {
         let c = &self.config;
         let b = q.dims()[0];
@@ -132,7 +163,7 @@ impl<B: SparseAttentionBackend> NsaAttention<B> {
 
     /// The selected blocks `[B, 1, H_kv, n]` from the compressed branch's probabilities
     /// `[B, H_kv, g, N]`: the spec's scores (Eq. 9, the Eq. 10 group sum) and its top-n.
-    fn decode_select(&self, probs: Tensor<B, 4>, p: &NsaPositions<B>) -> Tensor<B, 4, Int> {
+    fn decode_select(&self, probs: Tensor<B, 4>, p: &StepMasks<B>) -> Tensor<B, 4, Int> {
         let c = &self.config;
         let [b, h, _, n_cmp] = probs.dims();
         let n_sel = p.forced.dims()[3];
@@ -153,7 +184,7 @@ impl<B: SparseAttentionBackend> NsaAttention<B> {
         &self,
         store: &KeyValues<B>,
         blocks: Tensor<B, 4, Int>,
-        p: &NsaPositions<B>,
+        p: &StepMasks<B>,
     ) -> (KeyValues<B>, Tensor<B, 4, Bool>) {
         let (l_sel, n) = (self.config.l_sel, self.config.n);
         let [b, _, h, _] = blocks.dims();

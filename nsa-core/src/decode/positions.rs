@@ -3,7 +3,7 @@
 //! Every tensor's shape depends only on the batch and the cache's maximum length.
 
 use burn::tensor::{backend::Backend, Bool, DType, Int, Tensor, TensorData};
-use nsa_kernels::GemmBackend;
+use nsa_kernels::DecodeAttentionBackend;
 
 use super::cache::compressed_blocks;
 use crate::config::NsaConfig;
@@ -23,15 +23,31 @@ pub struct DecodePositions<B: Backend> {
     pub causal: Option<Tensor<B, 4, Bool>>,
 }
 
-/// Masks and orders an NSA layer's step reads, for rows at positions `t_b`.
+/// What an NSA layer's step reads of the positions `t_b`.
 #[derive(Clone, Debug)]
 pub struct NsaPositions<B: Backend> {
-    /// The compression tail's slot `t % l`, `[B, 1, l, 1]`.
-    pub tail_hit: Tensor<B, 4, Bool>,
+    /// The compressed blocks this step's tokens complete, on a step where any does (one step
+    /// in `d`): the other steps skip the compression.
+    pub emit: Option<Emission<B>>,
+    /// The masks the step's tensor ops read; `None` on a backend with a decode kernel, which
+    /// derives them from the positions.
+    pub masks: Option<StepMasks<B>>,
+}
+
+/// Where a step's compressed blocks come from and go.
+#[derive(Clone, Debug)]
+pub struct Emission<B: Backend> {
     /// The tail's slots in position order `t + 1 - l ..= t`, `[B, l]`.
     pub tail_order: Tensor<B, 2, Int>,
     /// The compressed block this token completes, `[B, 1, N, 1]` (no slot when it completes none).
     pub emit_hit: Tensor<B, 4, Bool>,
+}
+
+/// Masks and orders a step in tensor ops reads.
+#[derive(Clone, Debug)]
+pub struct StepMasks<B: Backend> {
+    /// The compression tail's slot `t % l`, `[B, 1, l, 1]`.
+    pub tail_hit: Tensor<B, 4, Bool>,
     /// Compressed blocks visible to the token (`i < n_cmp(t)`), `[B, 1, 1, N]`.
     pub compressed_visible: Tensor<B, 4, Bool>,
     /// The window ring's slot `t % R`, `[B, 1, R, 1]`.
@@ -48,7 +64,7 @@ pub struct NsaPositions<B: Backend> {
     pub last_key: Tensor<B, 4, Int>,
 }
 
-impl<B: GemmBackend> DecodePositions<B> {
+impl<B: DecodeAttentionBackend> DecodePositions<B> {
     /// The step at `lengths` for a cache of `max_len` positions: for NSA layers of shape `nsa`,
     /// for dense layers when `dense`, rotating by `rope` in `dtype`.
     pub fn new(
@@ -60,26 +76,43 @@ impl<B: GemmBackend> DecodePositions<B> {
         device: &B::Device,
     ) -> Self {
         let at = per_row(lengths, |t| t as i64, device);
+        let masks = !B::has_decode_kernel();
         DecodePositions {
             rope: rope.rows_at(&at, dtype),
             at,
-            nsa: nsa.map(|c| NsaPositions::new(c, lengths, max_len, device)),
+            nsa: nsa.map(|c| NsaPositions::new(c, lengths, max_len, masks, device)),
             causal: dense.then(|| below(per_row(lengths, |t| t as i64 + 1, device), max_len)),
         }
     }
 }
 
 impl<B: Backend> NsaPositions<B> {
-    fn new(c: &NsaConfig, lengths: &[usize], max_len: usize, device: &B::Device) -> Self {
+    fn new(c: &NsaConfig, lengths: &[usize], max_len: usize, masks: bool, device: &B::Device) -> Self {
         let b = lengths.len();
         let n_slots = compressed_blocks(c, max_len).max(1);
-        let ring = c.w.min(max_len);
-        let n_blocks = max_len.div_ceil(c.l_sel);
         // The block that position `t` completes: `i` with `i*d + l = t + 1`.
         let emitted = |t: usize| match t + 1 >= c.l && (t + 1 - c.l).is_multiple_of(c.d) {
             true => ((t + 1 - c.l) / c.d) as i64,
             false => -1,
         };
+        let emit = lengths.iter().any(|&t| emitted(t) >= 0).then(|| {
+            let order: Vec<i64> =
+                lengths.iter().flat_map(|&t| (0..c.l).map(move |r| ((t + 1 + r) % c.l) as i64)).collect();
+            Emission {
+                tail_order: Tensor::from_data(TensorData::new(order, [b, c.l]), device),
+                emit_hit: slot_hit(per_row(lengths, emitted, device), n_slots),
+            }
+        });
+        NsaPositions { emit, masks: masks.then(|| StepMasks::new(c, lengths, max_len, device)) }
+    }
+}
+
+impl<B: Backend> StepMasks<B> {
+    fn new(c: &NsaConfig, lengths: &[usize], max_len: usize, device: &B::Device) -> Self {
+        let b = lengths.len();
+        let n_slots = compressed_blocks(c, max_len).max(1);
+        let ring = c.w.min(max_len);
+        let n_blocks = max_len.div_ceil(c.l_sel);
         let shape = [b, 1, 1, n_blocks];
         let current = per_row(lengths, |t| (t / c.l_sel) as i64, device).reshape([b, 1, 1, 1]).expand(shape);
         let block = arange::<B>(n_blocks, device).reshape([1, 1, 1, n_blocks]).expand(shape);
@@ -89,12 +122,8 @@ impl<B: Backend> NsaPositions<B> {
             .equal_elem(0)
             .bool_or(block.clone().equal(current.clone()))
             .bool_or(block.add_scalar(1).equal(current.clone()));
-        let tail_order: Vec<i64> =
-            lengths.iter().flat_map(|&t| (0..c.l).map(move |r| ((t + 1 + r) % c.l) as i64)).collect();
-        NsaPositions {
+        StepMasks {
             tail_hit: slot_hit(per_row(lengths, |t| (t % c.l) as i64, device), c.l),
-            tail_order: Tensor::from_data(TensorData::new(tail_order, [b, c.l]), device),
-            emit_hit: slot_hit(per_row(lengths, emitted, device), n_slots),
             compressed_visible: below(per_row(lengths, |t| compressed_blocks(c, t + 1) as i64, device), n_slots),
             window_hit: slot_hit(per_row(lengths, |t| (t % ring) as i64, device), ring),
             window_visible: below(per_row(lengths, |t| (t + 1).min(ring) as i64, device), ring),

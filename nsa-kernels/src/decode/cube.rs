@@ -10,7 +10,7 @@ use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{CubeBackend, CubeRuntime, FloatElement, IntElement};
 use cubecl::{calculate_cube_count_elemwise, CubeDim};
 
-use super::{DecodeAttentionBackend, DecodeBranches, DecodeStep};
+use super::{write, DecodeAttentionBackend, DecodeBranches, DecodeStep, DecodeWrite, DecodeWritten};
 use crate::kernel::decode::step::decode_step;
 use crate::sparse::launch::capabilities;
 use crate::sparse::tiling::{SelectionTiling, SELECTION_LANES, SELECTION_SHARED};
@@ -28,6 +28,10 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> DecodeAtte
         let caches = [compressed, selected, window].map(|pair| pair.map(tokens_first));
         let (outputs, blocks) = launch(into_contiguous(q), caches, into_contiguous(positions), selection, I::dtype());
         Some(DecodeBranches { outputs, blocks })
+    }
+
+    fn decode_write(step: DecodeWrite<Self>) -> Option<DecodeWritten<Self>> {
+        Some(write::launch(step))
     }
 }
 

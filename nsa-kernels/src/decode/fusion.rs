@@ -8,7 +8,7 @@ use burn_fusion::stream::{Operation, OperationStreams};
 use burn_fusion::{Fusion, FusionBackend, FusionRuntime};
 use burn_ir::{CustomOpIr, HandleContainer, OperationIr, OperationOutput, TensorIr};
 
-use super::{DecodeAttentionBackend, DecodeBranches, DecodeStep};
+use super::{DecodeAttentionBackend, DecodeBranches, DecodeStep, DecodeWrite, DecodeWritten, StepLayout};
 use crate::sparse::Selection;
 
 #[derive(Clone, Debug)]
@@ -40,6 +40,33 @@ impl<B: FusionBackend + DecodeAttentionBackend> Operation<B::FusionRuntime> for 
     }
 }
 
+#[derive(Clone, Debug)]
+struct WriteOp<B> {
+    desc: CustomOpIr,
+    layout: StepLayout,
+    _backend: PhantomData<B>,
+}
+
+impl<B: FusionBackend + DecodeAttentionBackend> Operation<B::FusionRuntime> for WriteOp<B> {
+    fn execute(&self, handles: &mut HandleContainer<<B::FusionRuntime as FusionRuntime>::FusionHandle>) {
+        let inputs = &self.desc.inputs;
+        let float = |i: usize, handles: &mut HandleContainer<_>| handles.get_float_tensor::<B>(&inputs[i]);
+        let step = DecodeWrite {
+            projected: float(0, handles),
+            gate_bias: float(1, handles),
+            rotation: [float(2, handles), float(3, handles)],
+            positions: handles.get_int_tensor::<B>(&inputs[4]),
+            caches: [5, 7, 9].map(|i| [float(i, handles), float(i + 1, handles)]),
+            layout: self.layout,
+        };
+        let DecodeWritten { queries, gates, caches } = B::decode_write(step).expect("the backend declared a kernel");
+        let outputs = &self.desc.outputs;
+        for (output, tensor) in outputs.iter().zip([queries, gates].into_iter().chain(caches.into_iter().flatten())) {
+            handles.register_float_tensor::<B>(&output.id, tensor);
+        }
+    }
+}
+
 impl<B: FusionBackend + DecodeAttentionBackend> DecodeAttentionBackend for Fusion<B> {
     fn has_decode_kernel() -> bool {
         B::has_decode_kernel()
@@ -66,5 +93,32 @@ impl<B: FusionBackend + DecodeAttentionBackend> DecodeAttentionBackend for Fusio
         let [o_compressed, o_selected, o_window, blocks] =
             client.register(streams, OperationIr::Custom(desc), op).outputs();
         Some(DecodeBranches { outputs: [o_compressed, o_selected, o_window], blocks })
+    }
+
+    fn decode_write(step: DecodeWrite<Self>) -> Option<DecodeWritten<Self>> {
+        if !B::has_decode_kernel() {
+            return None;
+        }
+        let DecodeWrite { projected, gate_bias, rotation, positions, caches, layout } = step;
+        let client = projected.client.clone();
+        let (b, dtype) = (projected.shape[0], projected.dtype);
+        let [cos, sin] = rotation;
+        let mut inputs = vec![projected, gate_bias, cos, sin, positions];
+        inputs.extend(caches.into_iter().flatten());
+        let streams = OperationStreams::with_inputs(inputs.iter());
+        let new = |dims: [usize; 4]| TensorIr::uninit(client.create_empty_handle(), Shape::new(dims), dtype);
+        let mut outputs = vec![new([b, 1, layout.heads, layout.d_k]), new([b, 1, 3, layout.heads])];
+        outputs.extend(
+            inputs[5..]
+                .iter()
+                .map(|cache| TensorIr::uninit(client.create_empty_handle(), cache.shape.clone(), cache.dtype)),
+        );
+        let inputs: Vec<TensorIr> = inputs.into_iter().map(|x| x.into_ir()).collect();
+        let desc = CustomOpIr::new("nsa_decode_write", &inputs, &outputs);
+        let op = WriteOp::<B> { desc: desc.clone(), layout, _backend: PhantomData };
+        let [queries, gates, tail_k, tail_v, selected_k, selected_v, window_k, window_v] =
+            client.register(streams, OperationIr::Custom(desc), op).outputs();
+        let caches = [[tail_k, tail_v], [selected_k, selected_v], [window_k, window_v]];
+        Some(DecodeWritten { queries, gates, caches })
     }
 }

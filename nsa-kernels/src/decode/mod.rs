@@ -11,12 +11,14 @@ mod autodiff;
 mod cube;
 #[cfg(feature = "fusion")]
 mod fusion;
+#[cfg(feature = "cube")]
+mod write;
 
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::{FloatTensor, IntTensor};
 use burn::tensor::{Int, Tensor, TensorPrimitive};
 
-use crate::sparse::Selection;
+use crate::sparse::{Selection, SparseAttentionBackend};
 
 /// What a decode step's attention reads. Caches are heads first, as the cache holds them.
 pub struct DecodeStep<B: Backend> {
@@ -43,8 +45,45 @@ pub struct DecodeBranches<B: Backend> {
     pub blocks: IntTensor<B>,
 }
 
-/// A backend that may run a decode step's attention as a kernel.
-pub trait DecodeAttentionBackend: Backend {
+/// The heads of a layer's decode projection: `H` query heads and `kv_sets` key/value sets
+/// (three, or one shared by the branches) of `H_kv` heads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StepLayout {
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub d_k: usize,
+    pub d_v: usize,
+    pub kv_sets: usize,
+}
+
+/// What a decode step hands from its layer's projection to the caches and the attention
+/// ([`crate::kernel::decode::write`] has the columns' order).
+pub struct DecodeWrite<B: Backend> {
+    /// The layer's projection of the new tokens, `[B, W]`, without bias.
+    pub projected: FloatTensor<B>,
+    /// The gates' bias, `[3 H]`.
+    pub gate_bias: FloatTensor<B>,
+    /// The rotation at each sequence's position: cosines and sines `[B, d_k]`.
+    pub rotation: [FloatTensor<B>; 2],
+    /// Each sequence's position `t`, `[B]`.
+    pub positions: IntTensor<B>,
+    /// The compression tail's ring, the selected branch's store and the window's ring (keys,
+    /// values), `[B, H_kv, S, d]`, slot `t % S` taking position `t`.
+    pub caches: [[FloatTensor<B>; 2]; 3],
+    pub layout: StepLayout,
+}
+
+/// The rotated queries `[B, 1, H, d_k]`, the gates `[B, 1, 3, H]` and the caches with the new
+/// keys and values.
+pub struct DecodeWritten<B: Backend> {
+    pub queries: FloatTensor<B>,
+    pub gates: FloatTensor<B>,
+    pub caches: [[FloatTensor<B>; 2]; 3],
+}
+
+/// A backend that may run a decode step's attention as a kernel (on top of the sparse op, whose
+/// prefill fills the cache).
+pub trait DecodeAttentionBackend: SparseAttentionBackend {
     /// Whether [`Self::decode_attention`] returns `Some`.
     fn has_decode_kernel() -> bool {
         false
@@ -53,6 +92,12 @@ pub trait DecodeAttentionBackend: Backend {
     /// The step's three branches and selected blocks, as the spec computes them for one query
     /// at each sequence's position; `None` where the backend has no kernel.
     fn decode_attention(_step: DecodeStep<Self>) -> Option<DecodeBranches<Self>> {
+        None
+    }
+
+    /// The step's hand-over from its projection to its caches, written in place where the
+    /// caches are not shared; `None` where the backend has no kernel.
+    fn decode_write(_step: DecodeWrite<Self>) -> Option<DecodeWritten<Self>> {
         None
     }
 }
@@ -84,4 +129,39 @@ pub fn decode_attention<B: DecodeAttentionBackend>(
     };
     let DecodeBranches { outputs, blocks } = B::decode_attention(step)?;
     Some((outputs.map(|o| Tensor::from_primitive(TensorPrimitive::Float(o))), Tensor::from_primitive(blocks)))
+}
+
+/// [`DecodeWritten`] as tensors.
+pub struct WrittenStep<B: Backend> {
+    pub queries: Tensor<B, 4>,
+    pub gates: Tensor<B, 4>,
+    /// The tail, selected and window caches: keys, values.
+    pub caches: [[Tensor<B, 4>; 2]; 3],
+}
+
+/// [`DecodeAttentionBackend::decode_write`] on tensors. Only for a backend that declares a
+/// kernel ([`DecodeAttentionBackend::has_decode_kernel`]): the caches move in.
+pub fn decode_write<B: DecodeAttentionBackend>(
+    projected: Tensor<B, 2>,
+    gate_bias: Tensor<B, 1>,
+    rotation: [Tensor<B, 2>; 2],
+    positions: Tensor<B, 1, Int>,
+    caches: [[Tensor<B, 4>; 2]; 3],
+    layout: StepLayout,
+) -> WrittenStep<B> {
+    let step = DecodeWrite {
+        projected: projected.into_primitive().tensor(),
+        gate_bias: gate_bias.into_primitive().tensor(),
+        rotation: rotation.map(|x| x.into_primitive().tensor()),
+        positions: positions.into_primitive(),
+        caches: caches.map(|pair| pair.map(|x| x.into_primitive().tensor())),
+        layout,
+    };
+    let written = B::decode_write(step).expect("decode_write runs on a backend that declares a decode kernel");
+    let float = |x| Tensor::from_primitive(TensorPrimitive::Float(x));
+    WrittenStep {
+        queries: float(written.queries),
+        gates: float(written.gates),
+        caches: written.caches.map(|pair| pair.map(float)),
+    }
 }

@@ -9,7 +9,7 @@ use burn_fusion::{Fusion, FusionBackend, FusionRuntime};
 use burn_ir::{CustomOpIr, HandleContainer, OperationIr, TensorIr};
 
 use super::RmsNormBackend;
-use crate::sparse::reference::stats_dtype;
+use crate::stats_dtype;
 
 #[derive(Clone, Debug)]
 struct NormOp<B> {

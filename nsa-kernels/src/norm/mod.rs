@@ -19,7 +19,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Tensor, TensorPrimitive};
 
-use crate::sparse::reference::stats_dtype;
+use crate::stats_dtype;
 
 /// A backend with RMSNorm and its gradients. The defaults are tensor ops (the statistics in f32
 /// for half-precision inputs, else in the input's dtype); `CubeBackend` runs kernels; autodiff

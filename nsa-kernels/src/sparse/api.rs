@@ -37,7 +37,6 @@ pub trait SparseAttentionBackend:
     + crate::activation::ActivationBackend
     + crate::mix::GatedMixBackend
     + crate::norm::RmsNormBackend
-    + crate::decode::DecodeAttentionBackend
 {
     /// Whether [`Self::sparse_attention`] is a fused kernel with a matching fused backward.
     /// When false, autodiff differentiates the reference's tensor ops instead.

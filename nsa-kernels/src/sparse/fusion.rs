@@ -13,7 +13,7 @@ use burn_ir::{CustomOpIr, HandleContainer, OperationIr, OperationOutput, TensorI
 
 use crate::sparse::api::{Selection, SparseAttentionBackend, SparseAttentionGrads};
 use crate::sparse::keys::{BlockIndex, Keys};
-use crate::sparse::reference::stats_dtype;
+use crate::stats_dtype;
 
 /// The key set without its tensors: the block list and its inverted index, when there are
 /// any, travel as the op's last inputs.

@@ -20,8 +20,6 @@ mod fusion;
 mod keys;
 #[cfg(feature = "cube")]
 pub mod launch;
-#[cfg(feature = "ndarray")]
-mod ndarray;
 pub mod plan;
 pub mod reference;
 pub mod tiling;

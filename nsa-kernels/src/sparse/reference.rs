@@ -5,17 +5,10 @@
 //! (the tests hold both to a float64 loop version of the spec).
 
 use burn::tensor::ops::FloatTensor;
-use burn::tensor::{backend::Backend, Bool, DType, Int, Tensor, TensorPrimitive};
+use burn::tensor::{backend::Backend, Bool, Int, Tensor, TensorPrimitive};
 
 use crate::sparse::keys::{Keys, Route, TokenKeys};
-
-/// The dtype softmax statistics are kept in: f32 for 16-bit storage, else the storage dtype.
-pub fn stats_dtype(storage: DType) -> DType {
-    match storage {
-        DType::F16 | DType::BF16 => DType::F32,
-        other => other,
-    }
-}
+use crate::stats_dtype;
 
 /// Which keys each query attends, `[B or 1, H_kv or 1, T, S]` (query, key) for `S` keys.
 pub fn key_mask<B: Backend>(keys: &Keys<B>, t: usize, s: usize, device: &B::Device) -> Tensor<B, 4, Bool> {

@@ -5,7 +5,7 @@
 use std::time::Instant;
 
 use burn::tensor::{FloatDType, Int, Tensor, TensorData};
-use nsa_core::{cast_params, NsaLm, NsaLmConfig, SparseAttentionBackend};
+use nsa_core::{cast_params, DecodeAttentionBackend, NsaLm, NsaLmConfig};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
@@ -40,7 +40,7 @@ pub struct DecodeBenchResult {
 
 /// Runs every (context, batch) of `opts` on a model of `model`'s shape with random weights
 /// (timings do not depend on the values), its positions long enough for the longest run.
-pub fn bench_decode<B: SparseAttentionBackend>(
+pub fn bench_decode<B: DecodeAttentionBackend>(
     model: &NsaLmConfig,
     opts: &DecodeBenchOptions,
     device: &B::Device,
@@ -69,7 +69,7 @@ pub fn bench_decode<B: SparseAttentionBackend>(
     results
 }
 
-fn run_one<B: SparseAttentionBackend>(
+fn run_one<B: DecodeAttentionBackend>(
     model: &NsaLm<B>,
     context: usize,
     batch: usize,

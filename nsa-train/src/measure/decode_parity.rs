@@ -4,7 +4,7 @@
 //! gives what every step should have produced.
 
 use burn::tensor::{FloatDType, Int, Tensor, TensorData};
-use nsa_core::{cast_params, NsaLm, NsaLmConfig, SparseAttentionBackend};
+use nsa_core::{cast_params, DecodeAttentionBackend, NsaLm, NsaLmConfig};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
@@ -26,7 +26,7 @@ pub struct DecodeParity {
 /// forward over all `context + steps`, on a model of `model`'s shape with random weights of
 /// standard deviation `sqrt(3 / dim)`: wide enough that attention is not uniform (at the
 /// initial 0.02 every block scores alike and the block selection is decided by rounding).
-pub fn decode_parity<B: SparseAttentionBackend>(
+pub fn decode_parity<B: DecodeAttentionBackend>(
     model: &NsaLmConfig,
     dtype: Option<FloatDType>,
     context: usize,
@@ -73,6 +73,6 @@ pub fn decode_parity<B: SparseAttentionBackend>(
     DecodeParity { context, steps, max_rel_err: worst, blocks_equal: equal as f64 / lists.max(1) as f64 }
 }
 
-fn ints<B: SparseAttentionBackend>(x: Tensor<B, 4, Int>) -> Vec<i64> {
+fn ints<B: DecodeAttentionBackend>(x: Tensor<B, 4, Int>) -> Vec<i64> {
     x.into_data().convert::<i64>().to_vec().expect("block lists are integers")
 }

@@ -10,9 +10,9 @@ use burn::backend::{Autodiff, NdArray};
 use nsa_train::checkpoint;
 use nsa_train::config::RunConfig;
 use nsa_train::dashboard::Collect;
-use nsa_train::data::load_splits;
 use nsa_train::metrics::MemoryOf;
 use nsa_train::parallel::{Fault, FaultKind};
+use nsa_train::splits::load_splits;
 use nsa_train::trainer::{Finish, Stop, Trainer};
 
 type B = Autodiff<NdArray>;

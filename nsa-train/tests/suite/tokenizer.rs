@@ -4,8 +4,8 @@
 use crate::common;
 
 use nsa_train::config::DataConfig;
-use nsa_train::data::load_splits;
 use nsa_train::data::tokenizer::Tokenizer;
+use nsa_train::splits::load_splits;
 use tokenizers::models::bpe::{BpeTrainerBuilder, BPE};
 use tokenizers::normalizers::NormalizerWrapper;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;

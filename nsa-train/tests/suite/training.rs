@@ -11,9 +11,9 @@ use nsa_core::{NsaLm, Phi};
 use nsa_train::checkpoint::{self, CheckpointRecorder};
 use nsa_train::config::{RunConfig, TrainConfig};
 use nsa_train::dashboard::{Collect, Reporter};
-use nsa_train::data::load_splits;
 use nsa_train::metrics::StepMetrics;
 use nsa_train::parallel::Fault;
+use nsa_train::splits::load_splits;
 use nsa_train::trainer::{lm_loss, Finish, Stop, Trainer};
 
 type B = Autodiff<NdArray>;

@@ -1,7 +1,7 @@
-//! The cache of shape-only constants (`nsa_core::attention::constants`): a constant is built once
+//! The cache of shape-only constants (`nsa_core::constants`): a constant is built once
 //! per key, and again for another shape or type.
 
-use nsa_core::attention::constants::cached;
+use nsa_core::constants::cached;
 use nsa_tests::B64;
 
 #[test]

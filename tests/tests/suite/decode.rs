@@ -9,14 +9,14 @@
 
 use burn::tensor::{Int, Tensor, TensorData};
 use nsa_core::decode::{DecodeCache, LayerCache};
-use nsa_core::{AttentionKind, NsaConfig, NsaLm, NsaLmConfig, Phi, SparseAttentionBackend};
+use nsa_core::{AttentionKind, DecodeAttentionBackend, NsaConfig, NsaLm, NsaLmConfig, Phi};
 use nsa_tests::{fresh_rng, max_rel_err, randomized, small_config, to_vec, B64};
 use rand::rngs::StdRng;
 use rand::Rng;
 
 const LEN: usize = 40;
 
-fn model<B: SparseAttentionBackend>(rng: &mut StdRng, attention: NsaConfig, device: &B::Device) -> NsaLm<B> {
+fn model<B: DecodeAttentionBackend>(rng: &mut StdRng, attention: NsaConfig, device: &B::Device) -> NsaLm<B> {
     let cfg = NsaLmConfig::new().with_vocab_size(32).with_n_layers(2).with_seq_len(LEN).with_attention(attention);
     cfg.validate().unwrap();
     randomized(cfg.init::<B>(device), rng, 0.3)
@@ -26,13 +26,13 @@ fn tokens(rng: &mut StdRng, t: usize) -> Vec<i64> {
     (0..t).map(|_| rng.random_range(0..32)).collect()
 }
 
-fn row<B: SparseAttentionBackend>(tokens: &[i64], device: &B::Device) -> Tensor<B, 2, Int> {
+fn row<B: DecodeAttentionBackend>(tokens: &[i64], device: &B::Device) -> Tensor<B, 2, Int> {
     Tensor::from_data(TensorData::new(tokens.to_vec(), [1, tokens.len()]), device)
 }
 
 /// Logits `[T, vocab]` and, per NSA layer, the block lists `[T][H_kv * n]` of one forward.
 #[allow(clippy::type_complexity)]
-fn full_forward<B: SparseAttentionBackend>(
+fn full_forward<B: DecodeAttentionBackend>(
     model: &NsaLm<B>,
     tokens: &[i64],
     device: &B::Device,
@@ -53,7 +53,7 @@ fn full_forward<B: SparseAttentionBackend>(
 
 /// Prefills `rows[b][..prompt[b]]` into row `b`, then decodes the rest one token per step;
 /// checks every step's logits (to `tol`) and blocks against each row's own full forward.
-fn check_decode<B: SparseAttentionBackend>(
+fn check_decode<B: DecodeAttentionBackend>(
     name: &str,
     model: &NsaLm<B>,
     rows: &[Vec<i64>],
@@ -156,20 +156,46 @@ fn prefill_fills_the_cache_decoding_fills() {
     let device = Default::default();
     let model = model::<B64>(&mut rng, small_config().with_phi(Phi::Mlp), &device);
     let sequence = tokens(&mut rng, 27);
-    let (_, prefilled) = model.prefill(row(&sequence, &device), 0, model.decode_cache(1, LEN, &device));
-    let (_, mut decoded) = model.prefill(row(&sequence[..1], &device), 0, model.decode_cache(1, LEN, &device));
-    for &token in &sequence[1..] {
-        decoded = model.decode(row(&[token], &device), decoded).1;
+    check_fill("float64", &model, &sequence, 1, 1e-9, &device);
+}
+
+/// The same on WGPU, where a kernel writes each step's keys and values into the caches, with
+/// one key/value set shared by the branches (written into all three caches). The prompt and the
+/// whole sequence have the lengths the WGPU decode test prefills, so no new forward compiles.
+#[test]
+fn wgpu_prefill_fills_the_cache_decoding_fills() {
+    let mut rng = fresh_rng("wgpu_prefill_fills_the_cache_decoding_fills");
+    let device = burn::backend::wgpu::WgpuDevice::default();
+    let attention = small_config().with_phi(Phi::Linear).with_shared_kv(true);
+    let model = model::<burn::backend::Wgpu>(&mut rng, attention, &device);
+    let sequence = tokens(&mut rng, LEN);
+    check_fill("wgpu", &model, &sequence, 17, 1e-5, &device);
+}
+
+/// The cache a prefill of `sequence` fills against a prefill of its first `prompt` tokens and
+/// a decode step per token after them: every tensor to `tol`.
+fn check_fill<B: DecodeAttentionBackend>(
+    name: &str,
+    model: &NsaLm<B>,
+    sequence: &[i64],
+    prompt: usize,
+    tol: f64,
+    device: &B::Device,
+) {
+    let (_, prefilled) = model.prefill(row(sequence, device), 0, model.decode_cache(1, LEN, device));
+    let (_, mut decoded) = model.prefill(row(&sequence[..prompt], device), 0, model.decode_cache(1, LEN, device));
+    for &token in &sequence[prompt..] {
+        decoded = model.decode(row(&[token], device), decoded).1;
     }
     assert_eq!(prefilled.lengths, decoded.lengths);
     for (layer, (a, b)) in cache_tensors(prefilled).into_iter().zip(cache_tensors(decoded)).enumerate() {
         let err = max_rel_err(&a, &b);
-        assert!(err <= 1e-9, "tensor {layer} of the caches differs by {err:e}");
+        assert!(err <= tol, "{name}: tensor {layer} of the caches differs by {err:e}");
     }
 }
 
 /// Every tensor of every layer's cache, flattened.
-fn cache_tensors(cache: DecodeCache<B64>) -> Vec<Vec<f64>> {
+fn cache_tensors<B: DecodeAttentionBackend>(cache: DecodeCache<B>) -> Vec<Vec<f64>> {
     let mut out = Vec::new();
     for layer in cache.layers {
         let LayerCache::Nsa(layer) = layer else { panic!("an NSA model has NSA caches") };

@@ -7,7 +7,7 @@
 use cubecl::prelude::*;
 
 use crate::kernel::primitives::rows::{offset3, NEG_LARGE};
-use crate::sparse::tiling::SELECTION_LANES as LANES;
+use crate::tile_sizes::SELECTION_LANES as LANES;
 
 /// The running state of the `g` rows in one plane: maxima and sums per head, and this lane's
 /// output columns `lane, lane + LANES, ..` per head (`acc[h * cols + c]`).

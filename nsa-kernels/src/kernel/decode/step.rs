@@ -17,7 +17,7 @@ use crate::kernel::compression::visible::visible_blocks;
 use crate::kernel::primitives::rows::offset3;
 use crate::kernel::selection::block_scores::add_chunk_mass;
 use crate::kernel::selection::top_n::{force_blocks, lane_best, merge_best, write_list, TAKEN};
-use crate::sparse::tiling::SELECTION_LANES as LANES;
+use crate::tile_sizes::SELECTION_LANES as LANES;
 
 /// `q [B, 1, H_q, d_k]`; the cache's compressed blocks, selected-branch rows and window ring as
 /// `[B, S, H_kv, d]` (any strides); the positions `[B]` -> the three branch outputs

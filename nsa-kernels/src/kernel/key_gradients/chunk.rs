@@ -10,7 +10,7 @@ use crate::kernel::primitives::fragments::{
 };
 use crate::kernel::primitives::key_cube::{KeyCube, ListedRows};
 use crate::kernel::primitives::rows::attends;
-use crate::sparse::tiling::storage_stride;
+use crate::tile_sizes::storage_stride;
 
 /// One staged chunk's share of dK, dV (and, with `fold_dq`, its `ds^T` tiles in `ds_tile`), 16
 /// walked rows at a time: `s^T`, `p^T`, `dV += p^T dO`, `dp^T`, `ds^T`, `dK += ds^T q`.

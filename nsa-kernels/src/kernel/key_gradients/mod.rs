@@ -30,7 +30,7 @@ use crate::kernel::primitives::layout::{max_usize, VECTOR};
 use crate::kernel::primitives::rows::offset3;
 use crate::kernel::primitives::staging::stage_vector_rows;
 use crate::kernel::primitives::walk::{walk_pipelined, ChunkCompute};
-use crate::sparse::tiling::storage_stride;
+use crate::tile_sizes::storage_stride;
 
 /// `q`, `k`, `v`, `dO`, `lse`, `delta` as [`crate::kernel::window::dq::window_dq_flash`], and a
 /// selection's inverted index (placeholders for a window) -> a window's `grad_k`, `grad_v`, or

@@ -16,7 +16,7 @@ use super::query_cube::QueryCube;
 use super::rows::offset3;
 use super::staging::copy_rows_async;
 use super::walk::ChunkCopies;
-use crate::sparse::tiling::storage_stride;
+use crate::tile_sizes::storage_stride;
 
 /// A window's key tiles: per slot, `key_tile` K rows then `key_tile` V rows, slot 1's buffer
 /// after slot 0's (from element 0 of `staged`).

@@ -5,7 +5,7 @@ use cubecl::prelude::*;
 
 use super::layout::VECTOR;
 use super::rows::offset3;
-use crate::sparse::tiling::MMA_TILE;
+use crate::tile_sizes::MMA_TILE;
 
 /// Stages rows `first..first + count` (at most `chunk`) of head `hk` of `src [B, T, H, d]` at
 /// `at` of `tile` (`[chunk, stride]`, converted to `E`), all units of the cube cooperating with

@@ -5,9 +5,7 @@
 use cubecl::prelude::*;
 
 use crate::kernel::primitives::rows::offset3;
-use crate::sparse::tiling::{
-    SELECTION_CHUNK as CHUNK, SELECTION_KEYS_PER_LANE as KEYS_PER_LANE, SELECTION_LANES as LANES,
-};
+use crate::tile_sizes::{SELECTION_CHUNK as CHUNK, SELECTION_KEYS_PER_LANE as KEYS_PER_LANE, SELECTION_LANES as LANES};
 
 /// Stages the `g` heads' query rows of positions `t0..t0 + rows` (times `scale`, f32, in
 /// vectors of `vector`) and their log-sum-exps, zeros past the sequence end, and zeroes the

@@ -14,7 +14,7 @@ use crate::kernel::primitives::key_cube::{BlockLists, KeyCube, ListedRows};
 use crate::kernel::primitives::layout::VECTOR;
 use crate::kernel::primitives::staging::stage_vector_rows;
 use crate::kernel::primitives::walk::{walk_pipelined, ChunkCompute};
-use crate::sparse::tiling::storage_stride;
+use crate::tile_sizes::storage_stride;
 
 /// A selection's dQ, key-major as [`selection_partials_flash`]: a cube stages one block's K
 /// and V, and each plane takes the block's listed rows 16 at a time with their q and dO rows:

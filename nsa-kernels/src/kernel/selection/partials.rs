@@ -26,7 +26,7 @@ use crate::kernel::primitives::rows::NEG_LARGE;
 use crate::kernel::primitives::softmax::RowStats;
 use crate::kernel::primitives::staging::stage_vector_rows;
 use crate::kernel::primitives::walk::{walk_pipelined, ChunkCompute};
-use crate::sparse::tiling::storage_stride;
+use crate::tile_sizes::storage_stride;
 
 /// `q [B, T, H_q, d_k]`, `k`, `v` and a selection's inverted index -> for every listed row and
 /// block, `part_out [B, T, H_q, n * d_v]` (the row's attention over that block alone, in the

@@ -6,7 +6,7 @@
 use cubecl::prelude::*;
 
 use super::top_n::{force_blocks, lane_best, TAKEN};
-use crate::sparse::tiling::SELECTION_LANES as LANES;
+use crate::tile_sizes::SELECTION_LANES as LANES;
 
 /// Query row `r`'s selection into `chosen[r * n..]` (unordered, `taken[r]` of them), as
 /// `super::top_n::take_best`: the forced blocks 0, `current - 1` and `current`, then up to `n`

@@ -6,9 +6,7 @@ use cubecl::cmma::MmaDefinition;
 use cubecl::prelude::*;
 
 use crate::kernel::primitives::fragments::{products_with_rows, row_fragments, Pair, MMA_K, MMA_M, MMA_N};
-use crate::sparse::tiling::{
-    storage_stride, SELECTION_CHUNK as CHUNK, SELECTION_LANES as LANES, SELECTION_PROB_STRIDE,
-};
+use crate::tile_sizes::{storage_stride, SELECTION_CHUNK as CHUNK, SELECTION_LANES as LANES, SELECTION_PROB_STRIDE};
 
 /// Pairs per row of the probabilities.
 const PAIR_STRIDE: usize = SELECTION_PROB_STRIDE / 2;

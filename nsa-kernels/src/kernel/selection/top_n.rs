@@ -25,9 +25,7 @@ use super::block_scores::{add_chunk_mass, group_mass, key_stride, stage_keys, st
 use super::selection_cube::SelectionCube;
 use crate::kernel::compression::visible::visible_blocks;
 use crate::kernel::primitives::rows::offset3;
-use crate::sparse::tiling::{
-    SELECTION_CHUNK as CHUNK, SELECTION_KEYS_PER_LANE as KEYS_PER_LANE, SELECTION_LANES as LANES,
-};
+use crate::tile_sizes::{SELECTION_CHUNK as CHUNK, SELECTION_KEYS_PER_LANE as KEYS_PER_LANE, SELECTION_LANES as LANES};
 
 /// A taken block's score (real scores are sums of probabilities, never negative).
 pub(crate) const TAKEN: f32 = -1.0;

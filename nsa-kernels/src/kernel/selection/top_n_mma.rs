@@ -28,7 +28,7 @@ use crate::kernel::primitives::fragments::{mma, Pair, MMA_M};
 use crate::kernel::primitives::layout::VECTOR;
 use crate::kernel::primitives::rows::offset3;
 use crate::kernel::primitives::staging::{stage_query_rows, stage_vector_rows};
-use crate::sparse::tiling::{storage_stride, SELECTION_CHUNK as CHUNK, SELECTION_PROB_STRIDE};
+use crate::tile_sizes::{storage_stride, SELECTION_CHUNK as CHUNK, SELECTION_PROB_STRIDE};
 
 /// [`super::top_n::select_top_n`]'s inputs and output, `q` and `k` as vectors of [`VECTOR`]
 /// 16-bit elements (`d_k` a multiple of 16). Cube `(LANES, rows)`, `rows` dividing the chunk's

@@ -21,7 +21,7 @@ use crate::kernel::primitives::rows::offset3;
 use crate::kernel::primitives::softmax::{mask_and_scale, tile_needs_mask};
 use crate::kernel::primitives::staging::stage_query_rows;
 use crate::kernel::primitives::walk::{walk_pipelined, ChunkCompute};
-use crate::sparse::tiling::storage_stride;
+use crate::tile_sizes::storage_stride;
 
 /// `q`, `k`, `v`, `dO` as the forward's inputs and output, `lse` and `delta` `[B, T, H_q]`
 /// (f32) -> `grad_q`. Cube `(32, planes)` units, `rows <= 16 * planes` real rows.

@@ -22,7 +22,7 @@ use crate::kernel::primitives::rows::{offset3, NEG_LARGE};
 use crate::kernel::primitives::softmax::{mask_scores, tile_needs_mask, RowStats};
 use crate::kernel::primitives::staging::stage_query_rows;
 use crate::kernel::primitives::walk::{walk_pipelined, ChunkCompute};
-use crate::sparse::tiling::storage_stride;
+use crate::tile_sizes::storage_stride;
 
 /// `q [B, T, H_q, d_k]`, `k [B, T, H_kv, d_k]`, `v [B, T, H_kv, d_v]` -> `out [B, T, H_q, d_v]`,
 /// `lse [B, T, H_q]` (f32) for a causal window of `span` keys, as

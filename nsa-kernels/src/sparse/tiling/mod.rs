@@ -108,25 +108,9 @@ impl KeyTiling {
 /// Rows a tensor-core window cube aims for: more rows share each staged K/V tile (a window cube
 /// stages `w + queries` keys for its `queries` positions), against 96 KiB of shared memory.
 pub const MMA_ROWS: usize = 128;
-/// The MMA tile edge.
-pub const MMA_TILE: usize = 16;
 /// Shared memory a tensor-core cube may use (above 48 KiB is dynamic shared memory, which
 /// CubeCL's CUDA runtime opts into per kernel; tensor-core GPUs have 100-228 KiB per SM).
 pub const MMA_SHARED: usize = 96 * 1024;
-
-/// Row stride (elements) of a tensor-core kernel's 16-bit shared tile of `d`-wide rows: padded
-/// by 16 bytes. Unpadded 128- or 256-byte rows put the eight rows a fragment load reads at once
-/// in the same banks, and per-row scalar access by 16 rows of a plane in one bank; the 16-byte
-/// pad spreads both over all banks.
-pub const fn storage_stride(d: usize) -> usize {
-    d + 8
-}
-
-/// Row stride (elements) of a tensor-core kernel's f32 shared tile: padded by 16 bytes, as
-/// [`storage_stride`].
-pub const fn f32_stride(n: usize) -> usize {
-    n + 4
-}
 
 /// Register-resident window forward (see `kernel::window::forward`): a cube of `planes` planes of
 /// 32 lanes holds `rows` real rows (the `g` heads of `rows / g` consecutive queries) padded to
@@ -406,6 +390,8 @@ mod tests {
 }
 
 mod selection;
-pub use selection::{
-    SelectionTiling, SELECTION_CHUNK, SELECTION_KEYS_PER_LANE, SELECTION_LANES, SELECTION_PROB_STRIDE, SELECTION_SHARED,
+pub use crate::tile_sizes::{
+    f32_stride, storage_stride, MMA_TILE, SELECTION_CHUNK, SELECTION_KEYS_PER_LANE, SELECTION_LANES,
+    SELECTION_PROB_STRIDE,
 };
+pub use selection::{SelectionTiling, SELECTION_SHARED};

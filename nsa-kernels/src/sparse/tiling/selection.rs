@@ -1,5 +1,7 @@
 //! The block selection's split of work (see `kernel::selection::top_n`).
 
+use crate::tile_sizes::{SELECTION_CHUNK, SELECTION_LANES, SELECTION_PROB_STRIDE};
+
 /// Block selection (see `kernel::selection::top_n`): a cube of `rows` planes serves `rows`
 /// consecutive queries, keeping each one's `blocks` block scores in shared memory beside the
 /// queries and a chunk of compressed keys. More rows share each staged key chunk; the scores
@@ -10,16 +12,6 @@ pub struct SelectionTiling {
     pub blocks: usize,
 }
 
-/// Units per query of the block selection: one plane.
-pub const SELECTION_LANES: usize = 32;
-/// Compressed keys a lane scores per staged chunk: each staged query element it reads serves
-/// that many keys (the products are bound by shared-memory loads).
-pub const SELECTION_KEYS_PER_LANE: usize = 4;
-/// Compressed keys staged per chunk.
-pub const SELECTION_CHUNK: usize = SELECTION_LANES * SELECTION_KEYS_PER_LANE;
-/// Row stride (f32) of the tensor-core kernel's probabilities: 8 words of padding, so that the
-/// 8 rows of a plane's pair stores fall in different banks.
-pub const SELECTION_PROB_STRIDE: usize = SELECTION_CHUNK + 8;
 /// Queries a selection cube holds at most.
 const SELECTION_ROWS: usize = 8;
 /// Shared memory a selection cube may use (dynamic above 48 KiB on CUDA, as [`super::MMA_SHARED`]).

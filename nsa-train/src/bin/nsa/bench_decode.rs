@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::FloatDType;
-use nsa_core::SparseAttentionBackend;
+use nsa_core::DecodeAttentionBackend;
 use nsa_train::backends::{resolve, use_kernel_cache};
 use nsa_train::config::{BackendKind, Precision, RunConfig};
 use nsa_train::measure::decode::{self, DecodeBenchOptions, DecodeBenchResult};
@@ -85,7 +85,7 @@ pub(crate) fn bench_decode(args: BenchDecodeArgs) -> Result<(), String> {
 }
 
 /// The parity check (when asked), then the benchmark, on backend `B`.
-fn run_on<B: SparseAttentionBackend>(
+fn run_on<B: DecodeAttentionBackend>(
     cfg: &RunConfig,
     opts: &DecodeBenchOptions,
     parity: Option<(usize, usize)>,

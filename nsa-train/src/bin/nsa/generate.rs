@@ -4,7 +4,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use burn::tensor::backend::AutodiffBackend;
-use nsa_core::{NsaLm, SparseAttentionBackend};
+use nsa_core::{DecodeAttentionBackend, NsaLm};
 use nsa_train::backends::{resolve, use_kernel_cache};
 use nsa_train::checkpoint;
 use nsa_train::config::{BackendKind, RunConfig};
@@ -133,7 +133,7 @@ struct Job<'a> {
 
 impl Job<'_> {
     /// Loads the checkpoint on `B` and samples, streaming a single sample's text as it comes.
-    fn run<B: SparseAttentionBackend>(&self, device: &B::Device) -> Result<(), String> {
+    fn run<B: DecodeAttentionBackend>(&self, device: &B::Device) -> Result<(), String> {
         let Job { cfg, ckpt, tokenizer, prompt, batch, opts } = *self;
         let model: NsaLm<B> = cfg.model.init(device);
         let model = checkpoint::load_model(ckpt, model, device)?;

@@ -18,7 +18,7 @@ macro_rules! with_defaults {
 with_defaults!(
     crate::activation::ActivationBackend,
     crate::decode::DecodeAttentionBackend,
-    crate::sparse::api::SparseAttentionBackend,
+    crate::sparse::SparseAttentionBackend,
     crate::gemm::GemmBackend,
     crate::mix::GatedMixBackend,
     crate::norm::RmsNormBackend,
