@@ -42,6 +42,10 @@ impl<B: DecodeAttentionBackend> NsaLayerCache<B> {
     }
 }
 
+/// The caches a step writes its token into: the compression tail, the selected store, the
+/// window ring.
+type WrittenStores<B> = (Slots<B>, TokenStore<B>, Slots<B>);
+
 /// The masks of a step in tensor ops, which a backend without a decode kernel has.
 fn masks<B: Backend>(p: &NsaPositions<B>) -> &StepMasks<B> {
     p.masks.as_ref().expect("a step without a decode kernel has its masks")
@@ -105,10 +109,10 @@ impl<B: DecodeAttentionBackend> NsaAttention<B> {
     fn write_token(
         projection: &StepProjection<B>,
         x: Tensor<B, 3>,
-        (tail, selected, window): (Slots<B>, TokenStore<B>, Slots<B>),
+        (tail, selected, window): WrittenStores<B>,
         at: &DecodePositions<B>,
         p: &NsaPositions<B>,
-    ) -> (Tensor<B, 4>, Tensor<B, 4>, (Slots<B>, TokenStore<B>, Slots<B>)) {
+    ) -> (Tensor<B, 4>, Tensor<B, 4>, WrittenStores<B>) {
         let y = projection.product(x);
         if B::has_decode_kernel() {
             let caches = [tail.0, selected.0, window.0].map(|kv| [kv.keys, kv.values]);
