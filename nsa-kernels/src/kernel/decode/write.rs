@@ -10,6 +10,8 @@
 
 use cubecl::prelude::*;
 
+use crate::kernel::primitives::rows::offset3;
+
 /// `projected [B, W]` (contiguous), `gate_bias [3 H]`, the rotation rows `cos, sin [B, d_k]`
 /// (contiguous) and the positions `[B]` -> `queries [B, 1, H, d_k]` and `gates [B, 1, 3, H]`
 /// (contiguous), and the caches `[B, H_kv, S, d]` (any strides) written at slot `t % S` (the
@@ -122,6 +124,6 @@ fn put_set<F: Float>(
 /// `cache[b, hk, t % S, i] = value` for a cache of `S` slots.
 #[cube]
 fn put<F: Float>(cache: &mut Tensor<F>, b: usize, hk: usize, t: usize, i: usize, value: F) {
-    let slot = t % cache.shape(2);
-    cache[b * cache.stride(0) + hk * cache.stride(1) + slot * cache.stride(2) + i * cache.stride(3)] = value;
+    let at = offset3::<F>(cache, b, hk, t % cache.shape(2));
+    cache[at + i * cache.stride(3)] = value;
 }
