@@ -29,3 +29,14 @@ pub const SELECTION_CHUNK: usize = SELECTION_LANES * SELECTION_KEYS_PER_LANE;
 /// Row stride (f32) of the tensor-core kernel's probabilities: 8 words of padding, so that the
 /// 8 rows of a plane's pair stores fall in different banks.
 pub const SELECTION_PROB_STRIDE: usize = SELECTION_CHUNK + 8;
+
+/// Cache rows one cube of a decode step attends: a branch's keys are split into tiles of this
+/// many rows over many cubes (flash decoding), whose partial states a merge combines, so that
+/// a step at batch 1 still fills the device.
+pub const DECODE_TILE: usize = 64;
+/// Units of a decode tile's cube, a multiple of [`DECODE_TILE`]: `DECODE_UNITS / DECODE_TILE`
+/// units score each staged row, each for its share of the heads.
+pub const DECODE_UNITS: usize = 128;
+/// Heads' partial reductions of a decode tile: each of `g x DECODE_PARTS` units reduces
+/// `DECODE_TILE / DECODE_PARTS` scores before one unit per head combines them.
+pub const DECODE_PARTS: usize = 8;

@@ -1,5 +1,5 @@
-//! `CubeBackend`: the step as [`crate::kernel::decode::step`], one cube of up to [`PLANES`]
-//! planes per `(sequence, KV head)`.
+//! `CubeBackend`: the step as the kernels of [`crate::kernel::decode`]: the branches' keys split
+//! in tiles over many cubes, then merged.
 
 use burn::tensor::{DType, Shape};
 use burn_cubecl::element::BoolElement;
@@ -8,13 +8,16 @@ use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::ops::permute;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{CubeBackend, CubeRuntime, FloatElement, IntElement};
-use cubecl::{calculate_cube_count_elemwise, CubeDim};
+use cubecl::prelude::*;
 
 use super::{write, DecodeAttentionBackend, DecodeBranches, DecodeStep, DecodeWrite, DecodeWritten};
-use crate::kernel::decode::step::decode_step;
+use crate::kernel::decode::merge::decode_merge;
+use crate::kernel::decode::select::decode_select;
+use crate::kernel::decode::tiles::{decode_selected_tiles, decode_tiles};
 use crate::sparse::launch::capabilities;
-use crate::sparse::tiling::{SelectionTiling, SELECTION_LANES, SELECTION_SHARED};
+use crate::sparse::tiling::{SELECTION_LANES, SELECTION_SHARED};
 use crate::sparse::Selection;
+use crate::tile_sizes::{DECODE_TILE, DECODE_UNITS};
 
 impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> DecodeAttentionBackend
     for CubeBackend<R, F, I, BT>
@@ -40,22 +43,22 @@ fn tokens_first<R: CubeRuntime>(x: CubeTensor<R>) -> CubeTensor<R> {
     permute(x, &[0, 2, 1, 3])
 }
 
-/// Planes of a decode cube at most: more keys in flight per chunk round at long context, and
-/// still few enough that a cube's merge buffers stay small.
-const PLANES: usize = 8;
+/// Planes of the selection's cube: its merges and masses spread over them; its top-n runs in
+/// one plane (or takes part in the first plane's barriers).
+const SELECT_PLANES: usize = 8;
 
-/// Shared memory one decode cube of `planes` declares (bytes): the staged queries, the block
-/// scores, each plane's chunk scores, the planes' states to merge, the key masses, the
-/// argmax's exchange rows and the chosen blocks.
-fn shared_bytes(planes: usize, blocks: usize, g: usize, d_k: usize, d_v: usize, n: usize) -> usize {
-    let lanes = SELECTION_LANES;
-    4 * (g * d_k + blocks + planes * (g * lanes + 2 * g + g * d_v + lanes + 2 * lanes) + n + 1)
+/// Shared memory the selection's cube declares (bytes): two heads' log-sum-exps, the key
+/// masses, the block scores, the exchange rows of the top-n and the chosen blocks.
+fn select_bytes(keys: usize, blocks: usize, g: usize, n: usize) -> usize {
+    4 * (2 * g + keys + blocks + 2 * SELECT_PLANES * SELECTION_LANES + n + 1)
 }
 
 /// Launches the step over `q [B, 1, H_q, d_k]` and the caches `[B, S, H_kv, d]` (compressed,
-/// selected, window; keys then values). Panics with one line when the cache has more
-/// selection blocks than a cube's shared memory holds scores for (as the training selection
-/// does, past a million positions at the production shape).
+/// selected, window; keys then values): the window's and compressed branch's tiles, the
+/// selection with their merges, the selected blocks' tiles and their merge
+/// ([`crate::kernel::decode`]). Panics with one line when the cache has more compressed keys
+/// and selection blocks than a cube's shared memory holds (past a million positions at the
+/// production shape).
 fn launch<R: CubeRuntime>(
     q: CubeTensor<R>,
     caches: [[CubeTensor<R>; 2]; 3],
@@ -66,57 +69,116 @@ fn launch<R: CubeRuntime>(
     let [b, _, h_q, d_k] = q.meta.shape().dims::<4>();
     let [[compressed_k, compressed_v], [selected_k, selected_v], [window_k, window_v]] = caches;
     let [_, max_len, h_kv, d_v] = selected_v.meta.shape().dims::<4>();
+    let (n_compressed, ring) = (compressed_k.meta.shape()[1], window_k.meta.shape()[1]);
     let (g, n) = (h_q / h_kv, selection.n);
     let client = q.client.clone();
+    let device = q.device.clone();
+    let scale = 1.0 / (d_k as f32).sqrt();
     // Rounded up to a plane, so that nearby cache lengths share one compiled kernel.
+    let keys = n_compressed.max(1).next_multiple_of(SELECTION_LANES);
     let blocks = max_len.div_ceil(selection.block_size).max(1).next_multiple_of(SELECTION_LANES);
     let shared = capabilities(&client).shared_bytes.min(SELECTION_SHARED);
-    let planes = (1..=PLANES).rev().find(|&p| shared_bytes(p, blocks, g, d_k, d_v, n) <= shared).unwrap_or_else(|| {
+    if select_bytes(keys, blocks, g, n) > shared {
         panic!(
-            "cache too long for the decode step on this device: {} selection blocks need {} KiB of shared \
-                 memory, the device gives a cube {} KiB",
+            "cache too long for the decode step on this device: {n_compressed} compressed keys and {} selection \
+             blocks need {} KiB of shared memory, the device gives a cube {} KiB",
             max_len.div_ceil(selection.block_size),
-            shared_bytes(1, blocks, g, d_k, d_v, n) / 1024,
+            select_bytes(keys, blocks, g, n) / 1024,
             shared / 1024
         )
-    });
-    let output =
-        || empty_device_contiguous_dtype::<R>(client.clone(), q.device.clone(), Shape::new([b, 1, h_q, d_v]), q.dtype);
+    }
+    let empty = |shape: Vec<usize>, dtype: DType| {
+        empty_device_contiguous_dtype::<R>(client.clone(), device.clone(), Shape::from(shape), dtype)
+    };
+    let output = || empty(vec![b, 1, h_q, d_v], q.dtype);
     let outputs = [output(), output(), output()];
-    let list = empty_device_contiguous_dtype::<R>(client.clone(), q.device.clone(), Shape::new([b, 1, h_kv, n]), int);
-    let dim = CubeDim::new_2d(SELECTION_LANES as u32, planes as u32);
-    let count = calculate_cube_count_elemwise(&client, b * h_kv * dim.num_elems() as usize, dim);
-    let vector = SelectionTiling::vector(d_k);
-    let [o_compressed, o_selected, o_window] = outputs.clone().map(|o| o.into_tensor_arg());
-    decode_step::launch::<R>(
+    let list = empty(vec![b, 1, h_kv, n], int);
+    let (tiles_c, tiles_w) = (n_compressed.div_ceil(DECODE_TILE), ring.div_ceil(DECODE_TILE));
+    let tiles_s = n * selection.block_size.div_ceil(DECODE_TILE);
+    let partials = empty(vec![b * h_kv, tiles_c + tiles_w, g, d_v + 2], DType::F32);
+    let selected_partials = empty(vec![b * h_kv, tiles_s, g, d_v + 2], DType::F32);
+    let scores = empty(vec![b * h_kv, n_compressed.max(1), g], DType::F32);
+    let dtypes = [q.dtype.into(), int.into()];
+    let tile_dim = CubeDim::new_1d(DECODE_UNITS as u32);
+    let groups = (b * h_kv) as u32;
+    let [o_compressed, o_selected, o_window] = outputs.clone();
+
+    decode_tiles::launch::<R>(
         &client,
-        count,
-        dim,
-        vector,
+        CubeCount::new_2d((tiles_c + tiles_w) as u32, groups),
+        tile_dim,
         q.clone().into_tensor_arg(),
         compressed_k.into_tensor_arg(),
         compressed_v.into_tensor_arg(),
-        selected_k.into_tensor_arg(),
-        selected_v.into_tensor_arg(),
         window_k.into_tensor_arg(),
         window_v.into_tensor_arg(),
-        positions.into_tensor_arg(),
-        o_compressed,
-        o_selected,
-        o_window,
-        list.clone().into_tensor_arg(),
-        1.0 / (d_k as f32).sqrt(),
+        positions.clone().into_tensor_arg(),
+        partials.clone().into_tensor_arg(),
+        scores.clone().into_tensor_arg(),
+        scale,
         selection.length,
         selection.stride,
+        g,
+        d_k,
+        d_v,
+        dtypes,
+    );
+    decode_select::launch::<R>(
+        &client,
+        CubeCount::new_1d(groups),
+        CubeDim::new_2d(SELECTION_LANES as u32, SELECT_PLANES as u32),
+        partials.into_tensor_arg(),
+        scores.into_tensor_arg(),
+        positions.clone().into_tensor_arg(),
+        o_compressed.into_tensor_arg(),
+        o_window.into_tensor_arg(),
+        list.clone().into_tensor_arg(),
+        selection.length,
+        selection.stride,
+        selection.block_size,
+        ring,
+        g,
+        d_v,
+        keys,
+        blocks,
+        n,
+        SELECT_PLANES,
+        planes_of_32(&client),
+        dtypes,
+    );
+    decode_selected_tiles::launch::<R>(
+        &client,
+        CubeCount::new_2d(tiles_s as u32, groups),
+        tile_dim,
+        q.into_tensor_arg(),
+        selected_k.into_tensor_arg(),
+        selected_v.into_tensor_arg(),
+        positions.into_tensor_arg(),
+        list.clone().into_tensor_arg(),
+        selected_partials.clone().into_tensor_arg(),
+        scale,
         selection.block_size,
         g,
         d_k,
         d_v,
-        blocks,
-        n,
-        vector,
-        planes,
-        [q.dtype.into(), int.into()],
+        dtypes,
+    );
+    decode_merge::launch::<R>(
+        &client,
+        CubeCount::new_1d(groups),
+        CubeDim::new_1d(DECODE_UNITS as u32),
+        selected_partials.into_tensor_arg(),
+        o_selected.into_tensor_arg(),
+        g,
+        d_v,
+        dtypes[0],
     );
     (outputs, list)
+}
+
+/// Whether the device's planes are exactly [`SELECTION_LANES`] wide (the top-n's rounds then
+/// exchange by plane shuffles, with no cube barrier).
+fn planes_of_32<R: CubeRuntime>(client: &ComputeClient<R>) -> bool {
+    let hardware = &client.properties().hardware;
+    hardware.plane_size_min == SELECTION_LANES as u32 && hardware.plane_size_max == SELECTION_LANES as u32
 }

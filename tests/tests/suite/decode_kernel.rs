@@ -3,10 +3,11 @@
 //! loops of the spec on fresh random caches: outputs to 1e-4, block lists identical (a row whose
 //! reference scores nearly tie at the cut is not compared, and such rows must be rare).
 //!
-//! The shape crosses every loop boundary of the kernel: in every branch more keys than a cube's
-//! planes take in one round (8 x 32), a partly visible selected block, a wrapped window ring, a
-//! value width that is not a multiple of the lanes, an odd group, and rows at different
-//! positions in one batch, one before any compressed block exists.
+//! The shapes cross every boundary of the kernels: in every branch more keys than one tile (64
+//! rows) and a partly filled last tile, a partly visible selected block, selection blocks
+//! smaller than a tile and larger (a block over two tiles, the second partly filled), a wrapped
+//! window ring, a value width that is not a multiple of the lanes, an odd group, and rows at
+//! different positions in one batch, one before any compressed block exists.
 
 use burn::tensor::{Int, Tensor, TensorData};
 use nsa_kernels::{decode_attention, Selection};
@@ -21,7 +22,6 @@ const D_K: usize = 12;
 const D_V: usize = 40;
 const MAX_LEN: usize = 1400;
 const RING: usize = 300;
-const SELECTION: Selection = Selection { length: 8, stride: 4, block_size: 32, n: 10 };
 const NEAR_TIE: f64 = 1e-5;
 
 /// A cache `[B, H_kv, S, d]` of standard normal draws, flat.
@@ -66,8 +66,14 @@ fn attend(q: &[f64], k: &Cache, v: &Cache, b: usize, hk: usize, keys: &[usize]) 
 
 /// The spec's decode step for row `b` at position `t`: outputs `[3][G][D_V]` of KV head `hk`,
 /// its blocks, and whether the cut is a near-tie.
-fn reference(q: &[f64], caches: &[Cache; 6], b: usize, hk: usize, t: usize) -> ([Vec<Vec<f64>>; 3], Vec<usize>, bool) {
-    let s = SELECTION;
+fn reference(
+    s: Selection,
+    q: &[f64],
+    caches: &[Cache; 6],
+    b: usize,
+    hk: usize,
+    t: usize,
+) -> ([Vec<Vec<f64>>; 3], Vec<usize>, bool) {
     let [ck, cv, sk, sv, wk, wv] = caches;
     let head = |h: usize| &q[((b * H_KV + hk) * G + h) * D_K..][..D_K];
     let visible: Vec<usize> = match t + 1 >= s.length {
@@ -109,10 +115,15 @@ fn reference(q: &[f64], caches: &[Cache; 6], b: usize, hk: usize, t: usize) -> (
 
 #[test]
 fn decode_kernel_matches_the_spec_on_wgpu() {
+    // Blocks of half a tile, then of a tile and a half.
+    check(Selection { length: 8, stride: 4, block_size: 32, n: 10 }, [1300, 5, 77, 1399]);
+    check(Selection { length: 16, stride: 8, block_size: 96, n: 5 }, [1250, 14, 130, 1399]);
+}
+
+fn check(selection: Selection, positions: [usize; 4]) {
     let mut rng = fresh_rng("decode_kernel_matches_the_spec_on_wgpu");
-    let positions = [1300usize, 5, 77, 1399];
     let batch = positions.len();
-    let n_compressed = (MAX_LEN - SELECTION.length) / SELECTION.stride + 1;
+    let n_compressed = (MAX_LEN - selection.length) / selection.stride + 1;
     let caches = [
         Cache::new(&mut rng, batch, n_compressed, D_K),
         Cache::new(&mut rng, batch, n_compressed, D_V),
@@ -131,14 +142,14 @@ fn decode_kernel_matches_the_spec_on_wgpu() {
     let at = Tensor::<Wgpu, 1, Int>::from_data(TensorData::new(t, [batch]), &device);
     let tensors: Vec<Tensor<Wgpu, 4>> = caches.iter().map(|c| c.tensor(batch)).collect();
     let pairs = [(&tensors[0], &tensors[1]), (&tensors[2], &tensors[3]), (&tensors[4], &tensors[5])];
-    let (outputs, blocks) = decode_attention(q_tensor, pairs, at, SELECTION).expect("WGPU runs the decode kernel");
+    let (outputs, blocks) = decode_attention(q_tensor, pairs, at, selection).expect("WGPU runs the decode kernel");
     let outputs = outputs.map(to_vec);
     let blocks: Vec<i64> = blocks.into_data().convert::<i64>().to_vec().unwrap();
 
     let mut near_ties = 0;
     for (b, &t) in positions.iter().enumerate() {
         for hk in 0..H_KV {
-            let (want, want_blocks, near_tie) = reference(&q, &caches, b, hk, t);
+            let (want, want_blocks, near_tie) = reference(selection, &q, &caches, b, hk, t);
             for (branch, (got, want)) in outputs.iter().zip(&want).enumerate() {
                 for (h, want) in want.iter().enumerate() {
                     let got = &got[((b * H_KV + hk) * G + h) * D_V..][..D_V];
@@ -146,9 +157,9 @@ fn decode_kernel_matches_the_spec_on_wgpu() {
                     assert!(err <= 1e-4, "row {b} (t = {t}) head {hk}.{h} branch {branch}: differs by {err:e}");
                 }
             }
-            let got = &blocks[(b * H_KV + hk) * SELECTION.n..][..SELECTION.n];
+            let got = &blocks[(b * H_KV + hk) * selection.n..][..selection.n];
             let mut want: Vec<i64> = want_blocks.iter().map(|&j| j as i64).collect();
-            want.resize(SELECTION.n, -1);
+            want.resize(selection.n, -1);
             if near_tie {
                 near_ties += 1;
             } else {

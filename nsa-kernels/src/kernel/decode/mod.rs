@@ -1,8 +1,18 @@
 //! The decode step of an NSA layer: the new token's projections written where the step reads
-//! them ([`write`]), then one new query per sequence against its cache, the three branches and
-//! the block selection in one kernel ([`step`]), one cube per `(sequence, KV head)` whose `g`
-//! query heads share every key row it reads.
+//! them ([`write`]), then one new query per sequence against its cache, split over many cubes
+//! as flash decoding splits keys (a step at batch 1 would otherwise leave most of the device
+//! idle):
+//! 1. [`tiles::decode_tiles`]: the compressed branch's and the window's tiles ([`tile`]),
+//!    keeping the compressed scores;
+//! 2. [`select::decode_select`]: their merges ([`merge`]), the block scores and the top-n;
+//! 3. [`tiles::decode_selected_tiles`]: the chosen blocks' tiles;
+//! 4. [`merge::decode_merge`]: the selected branch's merge.
+//!
+//! Each cube serves one `(sequence, KV head)`, whose `g` query heads share every key row it
+//! stages.
 
-pub mod attend;
-pub mod step;
+pub mod merge;
+pub mod select;
+pub mod tile;
+pub mod tiles;
 pub mod write;
