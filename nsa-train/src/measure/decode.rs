@@ -32,6 +32,9 @@ pub struct DecodeBenchResult {
     pub prefill_s: f64,
     /// The median step: one token for every sequence.
     pub token_ms: f64,
+    /// The median time the host takes to queue a step's ops (the step's call returning, before
+    /// the logits are read): a step near it is bound by the host, not the device.
+    pub queue_ms: f64,
     /// Tokens of all sequences per second over the timed steps.
     pub tokens_per_s: f64,
     /// Device memory reserved after the run, where the backend reports it.
@@ -60,8 +63,8 @@ pub fn bench_decode<B: DecodeAttentionBackend>(
             let mut result = run_one(&model, context, batch, opts, &mut rng, device);
             result.reserved_gib = memory.as_ref().and_then(|probe| probe()).map(|m| m.reserved as f64 / 2f64.powi(30));
             eprintln!(
-                "context {context:>6} batch {batch:>3}: prefill {:.2} s, {:.2} ms a token, {:.0} tokens/s",
-                result.prefill_s, result.token_ms, result.tokens_per_s
+                "context {context:>6} batch {batch:>3}: prefill {:.2} s, {:.2} ms a token ({:.2} to queue it), {:.0} tokens/s",
+                result.prefill_s, result.token_ms, result.queue_ms, result.tokens_per_s
             );
             results.push(result);
         }
@@ -90,10 +93,14 @@ fn run_one<B: DecodeAttentionBackend>(
     }
     let prefill_s = start.elapsed().as_secs_f64();
     let mut steps = Vec::with_capacity(opts.tokens);
+    let mut queued = Vec::with_capacity(opts.tokens);
     for step in 0..opts.warmup + opts.tokens {
         let start = Instant::now();
         let input = Tensor::<B, 2, Int>::from_data(TensorData::new(next.clone(), [batch, 1]), device);
         let (out, filled) = model.decode(input, cache);
+        if step >= opts.warmup {
+            queued.push(start.elapsed().as_secs_f64());
+        }
         cache = filled;
         let logits = to_host(out.logits).expect("logits are floats");
         let row = logits.len() / batch;
@@ -103,15 +110,20 @@ fn run_one<B: DecodeAttentionBackend>(
         }
     }
     let mean = steps.iter().sum::<f64>() / steps.len().max(1) as f64;
-    steps.sort_by(f64::total_cmp);
     DecodeBenchResult {
         context,
         batch,
         prefill_s,
-        token_ms: steps.get(steps.len() / 2).copied().unwrap_or(0.0) * 1e3,
+        token_ms: median_ms(steps),
+        queue_ms: median_ms(queued),
         tokens_per_s: if mean > 0.0 { batch as f64 / mean } else { 0.0 },
         reserved_gib: None,
     }
+}
+
+fn median_ms(mut seconds: Vec<f64>) -> f64 {
+    seconds.sort_by(f64::total_cmp);
+    seconds.get(seconds.len() / 2).copied().unwrap_or(0.0) * 1e3
 }
 
 /// The likeliest token: what a greedy sampler draws.
@@ -122,11 +134,11 @@ fn greedy(logits: &[f64]) -> i64 {
 
 /// The results as a table.
 pub fn report(results: &[DecodeBenchResult]) -> String {
-    let mut out = String::from("context  batch  prefill s  ms/token  tokens/s\n");
+    let mut out = String::from("context  batch  prefill s  ms/token  queued ms  tokens/s\n");
     for r in results {
         out += &format!(
-            "{:>7}  {:>5}  {:>9.2}  {:>8.2}  {:>8.0}\n",
-            r.context, r.batch, r.prefill_s, r.token_ms, r.tokens_per_s
+            "{:>7}  {:>5}  {:>9.2}  {:>8.2}  {:>9.2}  {:>8.0}\n",
+            r.context, r.batch, r.prefill_s, r.token_ms, r.queue_ms, r.tokens_per_s
         );
     }
     out
