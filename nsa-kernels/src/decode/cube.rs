@@ -14,7 +14,7 @@ use super::{write, DecodeAttentionBackend, DecodeBranches, DecodeStep, DecodeWri
 use crate::kernel::decode::merge::decode_merge;
 use crate::kernel::decode::select::decode_select;
 use crate::kernel::decode::tiles::{decode_selected_tiles, decode_tiles};
-use crate::sparse::launch::capabilities;
+use crate::sparse::launch::{capabilities, planes_of_32};
 use crate::sparse::tiling::{SELECTION_LANES, SELECTION_SHARED};
 use crate::sparse::Selection;
 use crate::tile_sizes::{DECODE_TILE, DECODE_UNITS};
@@ -174,11 +174,4 @@ fn launch<R: CubeRuntime>(
         dtypes[0],
     );
     (outputs, list)
-}
-
-/// Whether the device's planes are exactly [`SELECTION_LANES`] wide (the top-n's rounds then
-/// exchange by plane shuffles, with no cube barrier).
-fn planes_of_32<R: CubeRuntime>(client: &ComputeClient<R>) -> bool {
-    let hardware = &client.properties().hardware;
-    hardware.plane_size_min == SELECTION_LANES as u32 && hardware.plane_size_max == SELECTION_LANES as u32
 }

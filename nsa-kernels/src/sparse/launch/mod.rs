@@ -81,7 +81,7 @@ pub fn problem<R: CubeRuntime, B: burn::tensor::backend::Backend>(
 /// What this device offers the plans.
 pub fn capabilities<R: CubeRuntime>(client: &ComputeClient<R>) -> Capabilities {
     let props = client.properties();
-    let planes_of_32 = props.hardware.plane_size_min == 32 && props.hardware.plane_size_max == 32;
+    let planes_of_32 = planes_of_32(client);
     let aligned = props.memory.alignment.is_multiple_of(ALIGN);
     let manual_mma = |dtype: DType| {
         let config =
@@ -103,6 +103,13 @@ pub fn capabilities<R: CubeRuntime>(client: &ComputeClient<R>) -> Capabilities {
         shared_bytes: props.hardware.max_shared_memory_size,
         f32_atomic_width,
     }
+}
+
+/// Whether the device's planes are exactly 32 units wide, on every kernel (what the tensor-core
+/// fragments and the plane-shuffle exchanges assume).
+pub(crate) fn planes_of_32<R: CubeRuntime>(client: &ComputeClient<R>) -> bool {
+    let hardware = &client.properties().hardware;
+    hardware.plane_size_min == 32 && hardware.plane_size_max == 32
 }
 
 /// One call's inputs made contiguous, with the launch parameters they imply.
