@@ -10,6 +10,8 @@
 //! differentiates by itself.
 
 pub mod activation;
+#[cfg(feature = "cube")]
+mod buffers;
 pub mod decode;
 pub mod devices;
 mod dtypes;

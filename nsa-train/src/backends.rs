@@ -1,6 +1,8 @@
 //! How the binaries (`nsa`, `nsa-bench`) pick and set up a backend: the kernel cache, the
-//! backend a run resolves to and whether it works here, its devices and memory probes, and
-//! [`with_backend!`](crate::with_backend), which runs a generic body on the chosen backend type.
+//! backend a run resolves to and whether it works here, its devices and memory probes,
+//! [`with_backend!`](crate::with_backend), which runs a generic body on the chosen training
+//! backend type, and [`with_inference_backend!`](crate::with_inference_backend), its inference
+//! counterpart.
 
 use std::path::PathBuf;
 
@@ -169,6 +171,47 @@ macro_rules! with_backend {
                 let devices = vec![Default::default(); $indices.len()];
                 type Ad = Autodiff<burn::backend::NdArray, Balanced>;
                 $crate::__on!(Ad, devices, |_| None, |$B, $devices, $memory| $body)
+            }),
+            (BackendKind::Auto, _) => Err(not_compiled(BackendKind::Auto)),
+        }
+    }};
+}
+
+/// Runs `$body` with `$B` bound to the backend inference runs on for `$kind` (no autodiff),
+/// `$device` to its first device and `$memory` to that device's memory probe (`None` on the
+/// CPU). On CUDA that is [`CudaDecode`], CubeCL's backend without Burn's fusion, unless
+/// `$fusion` asks for the fused one training runs on; WGPU and the CPU have one each.
+#[macro_export]
+macro_rules! with_inference_backend {
+    ($kind:expr, $fusion:expr, |$B:ident, $device:ident, $memory:ident| $body:expr) => {{
+        #[allow(unused_imports)]
+        use $crate::backends::__private::burn;
+        #[allow(unused_imports)]
+        use $crate::backends::*;
+        match ($kind, $fusion) {
+            (BackendKind::Cuda, false) => $crate::__if_cuda!({
+                type $B = CudaDecode;
+                let $device = cuda_devices(&[0]).remove(0);
+                let $memory = cubecl_memory::<burn::cubecl::cuda::CudaRuntime>(&$device);
+                $body
+            }),
+            (BackendKind::Cuda, true) => $crate::__if_cuda!({
+                type $B = burn::backend::Cuda;
+                let $device = cuda_devices(&[0]).remove(0);
+                let $memory = cubecl_memory::<burn::cubecl::cuda::CudaRuntime>(&$device);
+                $body
+            }),
+            (BackendKind::Wgpu, _) => $crate::__if_wgpu!({
+                type $B = burn::backend::Wgpu;
+                let $device = wgpu_devices(&[0]).remove(0);
+                let $memory = cubecl_memory::<burn::cubecl::wgpu::WgpuRuntime>(&$device);
+                $body
+            }),
+            (BackendKind::Cpu, _) => $crate::__if_cpu!({
+                type $B = burn::backend::NdArray;
+                let $device: burn::backend::ndarray::NdArrayDevice = Default::default();
+                let $memory: Option<$crate::metrics::MemoryProbe> = None;
+                $body
             }),
             (BackendKind::Auto, _) => Err(not_compiled(BackendKind::Auto)),
         }

@@ -109,6 +109,28 @@ pub fn newest_intact(run_dir: &Path) -> (Option<(usize, PathBuf)>, Damaged) {
     (None, damaged)
 }
 
+/// What `--checkpoint PATH` names: a run directory (its newest intact checkpoint, warning about
+/// each newer damaged one) or one checkpoint directory. The run directory, whose `config.toml`
+/// gives the model, and the checkpoint directory.
+pub fn locate(path: &Path) -> Result<(PathBuf, PathBuf), String> {
+    let (newest, damaged) = newest_intact(path);
+    for (dir, why) in &damaged {
+        eprintln!("warning: checkpoint {} is damaged ({why}); skipping it", dir.display());
+    }
+    match newest {
+        Some((_, dir)) => Ok((path.to_path_buf(), dir)),
+        None if path.join("model.mpk").exists() => {
+            verify(path).map_err(|why| format!("checkpoint {} is damaged: {why}", path.display()))?;
+            let run_dir = path.parent().and_then(Path::parent).map(PathBuf::from).unwrap_or_default();
+            Ok((run_dir, path.to_path_buf()))
+        }
+        None if !damaged.is_empty() => Err(format!("{}: no intact checkpoint", path.display())),
+        None => {
+            Err(format!("{}: no checkpoint found (expected a run directory or a checkpoint directory)", path.display()))
+        }
+    }
+}
+
 /// Everything besides tensors needed to continue a run exactly. Training draws no random numbers
 /// besides the data order, which is a function of `seed` and `cursor`: that is the RNG state.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -5,6 +5,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod dashboard;
 pub mod data;
+pub mod evaluate;
 pub mod failures;
 pub mod generate;
 pub mod grads;

@@ -73,6 +73,10 @@ enum Task {
     /// `nsa generate`: --checkpoint, --prompt or --prompt-file, --max-tokens, --temperature, --top-k,
     /// --top-p, --seed, --batch.
     Generate(NsaArgs),
+    /// Build and run `nsa eval`: a checkpoint's held-out loss, perplexity and bits per byte.
+    /// Arguments after `--` go to `nsa eval`: --checkpoint, --data, --batch-size, --max-windows,
+    /// --precision, --json.
+    Eval(NsaArgs),
 }
 
 /// Where `bench` writes its results unless told.
@@ -115,6 +119,7 @@ fn main() -> ExitCode {
         }
         Task::Train(a) => nsa("train", a),
         Task::Generate(a) => nsa("generate", a),
+        Task::Eval(a) => nsa("eval", a),
         Task::Profile(a) => nsa_bench("profile", a, Path::new(DEFAULT_OUT)),
         Task::Bench { what: BenchKind::Kernels, nsa: a, out, .. } => nsa_bench("kernels", a, &out),
         Task::Bench { what: BenchKind::Gemm, nsa: a, out, .. } => nsa_bench("gemm", a, &out),

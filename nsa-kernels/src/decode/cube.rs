@@ -1,16 +1,16 @@
 //! `CubeBackend`: the step as the kernels of [`crate::kernel::decode`]: the branches' keys split
 //! in tiles over many cubes, then merged.
 
-use burn::tensor::{DType, Shape};
+use burn::tensor::DType;
 use burn_cubecl::element::BoolElement;
 use burn_cubecl::kernel::into_contiguous;
-use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::ops::permute;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{CubeBackend, CubeRuntime, FloatElement, IntElement};
 use cubecl::prelude::*;
 
 use super::{write, DecodeAttentionBackend, DecodeBranches, DecodeStep, DecodeWrite, DecodeWritten};
+use crate::buffers::empty_together;
 use crate::kernel::decode::merge::decode_merge;
 use crate::kernel::decode::select::decode_select;
 use crate::kernel::decode::tiles::{decode_selected_tiles, decode_tiles};
@@ -87,21 +87,28 @@ fn launch<R: CubeRuntime>(
             shared / 1024
         )
     }
-    let empty = |shape: Vec<usize>, dtype: DType| {
-        empty_device_contiguous_dtype::<R>(client.clone(), device.clone(), Shape::from(shape), dtype)
-    };
-    let output = || empty(vec![b, 1, h_q, d_v], q.dtype);
-    let outputs = [output(), output(), output()];
-    let list = empty(vec![b, 1, h_kv, n], int);
     let (tiles_c, tiles_w) = (n_compressed.div_ceil(DECODE_TILE), ring.div_ceil(DECODE_TILE));
     let tiles_s = n * selection.block_size.div_ceil(DECODE_TILE);
-    let partials = empty(vec![b * h_kv, tiles_c + tiles_w, g, d_v + 2], DType::F32);
-    let selected_partials = empty(vec![b * h_kv, tiles_s, g, d_v + 2], DType::F32);
-    let scores = empty(vec![b * h_kv, n_compressed.max(1), g], DType::F32);
+    let output = (vec![b, 1, h_q, d_v], q.dtype);
+    // One allocation for the step's outputs and scratch. The scratch's memory then lives as long
+    // as the block lists, which a decode loop drops with the step.
+    let [o_compressed, o_selected, o_window, list, partials, selected_partials, scores] = empty_together(
+        &client,
+        &device,
+        [
+            output.clone(),
+            output.clone(),
+            output,
+            (vec![b, 1, h_kv, n], int),
+            (vec![b * h_kv, tiles_c + tiles_w, g, d_v + 2], DType::F32),
+            (vec![b * h_kv, tiles_s, g, d_v + 2], DType::F32),
+            (vec![b * h_kv, n_compressed.max(1), g], DType::F32),
+        ],
+    );
+    let outputs = [o_compressed.clone(), o_selected.clone(), o_window.clone()];
     let dtypes = [q.dtype.into(), int.into()];
     let tile_dim = CubeDim::new_1d(DECODE_UNITS as u32);
     let groups = (b * h_kv) as u32;
-    let [o_compressed, o_selected, o_window] = outputs.clone();
 
     decode_tiles::launch::<R>(
         &client,

@@ -3,15 +3,14 @@
 //! is written in place when no other tensor shares its buffer (a decode loop hands each step's
 //! caches to the next and keeps no other), else into a copy.
 
-use burn::tensor::Shape;
 use burn_cubecl::element::BoolElement;
 use burn_cubecl::kernel::into_contiguous;
-use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{CubeBackend, CubeRuntime, FloatElement, IntElement};
 use cubecl::{calculate_cube_count_elemwise, CubeDim};
 
 use super::{DecodeWrite, DecodeWritten, StepLayout};
+use crate::buffers::empty_together;
 use crate::kernel::decode::write::decode_write;
 
 /// Launches the hand-over of `step` (see [`DecodeWrite`] for the shapes).
@@ -31,10 +30,8 @@ pub(super) fn launch<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolEle
         "the decode caches, rotation and gate bias must share the projection's dtype ({dtype:?})"
     );
     let client = projected.client.clone();
-    let empty = |dims: [usize; 4]| {
-        empty_device_contiguous_dtype::<R>(client.clone(), projected.device.clone(), Shape::new(dims), dtype)
-    };
-    let (queries, gates) = (empty([b, 1, heads, d_k]), empty([b, 1, 3, heads]));
+    let [queries, gates] =
+        empty_together(&client, &projected.device, [(vec![b, 1, heads, d_k], dtype), (vec![b, 1, 3, heads], dtype)]);
     let [cos, sin] = rotation.map(|x| into_contiguous(x).into_tensor_arg());
     let int = positions.dtype;
     let [[tail_k, tail_v], [selected_k, selected_v], [window_k, window_v]] =

@@ -20,6 +20,12 @@ pub struct DecodeParity {
     pub max_rel_err: f64,
     /// The share of (step, layer, KV head) block lists that equal the forward's.
     pub blocks_equal: f64,
+    /// With a 16-bit dtype, the yardstick for `max_rel_err`: over the same positions, the
+    /// largest error of that dtype's forward against the f32 forward of the same weights (the
+    /// rounding both paths carry; a flipped block near a tie moves a logit by more than it).
+    pub forward_rel_err: Option<f64>,
+    /// With a 16-bit dtype: decoding's largest error against the f32 forward.
+    pub decode_vs_f32_rel_err: Option<f64>,
 }
 
 /// Prefills `context` random tokens, decodes `steps` more, and compares each step with one
@@ -36,30 +42,38 @@ pub fn decode_parity<B: DecodeAttentionBackend>(
     let len = context + steps;
     let init_std = (3.0 / model.attention.dim as f64).sqrt();
     let model: NsaLm<B> = NsaLmConfig { seq_len: len, init_std, ..model.clone() }.init(device);
-    let model = match dtype {
-        Some(dtype) => cast_params(model, dtype),
-        None => model,
-    };
     let vocab = model.lm_head.weight.val().dims()[1] as i64;
     let mut rng = StdRng::seed_from_u64(0);
     let tokens: Vec<i64> = (0..len).map(|_| rng.random_range(0..vocab)).collect();
     let row = |t: &[i64]| Tensor::<B, 2, Int>::from_data(TensorData::new(t.to_vec(), [1, t.len()]), device);
+    let logits_of = |logits: Tensor<B, 3>| to_host(logits.reshape([len as i32, -1])).expect("logits are floats");
 
+    let exact = dtype.map(|_| logits_of(model.forward(row(&tokens))));
+    let model = match dtype {
+        Some(dtype) => cast_params(model, dtype),
+        None => model,
+    };
     let (logits, aux) = model.forward_with_aux(row(&tokens));
-    let want = to_host(logits.reshape([len as i32, -1])).expect("logits are floats");
+    let want = logits_of(logits);
     let want_blocks: Vec<Vec<i64>> = aux.into_iter().map(|a| ints(a.blocks)).collect();
     let per_position = want.len() / len;
+    let at = |all: &[f64], position: usize| all[position * per_position..(position + 1) * per_position].to_vec();
 
     let (_, mut cache) = model.prefill(row(&tokens[..context]), 0, model.decode_cache(1, len, device));
     let (mut worst, mut equal, mut lists) = (0.0f64, 0usize, 0usize);
+    let (mut forward_worst, mut decode_worst) = (0.0f64, 0.0f64);
     for (step, &token) in tokens[context..].iter().enumerate() {
         let position = context + step;
         let (out, next) = model.decode(row(&[token]), cache);
         cache = next;
         let got = to_host(out.logits).expect("logits are floats");
-        let want = &want[position * per_position..(position + 1) * per_position];
-        let scale = want.iter().fold(0.0f64, |m, v| m.max(v.abs())).max(1e-12);
-        worst = got.iter().zip(want).fold(worst, |m, (a, b)| m.max((a - b).abs() / scale));
+        let want = at(&want, position);
+        worst = worst.max(rel_err(&got, &want));
+        if let Some(exact) = &exact {
+            let exact = at(exact, position);
+            forward_worst = forward_worst.max(rel_err(&want, &exact));
+            decode_worst = decode_worst.max(rel_err(&got, &exact));
+        }
         for (blocks, want) in out.blocks.into_iter().zip(&want_blocks) {
             let n = blocks.dims()[3];
             let got = ints(blocks);
@@ -70,7 +84,20 @@ pub fn decode_parity<B: DecodeAttentionBackend>(
             }
         }
     }
-    DecodeParity { context, steps, max_rel_err: worst, blocks_equal: equal as f64 / lists.max(1) as f64 }
+    DecodeParity {
+        context,
+        steps,
+        max_rel_err: worst,
+        blocks_equal: equal as f64 / lists.max(1) as f64,
+        forward_rel_err: exact.is_some().then_some(forward_worst),
+        decode_vs_f32_rel_err: exact.is_some().then_some(decode_worst),
+    }
+}
+
+/// The largest difference between `got` and `want`, relative to `want`'s largest magnitude.
+fn rel_err(got: &[f64], want: &[f64]) -> f64 {
+    let scale = want.iter().fold(0.0f64, |m, v| m.max(v.abs())).max(1e-12);
+    got.iter().zip(want).fold(0.0f64, |m, (a, b)| m.max((a - b).abs() / scale))
 }
 
 fn ints<B: DecodeAttentionBackend>(x: Tensor<B, 4, Int>) -> Vec<i64> {

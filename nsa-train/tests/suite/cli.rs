@@ -95,6 +95,26 @@ fn train_then_generate_from_the_checkpoint() {
         &["generate", "--checkpoint", &out, "--prompt", "x", "--top-p", "0"],
         "--top-p must be in (0, 1]",
     );
+
+    // Held-out scores of the same checkpoint.
+    let json = dir.join("eval.json");
+    let corpus = dir.join("corpus.txt").display().to_string();
+    let args = ["eval", "--checkpoint", &out, "--data", &corpus, "--max-windows", "3", "--batch-size", "2"];
+    let output = Command::new(env!("CARGO_BIN_EXE_nsa"))
+        .args(args)
+        .args(["--backend", "cpu", "--json", json.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(String::from_utf8_lossy(&output.stdout).contains("bits/byte over 96 tokens (3 windows of 32)"));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("eval: 3/3 windows"), "progress");
+    let result: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let loss = result["loss"].as_f64().unwrap();
+    assert!(loss > 0.0 && loss < 8.0 && result["windows"] == 3, "{result}");
+    std::fs::write(dir.join("short.txt"), "too short").unwrap();
+    let short = dir.join("short.txt").display().to_string();
+    assert_fails_with(&["eval", "--checkpoint", &out, "--data", &short], "fewer than one window");
+    assert_fails_with(&["eval", "--checkpoint", &out, "--data", &corpus, "--batch-size", "0"], "at least 1");
 }
 
 #[test]

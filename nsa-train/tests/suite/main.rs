@@ -5,6 +5,7 @@
 mod cli;
 mod common;
 mod data;
+mod eval;
 mod generate;
 mod parallel;
 mod resume_config;

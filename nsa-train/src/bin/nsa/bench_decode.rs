@@ -2,7 +2,6 @@
 
 use std::path::PathBuf;
 
-use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::FloatDType;
 use nsa_core::DecodeAttentionBackend;
 use nsa_train::backends::{resolve, use_kernel_cache};
@@ -11,7 +10,7 @@ use nsa_train::measure::decode::{self, DecodeBenchOptions, DecodeBenchResult};
 use nsa_train::measure::decode_parity::decode_parity;
 use nsa_train::metrics::MemoryProbe;
 use nsa_train::run_args::DEFAULT_CONFIG;
-use nsa_train::with_backend;
+use nsa_train::with_inference_backend;
 
 #[derive(clap::Args)]
 pub(crate) struct BenchDecodeArgs {
@@ -72,10 +71,9 @@ pub(crate) fn bench_decode(args: BenchDecodeArgs) -> Result<(), String> {
         dtype,
     };
     eprintln!("bench-decode: {} on {}", args.config.display(), kind.name());
-    let results = match (kind, args.fusion) {
-        (BackendKind::Cuda, false) => unfused(&cfg, &opts, parity)?,
-        _ => fused(kind, &cfg, &opts, parity)?,
-    };
+    let results = with_inference_backend!(kind, args.fusion, |B, device, memory| {
+        Ok::<_, String>(run_on::<B>(&cfg, &opts, parity, &device, memory))
+    })?;
     print!("{}", decode::report(&results));
     if let Some(path) = args.json {
         let text = serde_json::to_string_pretty(&results).expect("the results serialise");
@@ -101,39 +99,11 @@ fn run_on<B: DecodeAttentionBackend>(
             check.max_rel_err,
             100.0 * check.blocks_equal
         );
+        if let (Some(forward), Some(decode)) = (check.forward_rel_err, check.decode_vs_f32_rel_err) {
+            eprintln!(
+                "parity against the f32 forward of the same weights: decoding within {decode:.2e}, the forward in this dtype within {forward:.2e}"
+            );
+        }
     }
     decode::bench_decode::<B>(&cfg.model, opts, device, probe)
-}
-
-/// Through Burn's fusion, as training runs.
-fn fused(
-    kind: BackendKind,
-    cfg: &RunConfig,
-    opts: &DecodeBenchOptions,
-    parity: Option<(usize, usize)>,
-) -> Result<Vec<DecodeBenchResult>, String> {
-    with_backend!(kind, false, &[0], |B, devices, memory| {
-        #[allow(clippy::clone_on_copy)] // `Copy` on the CPU backend's device only.
-        let device = devices[0].clone();
-        let probe = memory(&device);
-        Ok(run_on::<<B as AutodiffBackend>::InnerBackend>(cfg, opts, parity, &device, probe))
-    })
-}
-
-/// On CUDA without fusion, as `nsa generate` runs there.
-#[cfg(feature = "cuda")]
-fn unfused(
-    cfg: &RunConfig,
-    opts: &DecodeBenchOptions,
-    parity: Option<(usize, usize)>,
-) -> Result<Vec<DecodeBenchResult>, String> {
-    use nsa_train::backends::{cubecl_memory, cuda_devices, CudaDecode};
-    let device = cuda_devices(&[0]).remove(0);
-    let probe = cubecl_memory::<burn::cubecl::cuda::CudaRuntime>(&device);
-    Ok(run_on::<CudaDecode>(cfg, opts, parity, &device, probe))
-}
-
-#[cfg(not(feature = "cuda"))]
-fn unfused(_: &RunConfig, _: &DecodeBenchOptions, _: Option<(usize, usize)>) -> Result<Vec<DecodeBenchResult>, String> {
-    Err("this binary was built without the CUDA backend".into())
 }

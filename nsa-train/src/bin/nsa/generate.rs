@@ -3,14 +3,13 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use burn::tensor::backend::AutodiffBackend;
 use nsa_core::{DecodeAttentionBackend, NsaLm};
 use nsa_train::backends::{resolve, use_kernel_cache};
 use nsa_train::checkpoint;
 use nsa_train::config::{BackendKind, RunConfig};
 use nsa_train::data::tokenizer::Tokenizer;
 use nsa_train::generate::{Generation, SampleOptions, TextStream};
-use nsa_train::with_backend;
+use nsa_train::with_inference_backend;
 
 #[derive(clap::Args)]
 pub(crate) struct GenerateArgs {
@@ -85,40 +84,13 @@ pub(crate) fn generate(args: GenerateArgs) -> Result<(), String> {
     let opts = options(&args)?;
     let GenerateArgs { checkpoint: path, prompt, prompt_file, batch, backend, .. } = args;
     let prompt = prompt_text(prompt, prompt_file)?;
-    // Accept a run directory (its newest intact checkpoint) or a checkpoint directory.
-    let (newest, damaged) = checkpoint::newest_intact(&path);
-    for (dir, why) in &damaged {
-        eprintln!("warning: checkpoint {} is damaged ({why}); skipping it", dir.display());
-    }
-    let (run_dir, ckpt) = match newest {
-        Some((_, dir)) => (path.clone(), dir),
-        None if path.join("model.mpk").exists() => {
-            checkpoint::verify(&path).map_err(|why| format!("checkpoint {} is damaged: {why}", path.display()))?;
-            (path.parent().and_then(|p| p.parent()).map(PathBuf::from).unwrap_or_default(), path.clone())
-        }
-        None if !damaged.is_empty() => return Err(format!("{}: no intact checkpoint", path.display())),
-        None => {
-            return Err(format!(
-                "{}: no checkpoint found (expected a run directory or a checkpoint directory)",
-                path.display()
-            ))
-        }
-    };
+    let (run_dir, ckpt) = checkpoint::locate(&path)?;
     let cfg = RunConfig::load(&run_dir.join("config.toml")).map_err(|e| e.to_string())?;
     let tokenizer = Tokenizer::from_spec(&cfg.data.tokenizer).map_err(|e| e.to_string())?;
     let _ = use_kernel_cache(&cfg.train.kernel_cache)?;
     let kind = resolve(backend.unwrap_or(cfg.train.backend))?;
     let job = Job { cfg: &cfg, ckpt: &ckpt, tokenizer: &tokenizer, prompt: &prompt, batch, opts: &opts };
-    #[cfg(feature = "cuda")]
-    if kind == BackendKind::Cuda {
-        let device = nsa_train::backends::cuda_devices(&[0]).remove(0);
-        return job.run::<nsa_train::backends::CudaDecode>(&device);
-    }
-    with_backend!(kind, false, &[0], |B, devices, _memory| {
-        #[allow(clippy::clone_on_copy)] // `Copy` on the CPU backend's device only.
-        let device = devices[0].clone();
-        job.run::<<B as AutodiffBackend>::InnerBackend>(&device)
-    })
+    with_inference_backend!(kind, false, |B, device, _memory| job.run::<B>(&device))
 }
 
 /// What one `nsa generate` samples.

@@ -1,8 +1,9 @@
-//! `nsa`: train NSA language models, benchmark the training run, and sample from them. The
-//! kernel and GEMM benchmarks and the profiler are `nsa-bench`'s.
+//! `nsa`: train NSA language models, benchmark the training run, sample from them and evaluate
+//! them. The kernel and GEMM benchmarks and the profiler are `nsa-bench`'s.
 
 mod bench;
 mod bench_decode;
+mod eval;
 mod generate;
 mod train;
 
@@ -29,6 +30,8 @@ enum Command {
     BenchDecode(bench_decode::BenchDecodeArgs),
     /// Sample text from a checkpoint.
     Generate(generate::GenerateArgs),
+    /// A checkpoint's held-out loss, perplexity and bits per byte over text files.
+    Eval(eval::EvalArgs),
 }
 
 fn main() -> ExitCode {
@@ -52,5 +55,6 @@ fn run_command(cli: Cli) -> Result<ExitCode, String> {
         Command::BenchTrain(args) => bench::bench_train(args).map(|()| ExitCode::SUCCESS),
         Command::BenchDecode(args) => bench_decode::bench_decode(args).map(|()| ExitCode::SUCCESS),
         Command::Generate(args) => generate::generate(args).map(|()| ExitCode::SUCCESS),
+        Command::Eval(args) => eval::eval(args).map(|()| ExitCode::SUCCESS),
     }
 }

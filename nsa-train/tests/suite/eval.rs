@@ -1,0 +1,76 @@
+//! `nsa eval`'s scores: the mean next-token loss over every window whatever the batch size,
+//! perplexity and bits per byte derived from it, and a text too short for a window refused.
+
+use burn::backend::NdArray;
+use burn::tensor::ElementConversion;
+use nsa_core::{lm_loss, NsaConfig, NsaLm, NsaLmConfig};
+use nsa_train::data::batch::batch;
+use nsa_train::data::tokenizer::Tokenizer;
+use nsa_train::evaluate::{evaluate, EvalText};
+
+use crate::common;
+
+type Cpu = NdArray<f32>;
+
+fn model() -> NsaLm<Cpu> {
+    let attention = NsaConfig::new()
+        .with_dim(32)
+        .with_n_heads(4)
+        .with_n_kv_heads(2)
+        .with_d_k(8)
+        .with_d_v(8)
+        .with_l(8)
+        .with_d(4)
+        .with_l_sel(8)
+        .with_n(3)
+        .with_w(12)
+        .with_fused_kernels(false);
+    let cfg = NsaLmConfig::new().with_n_layers(2).with_seq_len(32).with_attention(attention);
+    cfg.init::<Cpu>(&Default::default())
+}
+
+#[test]
+fn eval_scores_every_window_once_whatever_the_batch() {
+    let dir = common::scratch("eval");
+    // Three documents, one with a multi-byte character, for at least seven windows of 33 tokens.
+    let docs = ["the quick brown fox jumps over the lazy dog. ".repeat(3), "naïve café ".repeat(8), "z".repeat(50)];
+    std::fs::write(dir.join("held-out.txt"), docs.join("\n\n\n")).unwrap();
+    let tokenizer = Tokenizer::from_spec("bytes").unwrap();
+    let text = EvalText::read(&[dir.join("held-out.txt")], &tokenizer, 32).unwrap();
+    let windows = text.split.num_windows();
+    assert!(windows >= 7, "{windows} windows");
+    let model = model();
+    let device = Default::default();
+
+    // Each window alone, by hand.
+    let per_window: Vec<f64> = (0..windows)
+        .map(|w| {
+            let (inputs, targets) = batch::<Cpu>(&text.split, &[w], &device);
+            lm_loss(model.forward(inputs), targets).into_scalar().elem()
+        })
+        .collect();
+    let want = per_window.iter().sum::<f64>() / windows as f64;
+    let bytes: usize = docs.iter().map(String::len).sum();
+    assert_eq!(text.split.num_tokens(), bytes + docs.len(), "each document's bytes and its end-of-text id");
+    for batch_size in [1, 3, windows] {
+        let mut calls = Vec::new();
+        let got = evaluate(&model, &text, batch_size, None, &device, |done, total, _| calls.push((done, total)));
+        assert!((got.loss - want).abs() <= 1e-5 * want, "batch {batch_size}: {} against {want}", got.loss);
+        assert_eq!((got.windows, got.tokens), (windows, windows * 32));
+        assert!((got.perplexity - want.exp()).abs() <= 1e-4 * want.exp());
+        // Bits per byte: the text's bits (as nats) over its bytes, end-of-text ids counted as tokens.
+        let tokens_per_byte = text.split.num_tokens() as f64 / bytes as f64;
+        let bpb = want / std::f64::consts::LN_2 * tokens_per_byte;
+        assert!((got.bits_per_byte - bpb).abs() <= 1e-4 * bpb, "{} against {bpb}", got.bits_per_byte);
+        assert_eq!(calls.last(), Some(&(windows, windows)), "progress ends at the total");
+        assert_eq!(calls.len(), windows.div_ceil(batch_size));
+    }
+    let first = evaluate(&model, &text, 2, Some(3), &device, |_, _, _| {});
+    let want3 = per_window[..3].iter().sum::<f64>() / 3.0;
+    assert_eq!(first.windows, 3);
+    assert!((first.loss - want3).abs() <= 1e-5 * want3);
+
+    std::fs::write(dir.join("short.txt"), "too short").unwrap();
+    let err = EvalText::read(&[dir.join("short.txt")], &tokenizer, 32).err().expect("a short text is refused");
+    assert!(err.0.contains("fewer than one window"), "{}", err.0);
+}
