@@ -13,6 +13,7 @@ pub mod host_times;
 pub mod kernel_cache;
 pub mod measure;
 pub mod metrics;
+pub mod needle;
 pub mod optim;
 pub mod parallel;
 pub mod run_args;

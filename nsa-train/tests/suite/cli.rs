@@ -115,6 +115,9 @@ fn train_then_generate_from_the_checkpoint() {
     let short = dir.join("short.txt").display().to_string();
     assert_fails_with(&["eval", "--checkpoint", &out, "--data", &short], "fewer than one window");
     assert_fails_with(&["eval", "--checkpoint", &out, "--data", &corpus, "--batch-size", "0"], "at least 1");
+    // This model's 32 tokens hold no haystack: the needle alone is longer.
+    assert_fails_with(&["eval", "needle", "--checkpoint", &out, "--backend", "cpu"], "no room for filler");
+    assert_fails_with(&["eval", "needle", "--checkpoint", &out, "--depths", "50,120"], "percentages from 0 to 100");
 }
 
 #[test]

@@ -1,5 +1,6 @@
 //! `nsa eval`'s scores: the mean next-token loss over every window whatever the batch size,
-//! perplexity and bits per byte derived from it, and a text too short for a window refused.
+//! perplexity and bits per byte derived from it, and a text too short for a window refused; the
+//! needle eval's haystacks and its counts.
 
 use burn::backend::NdArray;
 use burn::tensor::ElementConversion;
@@ -7,6 +8,7 @@ use nsa_core::{lm_loss, NsaConfig, NsaLm, NsaLmConfig};
 use nsa_train::data::batch::batch;
 use nsa_train::data::tokenizer::Tokenizer;
 use nsa_train::evaluate::{evaluate, EvalText};
+use nsa_train::needle::{haystack, needle_in_a_haystack, table, NeedleOptions};
 
 use crate::common;
 
@@ -73,4 +75,47 @@ fn eval_scores_every_window_once_whatever_the_batch() {
     std::fs::write(dir.join("short.txt"), "too short").unwrap();
     let err = EvalText::read(&[dir.join("short.txt")], &tokenizer, 32).err().expect("a short text is refused");
     assert!(err.0.contains("fewer than one window"), "{}", err.0);
+}
+
+#[test]
+fn the_haystack_hides_the_key_at_its_depth_and_the_needle_eval_counts_keys() {
+    let bytes = Tokenizer::from_spec("bytes").unwrap();
+    for depth in [0, 50, 100] {
+        let ids = haystack(&bytes, 300, depth, 48213).unwrap();
+        assert_eq!(ids.len(), 300);
+        let text = bytes.decode(&ids);
+        let needle = " The pass key is 48213. Remember it. 48213 is the pass key.";
+        assert_eq!(text.matches(needle).count(), 1, "{text}");
+        assert!(text.ends_with(" What is the pass key? The pass key is"));
+        let filler = 300 - needle.len() - " What is the pass key? The pass key is".len();
+        assert_eq!(text.find(needle).unwrap(), filler * depth as usize / 100, "depth {depth}");
+    }
+    assert!(haystack(&bytes, 60, 50, 48213).unwrap_err().contains("no room"));
+
+    let attention = NsaConfig::new()
+        .with_dim(32)
+        .with_n_heads(4)
+        .with_n_kv_heads(2)
+        .with_d_k(8)
+        .with_d_v(8)
+        .with_l(8)
+        .with_d(4)
+        .with_l_sel(8)
+        .with_n(3)
+        .with_w(12)
+        .with_fused_kernels(false);
+    let model = NsaLmConfig::new()
+        .with_n_layers(1)
+        .with_seq_len(128)
+        .with_attention(attention)
+        .init::<Cpu>(&Default::default());
+    let opts = NeedleOptions { lengths: vec![100, 120], depths: vec![0, 100], trials: 2, seed: 3 };
+    let mut seen = 0;
+    let cells = needle_in_a_haystack(&model, &bytes, &opts, &Default::default(), |_| seen += 1).unwrap();
+    assert_eq!((cells.len(), seen), (4, 4));
+    assert!(cells.iter().all(|c| c.trials == 2 && c.correct <= 2));
+    assert_eq!(table(&cells, &opts.lengths, &opts.depths).lines().count(), 3, "a header and a row per length");
+    let too_long = NeedleOptions { lengths: vec![125], ..opts };
+    let err = needle_in_a_haystack(&model, &bytes, &too_long, &Default::default(), |_| {}).unwrap_err();
+    assert!(err.contains("pass the model's seq_len of 128"), "{err}");
 }

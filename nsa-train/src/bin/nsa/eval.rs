@@ -1,22 +1,27 @@
-//! `nsa eval`: a checkpoint's held-out loss, perplexity and bits per byte over text files.
+//! `nsa eval`: a checkpoint's held-out loss, perplexity and bits per byte over text files;
+//! `nsa eval needle`: its passkey retrieval per context length and depth.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use burn::tensor::FloatDType;
-use nsa_core::{cast_params, NsaLm, SparseAttentionBackend};
+use nsa_core::{cast_params, DecodeAttentionBackend, NsaLm, SparseAttentionBackend};
 use nsa_train::backends::{resolve, use_kernel_cache};
 use nsa_train::checkpoint;
 use nsa_train::config::{BackendKind, Precision, RunConfig};
 use nsa_train::data::tokenizer::Tokenizer;
 use nsa_train::evaluate::{evaluate, EvalText, Evaluation};
+use nsa_train::needle::{needle_in_a_haystack, table, NeedleCell, NeedleOptions, ANSWER_TOKENS};
 use nsa_train::with_inference_backend;
 
 #[derive(clap::Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
 pub(crate) struct EvalArgs {
+    #[command(subcommand)]
+    task: Option<EvalTask>,
     /// A run directory (its newest checkpoint) or one checkpoint directory.
-    #[arg(long)]
-    checkpoint: PathBuf,
+    #[arg(long, required = true)]
+    checkpoint: Option<PathBuf>,
     /// Held-out text: `.txt`, `.jsonl` or `.parquet` files, or directories of them.
     #[arg(long, required = true, num_args = 1..)]
     data: Vec<PathBuf>,
@@ -35,34 +40,114 @@ pub(crate) struct EvalArgs {
     json: Option<PathBuf>,
 }
 
+#[derive(clap::Subcommand)]
+enum EvalTask {
+    /// Passkey retrieval: a random five-digit key hidden at each depth of filler text of each
+    /// length, the model asked for it; accuracy per (length, depth) over `--trials` keys.
+    Needle(NeedleArgs),
+}
+
+#[derive(clap::Args)]
+pub(crate) struct NeedleArgs {
+    /// A run directory (its newest checkpoint) or one checkpoint directory.
+    #[arg(long)]
+    checkpoint: PathBuf,
+    /// Haystack lengths in tokens (`k` = 1024), question included (default: 1k, 4k, 16k, 64k, those
+    /// that fit the model's seq_len with the answer, or the longest that does).
+    #[arg(long, value_delimiter = ',', value_parser = parse_length)]
+    lengths: Vec<usize>,
+    /// Needle depths, percent of the filler before it.
+    #[arg(long, value_delimiter = ',', default_value = "0,10,20,30,40,50,60,70,80,90,100")]
+    depths: Vec<u32>,
+    /// Keys per (length, depth).
+    #[arg(long, default_value_t = 8)]
+    trials: usize,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    #[arg(long, value_enum)]
+    precision: Option<Precision>,
+    #[arg(long, value_enum)]
+    backend: Option<BackendKind>,
+    /// Also write the cells as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+/// `4k` as 4096, `1000` as 1000.
+fn parse_length(text: &str) -> Result<usize, String> {
+    let (digits, scale) = match text.strip_suffix(['k', 'K']) {
+        Some(digits) => (digits, 1024),
+        None => (text, 1),
+    };
+    match digits.parse::<usize>() {
+        Ok(n) if n > 0 => Ok(n * scale),
+        _ => Err(format!("`{text}` is not a length (e.g. 4096 or 4k)")),
+    }
+}
+
+/// A checkpoint's run config and directory, and the backend and dtype to run it on.
+struct Loaded {
+    cfg: RunConfig,
+    ckpt: PathBuf,
+    kind: BackendKind,
+    dtype: Option<FloatDType>,
+}
+
+impl Loaded {
+    fn open(
+        path: &std::path::Path,
+        backend: Option<BackendKind>,
+        precision: Option<Precision>,
+    ) -> Result<Self, String> {
+        let (run_dir, ckpt) = checkpoint::locate(path)?;
+        let cfg = RunConfig::load(&run_dir.join("config.toml")).map_err(|e| e.to_string())?;
+        let _ = use_kernel_cache(&cfg.train.kernel_cache)?;
+        let kind = resolve(backend.unwrap_or(cfg.train.backend))?;
+        // bf16 where the run trained in it on CUDA; the other backends evaluate in f32.
+        let dtype = match (precision, kind) {
+            (Some(Precision::Bf16), BackendKind::Cuda) => Some(FloatDType::BF16),
+            (Some(Precision::Bf16), _) => {
+                return Err(format!("--precision bf16 needs the CUDA backend, not {}", kind.name()))
+            }
+            (None, BackendKind::Cuda) if cfg.train.precision == Precision::Bf16 => Some(FloatDType::BF16),
+            _ => None,
+        };
+        Ok(Self { cfg, ckpt, kind, dtype })
+    }
+
+    fn tokenizer(&self) -> Result<Tokenizer, String> {
+        Tokenizer::from_spec(&self.cfg.data.tokenizer).map_err(|e| e.to_string())
+    }
+
+    /// The checkpoint's model on `B`, in the dtype chosen.
+    fn model<B: SparseAttentionBackend>(&self, device: &B::Device) -> Result<NsaLm<B>, String> {
+        let model: NsaLm<B> = self.cfg.model.init(device);
+        let model = checkpoint::load_model(&self.ckpt, model, device)?;
+        checkpoint::check_phi(&self.ckpt, &model, self.cfg.model.attention.phi)?;
+        Ok(match self.dtype {
+            Some(dtype) => cast_params(model, dtype),
+            None => model,
+        })
+    }
+}
+
 pub(crate) fn eval(args: EvalArgs) -> Result<(), String> {
+    if let Some(EvalTask::Needle(args)) = args.task {
+        return needle(args);
+    }
     if args.batch_size == Some(0) || args.max_windows == Some(0) {
         return Err("--batch-size and --max-windows take numbers of at least 1".into());
     }
-    let (run_dir, ckpt) = checkpoint::locate(&args.checkpoint)?;
-    let cfg = RunConfig::load(&run_dir.join("config.toml")).map_err(|e| e.to_string())?;
-    let tokenizer = Tokenizer::from_spec(&cfg.data.tokenizer).map_err(|e| e.to_string())?;
-    let text = EvalText::read(&args.data, &tokenizer, cfg.model.seq_len).map_err(|e| e.to_string())?;
-    let _ = use_kernel_cache(&cfg.train.kernel_cache)?;
-    let kind = resolve(args.backend.unwrap_or(cfg.train.backend))?;
-    // bf16 where the run trained in it on CUDA; the other backends evaluate in f32.
-    let dtype = match (args.precision, kind) {
-        (Some(Precision::Bf16), BackendKind::Cuda) => Some(FloatDType::BF16),
-        (Some(Precision::Bf16), _) => {
-            return Err(format!("--precision bf16 needs the CUDA backend, not {}", kind.name()))
-        }
-        (None, BackendKind::Cuda) if cfg.train.precision == Precision::Bf16 => Some(FloatDType::BF16),
-        _ => None,
-    };
+    let loaded = Loaded::open(args.checkpoint.as_deref().expect("clap requires it"), args.backend, args.precision)?;
+    let cfg = &loaded.cfg;
+    let text = EvalText::read(&args.data, &loaded.tokenizer()?, cfg.model.seq_len).map_err(|e| e.to_string())?;
     let job = Job {
-        cfg: &cfg,
-        ckpt: &ckpt,
+        loaded: &loaded,
         text: &text,
         batch_size: args.batch_size.unwrap_or(cfg.train.batch_size),
         max_windows: args.max_windows,
-        dtype,
     };
-    let result = with_inference_backend!(kind, true, |B, device, _memory| job.run::<B>(&device))?;
+    let result = with_inference_backend!(loaded.kind, true, |B, device, _memory| job.run::<B>(&device))?;
     println!(
         "loss {:.4} nats/token, perplexity {:.3}, {:.4} bits/byte over {} tokens ({} windows of {})",
         result.loss, result.perplexity, result.bits_per_byte, result.tokens, result.windows, cfg.model.seq_len
@@ -76,23 +161,15 @@ pub(crate) fn eval(args: EvalArgs) -> Result<(), String> {
 
 /// What one `nsa eval` scores.
 struct Job<'a> {
-    cfg: &'a RunConfig,
-    ckpt: &'a std::path::Path,
+    loaded: &'a Loaded,
     text: &'a EvalText,
     batch_size: usize,
     max_windows: Option<usize>,
-    dtype: Option<FloatDType>,
 }
 
 impl Job<'_> {
     fn run<B: SparseAttentionBackend>(&self, device: &B::Device) -> Result<Evaluation, String> {
-        let model: NsaLm<B> = self.cfg.model.init(device);
-        let model = checkpoint::load_model(self.ckpt, model, device)?;
-        checkpoint::check_phi(self.ckpt, &model, self.cfg.model.attention.phi)?;
-        let model = match self.dtype {
-            Some(dtype) => cast_params(model, dtype),
-            None => model,
-        };
+        let model = self.loaded.model::<B>(device)?;
         // A line every few seconds and a last one: a large file takes minutes on the CPU.
         let mut last = Instant::now();
         let progress = |done: usize, total: usize, loss: f64| {
@@ -103,4 +180,54 @@ impl Job<'_> {
         };
         Ok(evaluate(&model, self.text, self.batch_size, self.max_windows, device, progress))
     }
+}
+
+fn needle(args: NeedleArgs) -> Result<(), String> {
+    if args.trials == 0 || args.depths.iter().any(|&d| d > 100) || args.depths.is_empty() {
+        return Err("--trials takes a number of at least 1 and --depths percentages from 0 to 100".into());
+    }
+    let loaded = Loaded::open(&args.checkpoint, args.backend, args.precision)?;
+    let tokenizer = loaded.tokenizer()?;
+    let lengths = match args.lengths.is_empty() {
+        true => default_lengths(loaded.cfg.model.seq_len),
+        false => args.lengths,
+    };
+    let opts = NeedleOptions { lengths, depths: args.depths, trials: args.trials, seed: args.seed };
+    let cells = with_inference_backend!(loaded.kind, false, |B, device, _memory| {
+        run_needle::<B>(&loaded, &tokenizer, &opts, &device)
+    })?;
+    print!("{}", table(&cells, &opts.lengths, &opts.depths));
+    if let Some(path) = args.json {
+        let text = serde_json::to_string_pretty(&cells).expect("the cells serialise");
+        std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// 1k, 4k, 16k and 64k where they fit `seq_len` with the answer; else the longest that does.
+fn default_lengths(seq_len: usize) -> Vec<usize> {
+    let fits: Vec<usize> =
+        [1, 4, 16, 64].map(|k| k * 1024).into_iter().filter(|l| l + ANSWER_TOKENS <= seq_len).collect();
+    match fits.is_empty() {
+        true => vec![seq_len.saturating_sub(ANSWER_TOKENS)],
+        false => fits,
+    }
+}
+
+fn run_needle<B: DecodeAttentionBackend>(
+    loaded: &Loaded,
+    tokenizer: &Tokenizer,
+    opts: &NeedleOptions,
+    device: &B::Device,
+) -> Result<Vec<NeedleCell>, String> {
+    let model = loaded.model::<B>(device)?;
+    let total = opts.lengths.len() * opts.depths.len();
+    let mut done = 0;
+    needle_in_a_haystack(&model, tokenizer, opts, device, |cell| {
+        done += 1;
+        eprintln!(
+            "needle: {done}/{total}: length {} depth {}%: {}/{} keys",
+            cell.length, cell.depth, cell.correct, cell.trials
+        );
+    })
 }

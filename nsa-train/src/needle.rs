@@ -1,0 +1,137 @@
+//! Needle in a haystack (passkey retrieval), `nsa eval needle`: a random five-digit key hidden at
+//! a depth of filler text, the model asked for it at the end. Greedy decoding must give the key
+//! back; accuracy per (length, depth) over a number of keys.
+
+use nsa_core::{DecodeAttentionBackend, NsaLm};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+
+use crate::data::tokenizer::Tokenizer;
+use crate::generate::{generate, SampleOptions};
+
+/// What the haystack repeats (the passkey task of Mohtashami and Jaggi, 2023).
+const FILLER: &str = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. ";
+const QUESTION: &str = " What is the pass key? The pass key is";
+/// Tokens generated for the answer: a five-digit key and a space fit in eight with any tokenizer.
+pub const ANSWER_TOKENS: usize = 8;
+
+fn needle(key: u32) -> String {
+    format!(" The pass key is {key}. Remember it. {key} is the pass key.")
+}
+
+/// One haystack's tokens: `length` in all, filler with the needle at `depth` percent of it, then
+/// the question.
+pub fn haystack(tokenizer: &Tokenizer, length: usize, depth: u32, key: u32) -> Result<Vec<u32>, String> {
+    let encode = |text: &str| tokenizer.encode(text).map_err(|e| e.to_string());
+    let (needle, question) = (encode(&needle(key))?, encode(QUESTION)?);
+    let room = length.checked_sub(needle.len() + question.len()).filter(|&room| room > 0).ok_or_else(|| {
+        format!("a haystack of {length} tokens has no room for filler around the needle and the question")
+    })?;
+    let unit = encode(FILLER)?;
+    let filler: Vec<u32> = unit.iter().copied().cycle().take(room).collect();
+    let at = room * depth.min(100) as usize / 100;
+    Ok([&filler[..at], &needle, &filler[at..], &question].concat())
+}
+
+/// What `nsa eval needle` runs.
+#[derive(Clone, Debug)]
+pub struct NeedleOptions {
+    /// Haystack lengths in tokens, the question included.
+    pub lengths: Vec<usize>,
+    /// Needle depths in percent of the filler.
+    pub depths: Vec<u32>,
+    /// Keys per (length, depth), drawn together as one batch.
+    pub trials: usize,
+    pub seed: u64,
+}
+
+/// One (length, depth): how many keys came back.
+#[derive(Clone, Debug, Serialize)]
+pub struct NeedleCell {
+    pub length: usize,
+    pub depth: u32,
+    pub correct: usize,
+    pub trials: usize,
+}
+
+impl NeedleCell {
+    pub fn accuracy(&self) -> f64 {
+        self.correct as f64 / self.trials.max(1) as f64
+    }
+}
+
+/// Runs every (length, depth) of `opts`, calling `progress` after each cell.
+pub fn needle_in_a_haystack<B: DecodeAttentionBackend>(
+    model: &NsaLm<B>,
+    tokenizer: &Tokenizer,
+    opts: &NeedleOptions,
+    device: &B::Device,
+    mut progress: impl FnMut(&NeedleCell),
+) -> Result<Vec<NeedleCell>, String> {
+    let seq_len = model.seq_len();
+    if let Some(&long) = opts.lengths.iter().find(|&&l| l + ANSWER_TOKENS > seq_len) {
+        return Err(format!(
+            "a haystack of {long} tokens and its {ANSWER_TOKENS}-token answer pass the model's seq_len of {seq_len}: \
+             give --lengths up to {}",
+            seq_len.saturating_sub(ANSWER_TOKENS)
+        ));
+    }
+    let mut rng = StdRng::seed_from_u64(opts.seed);
+    let greedy = SampleOptions { max_tokens: ANSWER_TOKENS, temperature: 0.0, top_k: 0, top_p: 1.0, seed: opts.seed };
+    let mut cells = Vec::new();
+    for &length in &opts.lengths {
+        for &depth in &opts.depths {
+            let keys: Vec<u32> = (0..opts.trials).map(|_| rng.random_range(10_000..100_000)).collect();
+            let prompts =
+                keys.iter().map(|&key| haystack(tokenizer, length, depth, key)).collect::<Result<Vec<_>, _>>()?;
+            let done = generate(model, &prompts, &greedy, Some(tokenizer.eod()), device, |_, _| {})?;
+            let correct =
+                keys.iter().zip(&done.tokens).filter(|(key, answer)| answers(tokenizer, answer, **key)).count();
+            let cell = NeedleCell { length, depth, correct, trials: opts.trials };
+            progress(&cell);
+            cells.push(cell);
+        }
+    }
+    Ok(cells)
+}
+
+/// Whether the generated tokens give `key` back first (after any spaces).
+fn answers(tokenizer: &Tokenizer, answer: &[u32], key: u32) -> bool {
+    tokenizer.decode(answer).trim_start().starts_with(&key.to_string())
+}
+
+/// The accuracy table: one row per length, one column per depth.
+pub fn table(cells: &[NeedleCell], lengths: &[usize], depths: &[u32]) -> String {
+    let mut out = format!("{:>8}", "length");
+    for depth in depths {
+        out += &format!(" {:>5}", format!("{depth}%"));
+    }
+    out += "   mean\n";
+    for &length in lengths {
+        let row: Vec<&NeedleCell> = cells.iter().filter(|c| c.length == length).collect();
+        out += &format!("{length:>8}");
+        for cell in &row {
+            out += &format!(" {:>5.2}", cell.accuracy());
+        }
+        let mean = row.iter().map(|c| c.accuracy()).sum::<f64>() / row.len().max(1) as f64;
+        out += &format!("   {mean:.2}\n");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_answer_counts_when_it_starts_with_the_key() {
+        let bytes = Tokenizer::from_spec("bytes").unwrap();
+        let says = |text: &str| answers(&bytes, &bytes.encode(text).unwrap(), 48213);
+        assert!(says(" 48213. Remember"));
+        assert!(says("48213"));
+        assert!(!says(" 4821"), "a key cut short");
+        assert!(!says(" the key 48213"), "the key later in the answer");
+        assert!(!says(" 48231"));
+    }
+}
