@@ -119,7 +119,10 @@ impl DataConfig {
             "none" => Ok(None),
             "copy" => Ok(Some(SyntheticTask::Copy)),
             "recall" => Ok(Some(SyntheticTask::Recall)),
-            other => Err(ConfigError::new("data.synthetic", format!("unknown task `{other}` (none, copy, recall)"))),
+            "passkey" => Ok(Some(SyntheticTask::Passkey)),
+            other => {
+                Err(ConfigError::new("data.synthetic", format!("unknown task `{other}` (none, copy, recall, passkey)")))
+            }
         }
     }
 }
@@ -304,7 +307,12 @@ impl RunConfig {
         ConfigError::ensure(self.data.valid_permille < 1000, "data.valid_permille", || {
             format!("must be < 1000, got {}", self.data.valid_permille)
         })?;
-        self.data.synthetic_task()?;
+        if self.data.synthetic_task()? == Some(SyntheticTask::Passkey) {
+            let shortest = crate::data::passkey::shortest_haystack() + crate::data::passkey::answer(10_000).len();
+            ConfigError::ensure(self.model.seq_len >= shortest, "data.synthetic", || {
+                format!("`passkey` puts a haystack and its answer in each window: needs model.seq_len >= {shortest}")
+            })?;
+        }
         Ok(())
     }
 }

@@ -7,32 +7,12 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
+pub use crate::data::passkey::haystack;
 use crate::data::tokenizer::Tokenizer;
 use crate::generate::{generate, SampleOptions};
 
-/// What the haystack repeats (the passkey task of Mohtashami and Jaggi, 2023).
-const FILLER: &str = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. ";
-const QUESTION: &str = " What is the pass key? The pass key is";
 /// Tokens generated for the answer: a five-digit key and a space fit in eight with any tokenizer.
 pub const ANSWER_TOKENS: usize = 8;
-
-fn needle(key: u32) -> String {
-    format!(" The pass key is {key}. Remember it. {key} is the pass key.")
-}
-
-/// One haystack's tokens: `length` in all, filler with the needle at `depth` percent of it, then
-/// the question.
-pub fn haystack(tokenizer: &Tokenizer, length: usize, depth: u32, key: u32) -> Result<Vec<u32>, String> {
-    let encode = |text: &str| tokenizer.encode(text).map_err(|e| e.to_string());
-    let (needle, question) = (encode(&needle(key))?, encode(QUESTION)?);
-    let room = length.checked_sub(needle.len() + question.len()).filter(|&room| room > 0).ok_or_else(|| {
-        format!("a haystack of {length} tokens has no room for filler around the needle and the question")
-    })?;
-    let unit = encode(FILLER)?;
-    let filler: Vec<u32> = unit.iter().copied().cycle().take(room).collect();
-    let at = room * depth.min(100) as usize / 100;
-    Ok([&filler[..at], &needle, &filler[at..], &question].concat())
-}
 
 /// What `nsa eval needle` runs.
 #[derive(Clone, Debug)]

@@ -2,6 +2,7 @@
 
 pub mod batch;
 pub mod corpus;
+pub mod passkey;
 pub mod sources;
 pub mod synthetic;
 pub mod tokenizer;

@@ -5,6 +5,8 @@ use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
 use super::corpus::PackedSplit;
+use super::passkey::{answer, haystack};
+use super::tokenizer::Tokenizer;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -15,6 +17,10 @@ pub enum SyntheticTask {
     /// `k1 v1 k2 v2 ... ? k_i v_i`: random key/value letter pairs, then queries of earlier keys
     /// whose values are predictable from context.
     Recall,
+    /// Passkey retrieval as `nsa eval needle` asks it: each window one haystack (a five-digit key
+    /// at a random depth of filler, the question at the end) and its answer, so a model learns
+    /// to find the key wherever it is.
+    Passkey,
 }
 
 const ALPHABET: u32 = 16;
@@ -33,6 +39,15 @@ pub fn generate(task: SyntheticTask, num_tokens: usize, span: usize, seed: u64) 
                 out.push(u32::from(b'|'));
                 out.extend(&s);
                 out.push(u32::from(b'\n'));
+            }
+            SyntheticTask::Passkey => {
+                // `span` is the window: one haystack and its answer fill it.
+                let key = rng.random_range(10_000..100_000);
+                let reply = answer(key);
+                let text = haystack(&Tokenizer::Bytes, span - reply.len(), rng.random_range(0..=100), key)
+                    .expect("the config's check leaves room for a haystack");
+                out.extend(text);
+                out.extend(reply.bytes().map(u32::from));
             }
             SyntheticTask::Recall => {
                 let keys: Vec<u32> = (0..span).map(|i| LETTER + i as u32 % ALPHABET).collect();
@@ -54,7 +69,10 @@ pub fn generate(task: SyntheticTask, num_tokens: usize, span: usize, seed: u64) 
 
 /// Train and validation splits of a task, from disjoint seeds.
 pub fn splits(task: SyntheticTask, seq_len: usize, train_windows: usize, seed: u64) -> (PackedSplit, PackedSplit) {
-    let span = (seq_len / 8).clamp(2, ALPHABET as usize);
+    let span = match task {
+        SyntheticTask::Passkey => seq_len,
+        _ => (seq_len / 8).clamp(2, ALPHABET as usize),
+    };
     let make =
         |windows: usize, seed| PackedSplit::from_tokens(generate(task, windows * seq_len + 1, span, seed), seq_len);
     (make(train_windows, seed), make((train_windows / 10).max(4), seed ^ 0x5eed))

@@ -119,3 +119,27 @@ fn the_haystack_hides_the_key_at_its_depth_and_the_needle_eval_counts_keys() {
     let err = needle_in_a_haystack(&model, &bytes, &too_long, &Default::default(), |_| {}).unwrap_err();
     assert!(err.contains("pass the model's seq_len of 128"), "{err}");
 }
+
+#[test]
+fn the_passkey_task_fills_each_window_with_a_haystack_and_its_answer() {
+    use nsa_train::data::synthetic::{splits, SyntheticTask};
+    let bytes = Tokenizer::from_spec("bytes").unwrap();
+    let (train, valid) = splits(SyntheticTask::Passkey, 128, 12, 5);
+    assert!(train.num_windows() >= 12 && valid.num_windows() >= 4);
+    let mut depths = std::collections::BTreeSet::new();
+    for w in 0..train.num_windows() {
+        let text = bytes.decode(&train.window(w)[..128]);
+        let key = &text[text.find("The pass key is ").expect("a needle") + 16..][..5];
+        assert!(key.bytes().all(|b| b.is_ascii_digit()), "{text:?}");
+        assert!(text.ends_with(&format!(" What is the pass key? The pass key is {key}.\n")), "{text:?}");
+        depths.insert(text.find("The pass key is").unwrap());
+    }
+    assert!(depths.len() > 3, "the needle moves between windows: {depths:?}");
+
+    let mut cfg = common::tiny_run(&common::scratch("passkey"), 1);
+    cfg.data.synthetic = "passkey".into();
+    let err = cfg.validate().unwrap_err().to_string();
+    assert!(err.contains("needs model.seq_len >="), "{err}");
+    cfg.model.seq_len = 128;
+    cfg.validate().unwrap();
+}

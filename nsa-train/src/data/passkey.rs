@@ -1,0 +1,37 @@
+//! The passkey task's text (Mohtashami and Jaggi, 2023): filler, a five-digit key hidden in it,
+//! the question at the end. `nsa eval needle` asks it; `synthetic = "passkey"` trains on it.
+
+use super::tokenizer::Tokenizer;
+
+/// What the haystack repeats.
+const FILLER: &str = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. ";
+const QUESTION: &str = " What is the pass key? The pass key is";
+
+fn needle(key: u32) -> String {
+    format!(" The pass key is {key}. Remember it. {key} is the pass key.")
+}
+
+/// The answer that follows a haystack in training: the key, a full stop and a newline (eight
+/// bytes for a five-digit key).
+pub fn answer(key: u32) -> String {
+    format!(" {key}.\n")
+}
+
+/// One haystack's tokens: `length` in all, filler with the needle at `depth` percent of it, then
+/// the question.
+pub fn haystack(tokenizer: &Tokenizer, length: usize, depth: u32, key: u32) -> Result<Vec<u32>, String> {
+    let encode = |text: &str| tokenizer.encode(text).map_err(|e| e.to_string());
+    let (needle, question) = (encode(&needle(key))?, encode(QUESTION)?);
+    let room = length.checked_sub(needle.len() + question.len()).filter(|&room| room > 0).ok_or_else(|| {
+        format!("a haystack of {length} tokens has no room for filler around the needle and the question")
+    })?;
+    let unit = encode(FILLER)?;
+    let filler: Vec<u32> = unit.iter().copied().cycle().take(room).collect();
+    let at = room * depth.min(100) as usize / 100;
+    Ok([&filler[..at], &needle, &filler[at..], &question].concat())
+}
+
+/// The shortest haystack with filler around the needle, in bytes.
+pub fn shortest_haystack() -> usize {
+    needle(10_000).len() + QUESTION.len() + 1
+}
