@@ -27,8 +27,9 @@ use nsa_core::SparseAttentionBackend;
 use nsa_kernels::sparse::reference;
 use nsa_kernels::{sparse_attention, Keys};
 
-use crate::plans::{rel_err, PlanCase, PlanCheck, PlanParity};
+use crate::plans::{PlanCase, PlanCheck, PlanParity};
 use crate::timing::{median_ms, pipelined_ms};
+use nsa_train::measure::rel_err;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;

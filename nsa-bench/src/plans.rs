@@ -45,6 +45,7 @@ pub fn check<R: burn_cubecl::CubeRuntime>(device: &R::Device, case: &PlanCase) -
     use nsa_kernels::sparse::launch::{backward_with, capabilities, forward_with, problem};
     use nsa_kernels::sparse::plan::{BackwardPlan, ForwardPlan};
     use nsa_kernels::TokenKeys;
+    use nsa_train::measure::rel_err;
     type C<R> = burn_cubecl::CubeBackend<R, f32, i32, u8>;
     let load = |data: &TensorData| {
         Tensor::<C<R>, 4>::from_data(data.clone(), device).cast(case.dtype).into_primitive().tensor()
@@ -87,11 +88,4 @@ pub fn check<R: burn_cubecl::CubeRuntime>(device: &R::Device, case: &PlanCase) -
         row(format!("backward {plan:?}"), errors.collect());
     }
     rows
-}
-
-/// Max |a - b| over max |b|.
-pub fn rel_err(a: &[f64], b: &[f64]) -> f64 {
-    let scale = b.iter().fold(0.0f64, |m, x| m.max(x.abs()));
-    let diff = a.iter().zip(b).fold(0.0f64, |m, (x, y)| m.max((x - y).abs()));
-    diff / scale.max(1e-12)
 }

@@ -9,6 +9,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
+use super::rel_err;
 use crate::generate::to_host;
 
 /// How far decoding strays from the forward.
@@ -92,12 +93,6 @@ pub fn decode_parity<B: DecodeAttentionBackend>(
         forward_rel_err: exact.is_some().then_some(forward_worst),
         decode_vs_f32_rel_err: exact.is_some().then_some(decode_worst),
     }
-}
-
-/// The largest difference between `got` and `want`, relative to `want`'s largest magnitude.
-fn rel_err(got: &[f64], want: &[f64]) -> f64 {
-    let scale = want.iter().fold(0.0f64, |m, v| m.max(v.abs())).max(1e-12);
-    got.iter().zip(want).fold(0.0f64, |m, (a, b)| m.max((a - b).abs() / scale))
 }
 
 fn ints<B: DecodeAttentionBackend>(x: Tensor<B, 4, Int>) -> Vec<i64> {

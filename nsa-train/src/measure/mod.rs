@@ -10,3 +10,9 @@ pub mod decode_parity;
 mod matmuls;
 pub mod profile;
 mod stopwatch;
+
+/// The largest difference between `got` and `want`, relative to `want`'s largest magnitude.
+pub fn rel_err(got: &[f64], want: &[f64]) -> f64 {
+    let scale = want.iter().fold(0.0f64, |m, v| m.max(v.abs())).max(1e-12);
+    got.iter().zip(want).fold(0.0f64, |m, (a, b)| m.max((a - b).abs() / scale))
+}

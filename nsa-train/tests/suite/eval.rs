@@ -14,7 +14,8 @@ use crate::common;
 
 type Cpu = NdArray<f32>;
 
-fn model() -> NsaLm<Cpu> {
+/// A small NSA model on the reference path.
+fn model(n_layers: usize, seq_len: usize) -> NsaLm<Cpu> {
     let attention = NsaConfig::new()
         .with_dim(32)
         .with_n_heads(4)
@@ -27,8 +28,7 @@ fn model() -> NsaLm<Cpu> {
         .with_n(3)
         .with_w(12)
         .with_fused_kernels(false);
-    let cfg = NsaLmConfig::new().with_n_layers(2).with_seq_len(32).with_attention(attention);
-    cfg.init::<Cpu>(&Default::default())
+    NsaLmConfig::new().with_n_layers(n_layers).with_seq_len(seq_len).with_attention(attention).init(&Default::default())
 }
 
 #[test]
@@ -41,7 +41,7 @@ fn eval_scores_every_window_once_whatever_the_batch() {
     let text = EvalText::read(&[dir.join("held-out.txt")], &tokenizer, 32).unwrap();
     let windows = text.split.num_windows();
     assert!(windows >= 7, "{windows} windows");
-    let model = model();
+    let model = model(2, 32);
     let device = Default::default();
 
     // Each window alone, by hand.
@@ -92,23 +92,7 @@ fn the_haystack_hides_the_key_at_its_depth_and_the_needle_eval_counts_keys() {
     }
     assert!(haystack(&bytes, 60, 50, 48213).unwrap_err().contains("no room"));
 
-    let attention = NsaConfig::new()
-        .with_dim(32)
-        .with_n_heads(4)
-        .with_n_kv_heads(2)
-        .with_d_k(8)
-        .with_d_v(8)
-        .with_l(8)
-        .with_d(4)
-        .with_l_sel(8)
-        .with_n(3)
-        .with_w(12)
-        .with_fused_kernels(false);
-    let model = NsaLmConfig::new()
-        .with_n_layers(1)
-        .with_seq_len(128)
-        .with_attention(attention)
-        .init::<Cpu>(&Default::default());
+    let model = model(1, 128);
     let opts = NeedleOptions { lengths: vec![100, 120], depths: vec![0, 100], trials: 2, seed: 3 };
     let mut seen = 0;
     let cells = needle_in_a_haystack(&model, &bytes, &opts, &Default::default(), |_| seen += 1).unwrap();

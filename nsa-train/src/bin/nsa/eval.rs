@@ -4,15 +4,13 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use burn::tensor::FloatDType;
-use nsa_core::{cast_params, DecodeAttentionBackend, NsaLm, SparseAttentionBackend};
-use nsa_train::backends::{resolve, use_kernel_cache};
-use nsa_train::checkpoint;
-use nsa_train::config::{BackendKind, Precision, RunConfig};
+use nsa_core::{DecodeAttentionBackend, SparseAttentionBackend};
 use nsa_train::data::tokenizer::Tokenizer;
 use nsa_train::evaluate::{evaluate, EvalText, Evaluation};
 use nsa_train::needle::{needle_in_a_haystack, table, NeedleCell, NeedleOptions, ANSWER_TOKENS};
 use nsa_train::with_inference_backend;
+
+use crate::trained::{Loaded, RunOn};
 
 #[derive(clap::Args)]
 #[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
@@ -31,10 +29,8 @@ pub(crate) struct EvalArgs {
     /// Evaluate only the first N windows.
     #[arg(long)]
     max_windows: Option<usize>,
-    #[arg(long, value_enum)]
-    precision: Option<Precision>,
-    #[arg(long, value_enum)]
-    backend: Option<BackendKind>,
+    #[command(flatten)]
+    run_on: RunOn,
     /// Also write the result as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -64,10 +60,8 @@ pub(crate) struct NeedleArgs {
     trials: usize,
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    #[arg(long, value_enum)]
-    precision: Option<Precision>,
-    #[arg(long, value_enum)]
-    backend: Option<BackendKind>,
+    #[command(flatten)]
+    run_on: RunOn,
     /// Also write the cells as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -85,52 +79,6 @@ fn parse_length(text: &str) -> Result<usize, String> {
     }
 }
 
-/// A checkpoint's run config and directory, and the backend and dtype to run it on.
-struct Loaded {
-    cfg: RunConfig,
-    ckpt: PathBuf,
-    kind: BackendKind,
-    dtype: Option<FloatDType>,
-}
-
-impl Loaded {
-    fn open(
-        path: &std::path::Path,
-        backend: Option<BackendKind>,
-        precision: Option<Precision>,
-    ) -> Result<Self, String> {
-        let (run_dir, ckpt) = checkpoint::locate(path)?;
-        let cfg = RunConfig::load(&run_dir.join("config.toml")).map_err(|e| e.to_string())?;
-        let _ = use_kernel_cache(&cfg.train.kernel_cache)?;
-        let kind = resolve(backend.unwrap_or(cfg.train.backend))?;
-        // bf16 where the run trained in it on CUDA; the other backends evaluate in f32.
-        let dtype = match (precision, kind) {
-            (Some(Precision::Bf16), BackendKind::Cuda) => Some(FloatDType::BF16),
-            (Some(Precision::Bf16), _) => {
-                return Err(format!("--precision bf16 needs the CUDA backend, not {}", kind.name()))
-            }
-            (None, BackendKind::Cuda) if cfg.train.precision == Precision::Bf16 => Some(FloatDType::BF16),
-            _ => None,
-        };
-        Ok(Self { cfg, ckpt, kind, dtype })
-    }
-
-    fn tokenizer(&self) -> Result<Tokenizer, String> {
-        Tokenizer::from_spec(&self.cfg.data.tokenizer).map_err(|e| e.to_string())
-    }
-
-    /// The checkpoint's model on `B`, in the dtype chosen.
-    fn model<B: SparseAttentionBackend>(&self, device: &B::Device) -> Result<NsaLm<B>, String> {
-        let model: NsaLm<B> = self.cfg.model.init(device);
-        let model = checkpoint::load_model(&self.ckpt, model, device)?;
-        checkpoint::check_phi(&self.ckpt, &model, self.cfg.model.attention.phi)?;
-        Ok(match self.dtype {
-            Some(dtype) => cast_params(model, dtype),
-            None => model,
-        })
-    }
-}
-
 pub(crate) fn eval(args: EvalArgs) -> Result<(), String> {
     if let Some(EvalTask::Needle(args)) = args.task {
         return needle(args);
@@ -138,7 +86,7 @@ pub(crate) fn eval(args: EvalArgs) -> Result<(), String> {
     if args.batch_size == Some(0) || args.max_windows == Some(0) {
         return Err("--batch-size and --max-windows take numbers of at least 1".into());
     }
-    let loaded = Loaded::open(args.checkpoint.as_deref().expect("clap requires it"), args.backend, args.precision)?;
+    let loaded = Loaded::open(args.checkpoint.as_deref().expect("clap requires it"), &args.run_on)?;
     let cfg = &loaded.cfg;
     let text = EvalText::read(&args.data, &loaded.tokenizer()?, cfg.model.seq_len).map_err(|e| e.to_string())?;
     let job = Job {
@@ -186,7 +134,7 @@ fn needle(args: NeedleArgs) -> Result<(), String> {
     if args.trials == 0 || args.depths.iter().any(|&d| d > 100) || args.depths.is_empty() {
         return Err("--trials takes a number of at least 1 and --depths percentages from 0 to 100".into());
     }
-    let loaded = Loaded::open(&args.checkpoint, args.backend, args.precision)?;
+    let loaded = Loaded::open(&args.checkpoint, &args.run_on)?;
     let tokenizer = loaded.tokenizer()?;
     let lengths = match args.lengths.is_empty() {
         true => default_lengths(loaded.cfg.model.seq_len),

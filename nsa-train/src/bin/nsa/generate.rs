@@ -1,15 +1,15 @@
 //! `nsa generate`: text sampled from a checkpoint.
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use nsa_core::{DecodeAttentionBackend, NsaLm};
-use nsa_train::backends::{resolve, use_kernel_cache};
-use nsa_train::checkpoint;
-use nsa_train::config::{BackendKind, RunConfig};
+use nsa_core::DecodeAttentionBackend;
+use nsa_train::config::{BackendKind, Precision};
 use nsa_train::data::tokenizer::Tokenizer;
 use nsa_train::generate::{Generation, SampleOptions, TextStream};
 use nsa_train::with_inference_backend;
+
+use crate::trained::{Loaded, RunOn};
 
 #[derive(clap::Args)]
 pub(crate) struct GenerateArgs {
@@ -84,19 +84,16 @@ pub(crate) fn generate(args: GenerateArgs) -> Result<(), String> {
     let opts = options(&args)?;
     let GenerateArgs { checkpoint: path, prompt, prompt_file, batch, backend, .. } = args;
     let prompt = prompt_text(prompt, prompt_file)?;
-    let (run_dir, ckpt) = checkpoint::locate(&path)?;
-    let cfg = RunConfig::load(&run_dir.join("config.toml")).map_err(|e| e.to_string())?;
-    let tokenizer = Tokenizer::from_spec(&cfg.data.tokenizer).map_err(|e| e.to_string())?;
-    let _ = use_kernel_cache(&cfg.train.kernel_cache)?;
-    let kind = resolve(backend.unwrap_or(cfg.train.backend))?;
-    let job = Job { cfg: &cfg, ckpt: &ckpt, tokenizer: &tokenizer, prompt: &prompt, batch, opts: &opts };
-    with_inference_backend!(kind, false, |B, device, _memory| job.run::<B>(&device))
+    // Generation samples in f32 on every backend.
+    let loaded = Loaded::open(&path, &RunOn { precision: Some(Precision::F32), backend })?;
+    let tokenizer = loaded.tokenizer()?;
+    let job = Job { loaded: &loaded, tokenizer: &tokenizer, prompt: &prompt, batch, opts: &opts };
+    with_inference_backend!(loaded.kind, false, |B, device, _memory| job.run::<B>(&device))
 }
 
 /// What one `nsa generate` samples.
 struct Job<'a> {
-    cfg: &'a RunConfig,
-    ckpt: &'a Path,
+    loaded: &'a Loaded,
     tokenizer: &'a Tokenizer,
     prompt: &'a str,
     batch: usize,
@@ -106,10 +103,8 @@ struct Job<'a> {
 impl Job<'_> {
     /// Loads the checkpoint on `B` and samples, streaming a single sample's text as it comes.
     fn run<B: DecodeAttentionBackend>(&self, device: &B::Device) -> Result<(), String> {
-        let Job { cfg, ckpt, tokenizer, prompt, batch, opts } = *self;
-        let model: NsaLm<B> = cfg.model.init(device);
-        let model = checkpoint::load_model(ckpt, model, device)?;
-        checkpoint::check_phi(ckpt, &model, cfg.model.attention.phi)?;
+        let Job { loaded, tokenizer, prompt, batch, opts } = *self;
+        let model = loaded.model::<B>(device)?;
         let prompt_ids = tokenizer.encode(prompt).map_err(|e| e.to_string())?;
         if prompt_ids.is_empty() {
             return Err(format!("--prompt {prompt:?} encodes to no tokens: give text the tokenizer keeps"));

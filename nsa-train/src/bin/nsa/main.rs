@@ -6,6 +6,7 @@ mod bench_decode;
 mod eval;
 mod generate;
 mod train;
+mod trained;
 
 use std::process::ExitCode;
 
