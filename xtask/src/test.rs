@@ -14,11 +14,14 @@ use nsa_backend_kind::BackendKind;
 use crate::{cargo, exit_code, features, status, vulkan};
 
 /// The tests of the cross-crate suite that run in the second process (test-name filters): the
-/// ones that compile the window kernels at the production head shape (`d = 64`), which the
-/// compressed branch shares, and the largest single compile of the suite. The selection
-/// kernels at that shape, Burn's matrix products and everything else compile in the first.
-const SIDE_TESTS: [&str; 2] =
-    ["compressed::compressed_kernels_match_the_reference", "kernels::wgpu_window_kernels_match_float64_loops"];
+/// window and selection kernels' checks (the compressed branch runs on the window kernels),
+/// whose key-side backward kernels are the suite's longest compiles, about half of its
+/// compile time. Burn's matrix products and everything else compile in the first.
+const SIDE_TESTS: [&str; 3] = [
+    "compressed::compressed_kernels_match_the_reference",
+    "kernels::wgpu_window_kernels_match_float64_loops",
+    "kernels::wgpu_selected_kernels_match_float64_loops",
+];
 
 /// Runs the tests; with `args` (a filter, `cargo test`'s flags), one `cargo test` with them.
 pub fn run(args: Vec<String>) -> ExitCode {

@@ -19,7 +19,7 @@ use burn::tensor::DType;
 use crate::sparse::tiling::{
     FlashKeyTiling, FlashSelectTiling, FlashTiling, KeyTiling, QueryPass, QueryTiling, SelectionTiling,
 };
-use crate::sparse::tiling::{MMA_SHARED, MMA_TILE};
+use crate::sparse::tiling::{Unroll, MMA_SHARED, MMA_TILE};
 
 /// Shared memory a portable cube may use at most, so that several cubes share a streaming
 /// multiprocessor.
@@ -66,18 +66,27 @@ pub struct Capabilities {
     /// f32 elements the device adds to global memory in one atomic operation (4 with sm90's
     /// 16-byte vector atomics); 0 when it adds none.
     pub f32_atomic_width: usize,
+    /// Whether the portable kernels unroll their loops ([`Unroll`]): on a GPU; not on WGPU's
+    /// CPU adapter (lavapipe), whose compiler takes minutes over unrolled kernels.
+    pub unrolls_loops: bool,
 }
 
 impl Capabilities {
     /// An H100 (sm90), for the plan table.
-    pub const CUDA_SM90: Capabilities =
-        Capabilities { tensor_cores_f16: true, tensor_cores_bf16: true, shared_bytes: 227 * 1024, f32_atomic_width: 4 };
+    pub const CUDA_SM90: Capabilities = Capabilities {
+        tensor_cores_f16: true,
+        tensor_cores_bf16: true,
+        shared_bytes: 227 * 1024,
+        f32_atomic_width: 4,
+        unrolls_loops: true,
+    };
     /// WGPU as Mesa's lavapipe reports it in CI: no tensor cores, no float atomics.
     pub const WGPU: Capabilities = Capabilities {
         tensor_cores_f16: false,
         tensor_cores_bf16: false,
         shared_bytes: 32 * 1024,
         f32_atomic_width: 0,
+        unrolls_loops: false,
     };
 
     /// Whether the tensor-core kernels can run `problem`: the device has them for its storage
@@ -99,6 +108,10 @@ impl Capabilities {
     /// Shared memory of a portable cube.
     fn portable_shared(&self) -> usize {
         self.shared_bytes.min(PORTABLE_SHARED)
+    }
+
+    fn unroll(&self) -> Unroll {
+        Unroll(self.unrolls_loops)
     }
 }
 
@@ -136,7 +149,8 @@ impl ForwardPlan {
 
     pub fn portable(problem: &Problem, caps: &Capabilities) -> Self {
         let (g, d_k, d_v) = (problem.group(), problem.d_k, problem.d_v);
-        Self::Portable(QueryTiling::plan(QueryPass::Forward, problem.is_window(), g, d_k, d_v, caps.portable_shared()))
+        let shared = caps.portable_shared();
+        Self::Portable(QueryTiling::plan(QueryPass::Forward, problem.is_window(), g, d_k, d_v, shared, caps.unroll()))
     }
 
     /// Every forward plan that can run `problem` here: the chosen one, and the portable one.
@@ -201,8 +215,8 @@ impl BackwardPlan {
     pub fn portable(problem: &Problem, caps: &Capabilities) -> Self {
         let (g, d_k, d_v, shared) = (problem.group(), problem.d_k, problem.d_v, caps.portable_shared());
         Self::Portable {
-            query: QueryTiling::plan(QueryPass::Gradient, problem.is_window(), g, d_k, d_v, shared),
-            keys: KeyTiling::plan(d_k, d_v, shared),
+            query: QueryTiling::plan(QueryPass::Gradient, problem.is_window(), g, d_k, d_v, shared, caps.unroll()),
+            keys: KeyTiling::plan(d_k, d_v, shared, caps.unroll()),
         }
     }
 

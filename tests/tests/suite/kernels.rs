@@ -9,9 +9,11 @@
 
 use burn::backend::wgpu::{CubeBackend, WgpuDevice, WgpuRuntime};
 use burn::backend::Autodiff;
-use burn::tensor::{backend::AutodiffBackend, Int, Tensor, TensorData, TensorMetadata};
+use burn::tensor::{backend::AutodiffBackend, Int, Tensor, TensorData, TensorMetadata, TensorPrimitive};
 use nsa_core::NsaAttentionConfig;
-use nsa_kernels::{sparse_attention, Keys, SparseAttentionBackend};
+use nsa_kernels::sparse::launch::{backward_with, forward_with, problem};
+use nsa_kernels::sparse::plan::{BackwardPlan, Capabilities, ForwardPlan};
+use nsa_kernels::{sparse_attention, Keys, SparseAttentionBackend, TokenKeys};
 use nsa_tests::attention::{attention, block_keys, window_keys, AttentionResult, Dims};
 use nsa_tests::{fresh_rng, max_rel_err, normal, random_input, randomized, small_config, to_vec, A64};
 use rand::rngs::StdRng;
@@ -22,6 +24,8 @@ type Wgpu = Autodiff<CubeBackend<WgpuRuntime, f32, i32, u32>>;
 /// What a GPU run trains on: Burn's fusion over the same kernels (each call is a custom
 /// operation on the fusion stream).
 type WgpuFusion = Autodiff<burn::backend::Wgpu>;
+/// The kernels' own backend, which runs a plan without autodiff.
+type Plain = CubeBackend<WgpuRuntime, f32, i32, u32>;
 
 #[derive(Clone, Copy, Debug)]
 enum Spec {
@@ -129,9 +133,41 @@ impl Case {
         [to_vec(out), to_vec(lse), grad(&q), grad(&k), grad(&v)]
     }
 
+    /// Runs the portable plans `caps` gives, forward then backward, and returns
+    /// `[out, lse, dq, dk, dv]`.
+    fn run_portable(&self, device: &WgpuDevice, caps: &Capabilities) -> [Vec<f64>; 5] {
+        let Dims { b, t, h_q, h_kv, d_k, d_v } = self.dims;
+        let tensor = |data: &[f64], shape: [usize; 4]| {
+            Tensor::<Plain, 4>::from_data(TensorData::new(data.to_vec(), shape), device).into_primitive().tensor()
+        };
+        let floats = |x| to_vec(Tensor::<Plain, 4>::from_primitive(TensorPrimitive::Float(x)));
+        let (q, k, v) =
+            (tensor(&self.q, [b, t, h_q, d_k]), tensor(&self.k, [b, t, h_kv, d_k]), tensor(&self.v, [b, t, h_kv, d_v]));
+        let grad_out = tensor(&self.grad_out, [b, t, h_q, d_v]);
+        let n = match self.spec {
+            Spec::Window { .. } => 1,
+            Spec::Selected { n, .. } => n,
+        };
+        let blocks = Tensor::<Plain, 4, Int>::from_data(TensorData::new(self.blocks.clone(), [b, t, h_kv, n]), device);
+        let blocks = blocks.into_primitive();
+        let keys: TokenKeys<'_, Plain> = match self.spec {
+            Spec::Window { w } => TokenKeys::Window { w },
+            Spec::Selected { l_sel, .. } => TokenKeys::Selected { blocks: &blocks, block_size: l_sel, index: None },
+        };
+        let problem = problem(&q, &k, &v, keys);
+        let (out, lse) = forward_with(q.clone(), k.clone(), v.clone(), keys, &ForwardPlan::portable(&problem, caps));
+        let plan = BackwardPlan::portable(&problem, caps);
+        let grads = backward_with(q, k, v, out.clone(), lse.clone(), grad_out, keys, &plan);
+        let lse = to_vec(Tensor::<Plain, 3>::from_primitive(TensorPrimitive::Float(lse)));
+        [floats(out), lse, floats(grads.q), floats(grads.k), floats(grads.v)]
+    }
+
     fn check<B: AutodiffBackend + SparseAttentionBackend>(&self, device: &B::Device, tol: f64) {
+        self.check_result(&self.run::<B>(device), tol);
+    }
+
+    fn check_result(&self, got: &[Vec<f64>; 5], tol: f64) {
         let e = self.expected();
-        let got = self.run::<B>(device);
         for (name, got, want) in [
             ("out", &got[0], &e.out),
             ("lse", &got[1], &e.lse),
@@ -149,9 +185,9 @@ fn dims(b: usize, t: usize, h_q: usize, h_kv: usize, d_k: usize, d_v: usize) -> 
     Dims { b, t, h_q, h_kv, d_k, d_v }
 }
 
-/// The window shapes every implementation is checked on. A head shape costs lavapipe a minute
-/// or more to compile (several at `d = 64`: LLVM's coroutine split of the barriers), so the
-/// cases reuse a few head shapes and vary what the kernels take at run time; the benchmark's
+/// The window shapes every implementation is checked on. A head shape costs lavapipe seconds to
+/// tens of seconds to compile (LLVM's coroutine split of the barriers), so the cases reuse a
+/// few head shapes and vary what the kernels take at run time; the benchmark's
 /// parity check (`nsa-bench kernels`) covers the production and paper shapes (d = 128 and 192)
 /// on a GPU. The compressed branch runs on the window kernels (`compressed.rs` reuses these
 /// head shapes).
@@ -213,6 +249,21 @@ fn check_on_wgpu(test: &str, cases: fn(&mut StdRng) -> Vec<Case>) {
     assert!(<Wgpu as SparseAttentionBackend>::has_fused_sparse_attention());
     for case in cases(&mut rng) {
         case.check::<Wgpu>(&WgpuDevice::default(), 1e-5);
+    }
+}
+
+/// The portable kernels as a GPU runs them, their loops unrolled (lavapipe, which CI runs on,
+/// gets them as loops: see `Unroll`), on small head shapes whose unrolled compile is cheap.
+#[test]
+fn wgpu_unrolled_portable_kernels_match_float64_loops() {
+    let mut rng = fresh_rng("wgpu_unrolled_portable_kernels_match_float64_loops");
+    let gpu = Capabilities { unrolls_loops: true, ..Capabilities::WGPU };
+    let cases = [
+        Case::new(&mut rng, dims(2, 37, 6, 1, 16, 8), Spec::Window { w: 8 }),
+        Case::new(&mut rng, dims(2, 45, 6, 1, 16, 8), Spec::Selected { l_sel: 8, n: 3 }),
+    ];
+    for case in cases {
+        case.check_result(&case.run_portable(&WgpuDevice::default(), &gpu), 1e-5);
     }
 }
 

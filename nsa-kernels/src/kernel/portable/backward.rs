@@ -38,6 +38,7 @@ pub fn attention_backward_query<F: Float, I: Int>(
     #[comptime] parts: usize,
     #[comptime] rows: usize,
     #[comptime] chunk: usize,
+    #[comptime] unroll: bool,
     #[define(F, I)] _dtypes: [StorageType; 2],
 ) {
     let cube = QueryCube::new::<F>(q, k, rows, parts);
@@ -47,14 +48,14 @@ pub fn attention_backward_query<F: Float, I: Int>(
     let (b, hk, t, h, part, row) = (cube.b, cube.hk, cube.t, cube.h, cube.part, cube.row);
     let span = span as usize;
 
-    let q_slice = load_slice::<F>(q, offset3::<F>(q, b, t, h), part, scale, d_k, parts);
-    let do_slice = load_slice::<F>(grad_out, offset3::<F>(grad_out, b, t, h), part, 1.0f32, d_v, parts);
-    let o_slice = load_slice::<F>(out, offset3::<F>(out, b, t, h), part, 1.0f32, d_v, parts);
+    let q_slice = load_slice::<F>(q, offset3::<F>(q, b, t, h), part, scale, d_k, parts, unroll);
+    let do_slice = load_slice::<F>(grad_out, offset3::<F>(grad_out, b, t, h), part, 1.0f32, d_v, parts, unroll);
+    let o_slice = load_slice::<F>(out, offset3::<F>(out, b, t, h), part, 1.0f32, d_v, parts, unroll);
     let mut row_parts = SharedMemory::<f32>::new(rows * parts);
-    row_parts[row * parts + part] = dot_slices(&do_slice, &o_slice, d_v, parts);
+    row_parts[row * parts + part] = dot_slices(&do_slice, &o_slice, d_v, parts, unroll);
     sync_cube();
     let mut row_delta = 0.0f32;
-    #[unroll]
+    #[unroll(unroll)]
     for p in 0..parts {
         row_delta += row_parts[row * parts + p];
     }
@@ -64,7 +65,7 @@ pub fn attention_backward_query<F: Float, I: Int>(
         delta[offset3::<f32>(delta, b, t, h)] = row_delta;
     }
 
-    let mut acc = zero_slice(d_k, parts);
+    let mut acc = zero_slice(d_k, parts, unroll);
     let mut k_tile = SharedMemory::<f32>::new(chunk * d_k);
     let mut v_tile = SharedMemory::<f32>::new(chunk * d_v);
     let mut score_partials = SharedMemory::<f32>::new(comptime!(if parts > 1 { rows * chunk * parts } else { 1usize }));
@@ -81,16 +82,27 @@ pub fn attention_backward_query<F: Float, I: Int>(
             stage_rows::<F, f32>(v, &mut v_tile, 0usize, b, first, count, hk, chunk, d_v, d_v);
             sync_cube();
 
-            let scores =
-                chunk_dots(&q_slice, &k_tile, &mut score_partials, &mut score_totals, row, part, d_k, chunk, parts);
-            let dps = chunk_dots(&do_slice, &v_tile, &mut dp_partials, &mut dp_totals, row, part, d_v, chunk, parts);
+            let scores = chunk_dots(
+                &q_slice,
+                &k_tile,
+                &mut score_partials,
+                &mut score_totals,
+                row,
+                part,
+                d_k,
+                chunk,
+                parts,
+                unroll,
+            );
+            let dps =
+                chunk_dots(&do_slice, &v_tile, &mut dp_partials, &mut dp_totals, row, part, d_v, chunk, parts, unroll);
 
-            #[unroll]
+            #[unroll(unroll)]
             for key in 0..chunk {
                 if key < count && cube.attends(first + key, span, window) {
                     let p = (scores[key] - row_lse).exp();
                     let ds = p * (dps[key] - row_delta);
-                    add_shared(&mut acc, ds, &k_tile, key * d_k, part, d_k, parts);
+                    add_shared(&mut acc, ds, &k_tile, key * d_k, part, d_k, parts, unroll);
                 }
             }
             sync_cube();
@@ -98,7 +110,7 @@ pub fn attention_backward_query<F: Float, I: Int>(
         }
     }
     if cube.active {
-        store_slice::<F>(grad_q, offset3::<F>(grad_q, b, t, h), part, &acc, scale, d_k, parts);
+        store_slice::<F>(grad_q, offset3::<F>(grad_q, b, t, h), part, &acc, scale, d_k, parts, unroll);
     }
 }
 
@@ -127,6 +139,7 @@ pub fn attention_backward_key<F: Float>(
     #[comptime] parts: usize,
     #[comptime] keys: usize,
     #[comptime] chunk: usize,
+    #[comptime] unroll: bool,
     #[comptime] g: usize,
     #[define(F)] _dtype: StorageType,
 ) {
@@ -142,10 +155,10 @@ pub fn attention_backward_key<F: Float>(
     let key_active = s < s_end;
     let s_row = min(s, s_end - 1);
 
-    let k_slice = load_slice::<F>(k, offset3::<F>(k, b, s_row, hk), part, scale, d_k, parts);
-    let v_slice = load_slice::<F>(v, offset3::<F>(v, b, s_row, hk), part, 1.0f32, d_v, parts);
-    let mut dk = zero_slice(d_k, parts);
-    let mut dv = zero_slice(d_v, parts);
+    let k_slice = load_slice::<F>(k, offset3::<F>(k, b, s_row, hk), part, scale, d_k, parts, unroll);
+    let v_slice = load_slice::<F>(v, offset3::<F>(v, b, s_row, hk), part, 1.0f32, d_v, parts, unroll);
+    let mut dk = zero_slice(d_k, parts, unroll);
+    let mut dv = zero_slice(d_v, parts, unroll);
 
     let mut q_tile = SharedMemory::<f32>::new(chunk * d_k);
     let mut do_tile = SharedMemory::<f32>::new(chunk * d_v);
@@ -198,25 +211,25 @@ pub fn attention_backward_key<F: Float>(
         let mut scores = Array::<f32>::new(chunk);
         let mut dps = Array::<f32>::new(chunk);
         if comptime!(parts == 1) {
-            #[unroll]
+            #[unroll(unroll)]
             for r in 0..chunk {
-                scores[r] = dot_shared(&k_slice, &q_tile, r * d_k, 0usize, d_k, 1usize);
-                dps[r] = dot_shared(&v_slice, &do_tile, r * d_v, 0usize, d_v, 1usize);
+                scores[r] = dot_shared(&k_slice, &q_tile, r * d_k, 0usize, d_k, 1usize, unroll);
+                dps[r] = dot_shared(&v_slice, &do_tile, r * d_v, 0usize, d_v, 1usize, unroll);
             }
         } else {
-            #[unroll]
+            #[unroll(unroll)]
             for r in 0..chunk {
                 let at = (key_row * chunk + r) * parts + part;
-                score_partials[at] = dot_shared(&k_slice, &q_tile, r * d_k, part, d_k, parts);
-                dp_partials[at] = dot_shared(&v_slice, &do_tile, r * d_v, part, d_v, parts);
+                score_partials[at] = dot_shared(&k_slice, &q_tile, r * d_k, part, d_k, parts, unroll);
+                dp_partials[at] = dot_shared(&v_slice, &do_tile, r * d_v, part, d_v, parts, unroll);
             }
             sync_cube();
-            #[unroll]
+            #[unroll(unroll)]
             for r in 0..chunk {
                 let at = (key_row * chunk + r) * parts;
                 let mut score = 0.0f32;
                 let mut dp = 0.0f32;
-                #[unroll]
+                #[unroll(unroll)]
                 for p in 0..parts {
                     score += score_partials[at + p];
                     dp += dp_partials[at + p];
@@ -226,13 +239,13 @@ pub fn attention_backward_key<F: Float>(
             }
         }
 
-        #[unroll]
+        #[unroll(unroll)]
         for r in 0..chunk {
             if r < count && key_active && attends(t_tile[r] as usize, s, span, window) {
                 let p = (scores[r] - lse_tile[r]).exp();
                 let ds = p * (dps[r] - delta_tile[r]);
-                add_shared(&mut dv, p, &do_tile, r * d_v, part, d_v, parts);
-                add_shared(&mut dk, ds, &q_tile, r * d_k, part, d_k, parts);
+                add_shared(&mut dv, p, &do_tile, r * d_v, part, d_v, parts, unroll);
+                add_shared(&mut dk, ds, &q_tile, r * d_k, part, d_k, parts, unroll);
             }
         }
         sync_cube();
@@ -241,14 +254,14 @@ pub fn attention_backward_key<F: Float>(
 
     if key_active {
         if window {
-            store_slice::<F>(grad_k, offset3::<F>(grad_k, b, s, hk), part, &dk, scale, d_k, parts);
-            store_slice::<F>(grad_v, offset3::<F>(grad_v, b, s, hk), part, &dv, 1.0f32, d_v, parts);
+            store_slice::<F>(grad_k, offset3::<F>(grad_k, b, s, hk), part, &dk, scale, d_k, parts, unroll);
+            store_slice::<F>(grad_v, offset3::<F>(grad_v, b, s, hk), part, &dv, 1.0f32, d_v, parts, unroll);
         } else {
             // This segment's share; `sum_segments` adds a block's shares up.
             let row = cube.partial_row(lists.segment_block.shape(2), k.shape(2), s, span);
             let at = row * (d_k + d_v);
-            store_slice::<f32>(partial, at, part, &dk, scale, d_k, parts);
-            store_slice::<f32>(partial, at + d_k, part, &dv, 1.0f32, d_v, parts);
+            store_slice::<f32>(partial, at, part, &dk, scale, d_k, parts, unroll);
+            store_slice::<f32>(partial, at + d_k, part, &dv, 1.0f32, d_v, parts, unroll);
         }
     }
 }

@@ -35,6 +35,7 @@ pub fn attention_forward<F: Float, I: Int>(
     #[comptime] parts: usize,
     #[comptime] rows: usize,
     #[comptime] chunk: usize,
+    #[comptime] unroll: bool,
     #[define(F, I)] _dtypes: [StorageType; 2],
 ) {
     let cube = QueryCube::new::<F>(q, k, rows, parts);
@@ -44,8 +45,8 @@ pub fn attention_forward<F: Float, I: Int>(
     let (b, hk, t, h, part, row) = (cube.b, cube.hk, cube.t, cube.h, cube.part, cube.row);
     let span = span as usize;
 
-    let q_slice = load_slice::<F>(q, offset3::<F>(q, b, t, h), part, scale, d_k, parts);
-    let mut acc = zero_slice(d_v, parts);
+    let q_slice = load_slice::<F>(q, offset3::<F>(q, b, t, h), part, scale, d_k, parts, unroll);
+    let mut acc = zero_slice(d_v, parts, unroll);
     let mut row_max = f32::new(NEG_LARGE);
     let mut sum = 0.0f32;
 
@@ -63,10 +64,11 @@ pub fn attention_forward<F: Float, I: Int>(
             stage_rows::<F, f32>(v, &mut v_tile, 0usize, b, first, count, hk, chunk, d_v, d_v);
             sync_cube();
 
-            let mut scores = chunk_dots(&q_slice, &k_tile, &mut partials, &mut totals, row, part, d_k, chunk, parts);
+            let mut scores =
+                chunk_dots(&q_slice, &k_tile, &mut partials, &mut totals, row, part, d_k, chunk, parts, unroll);
 
             let mut chunk_max = f32::new(NEG_LARGE);
-            #[unroll]
+            #[unroll(unroll)]
             for key in 0..chunk {
                 let valid = key < count && cube.attends(first + key, span, window);
                 scores[key] = select(valid, scores[key], f32::new(NEG_LARGE));
@@ -76,18 +78,18 @@ pub fn attention_forward<F: Float, I: Int>(
                 // Rescale what was accumulated under the old maximum.
                 let correction = (row_max - chunk_max).exp();
                 sum *= correction;
-                #[unroll]
+                #[unroll(unroll)]
                 for i in 0..d_v / parts {
                     acc[i] *= correction;
                 }
                 row_max = chunk_max;
             }
-            #[unroll]
+            #[unroll(unroll)]
             for key in 0..chunk {
                 if scores[key] > MASKED {
                     let p = (scores[key] - row_max).exp();
                     sum += p;
-                    add_shared(&mut acc, p, &v_tile, key * d_v, part, d_v, parts);
+                    add_shared(&mut acc, p, &v_tile, key * d_v, part, d_v, parts, unroll);
                 }
             }
             sync_cube();
@@ -96,6 +98,6 @@ pub fn attention_forward<F: Float, I: Int>(
     }
 
     if cube.active {
-        store_row_result::<F>(out, lse, b, t, h, part, &acc, row_max, sum, d_v, parts);
+        store_row_result::<F>(out, lse, b, t, h, part, &acc, row_max, sum, d_v, parts, unroll);
     }
 }

@@ -3,7 +3,8 @@
 //! A row vector of length `d` split over `parts` units gives unit `part` the elements
 //! `part, part + parts, part + 2 parts, ...` ("its slice"). Interleaving rather than contiguous
 //! halves makes the `parts` units of a row read consecutive shared-memory words, which sit in
-//! different banks.
+//! different banks. The slice helpers take the tiling's `unroll` (see
+//! [`crate::sparse::tiling::Unroll`]).
 
 use cubecl::prelude::*;
 
@@ -61,9 +62,10 @@ pub fn load_slice<F: Float>(
     scale: f32,
     #[comptime] len: usize,
     #[comptime] parts: usize,
+    #[comptime] unroll: bool,
 ) -> Array<f32> {
     let mut row = Array::<f32>::new(len / parts);
-    #[unroll]
+    #[unroll(unroll)]
     for i in 0..len / parts {
         row[i] = f32::cast_from(src[base + i * parts + part]) * scale;
     }
@@ -80,8 +82,9 @@ pub fn store_slice<F: Float>(
     scale: f32,
     #[comptime] len: usize,
     #[comptime] parts: usize,
+    #[comptime] unroll: bool,
 ) {
-    #[unroll]
+    #[unroll(unroll)]
     for i in 0..len / parts {
         dst[base + i * parts + part] = F::cast_from(slice[i] * scale);
     }
@@ -104,6 +107,7 @@ pub fn store_row_result<F: Float>(
     sum: f32,
     #[comptime] d_v: usize,
     #[comptime] parts: usize,
+    #[comptime] unroll: bool,
 ) {
     let mut inv = 0.0f32;
     let mut row_lse = f32::new(NEG_LARGE);
@@ -111,7 +115,7 @@ pub fn store_row_result<F: Float>(
         inv = 1.0f32 / sum;
         row_lse = row_max + sum.ln();
     }
-    store_slice::<F>(out, offset3::<F>(out, b, t, h), part, acc, inv, d_v, parts);
+    store_slice::<F>(out, offset3::<F>(out, b, t, h), part, acc, inv, d_v, parts, unroll);
     if part == 0usize {
         lse[offset3::<f32>(lse, b, t, h)] = row_lse;
     }
@@ -119,9 +123,9 @@ pub fn store_row_result<F: Float>(
 
 /// An f32 slice of zeros.
 #[cube]
-pub fn zero_slice(#[comptime] len: usize, #[comptime] parts: usize) -> Array<f32> {
+pub fn zero_slice(#[comptime] len: usize, #[comptime] parts: usize, #[comptime] unroll: bool) -> Array<f32> {
     let mut row = Array::<f32>::new(len / parts);
-    #[unroll]
+    #[unroll(unroll)]
     for i in 0..len / parts {
         row[i] = 0.0f32;
     }
@@ -137,9 +141,10 @@ pub fn dot_shared(
     part: usize,
     #[comptime] len: usize,
     #[comptime] parts: usize,
+    #[comptime] unroll: bool,
 ) -> f32 {
     let mut sum = 0.0f32;
-    #[unroll]
+    #[unroll(unroll)]
     for i in 0..len / parts {
         sum += slice[i] * tile[base + i * parts + part];
     }
@@ -156,8 +161,9 @@ pub fn add_shared(
     part: usize,
     #[comptime] len: usize,
     #[comptime] parts: usize,
+    #[comptime] unroll: bool,
 ) {
-    #[unroll]
+    #[unroll(unroll)]
     for i in 0..len / parts {
         acc[i] += weight * tile[base + i * parts + part];
     }
@@ -165,9 +171,15 @@ pub fn add_shared(
 
 /// `slice . other` of two register slices.
 #[cube]
-pub fn dot_slices(a: &Array<f32>, b: &Array<f32>, #[comptime] len: usize, #[comptime] parts: usize) -> f32 {
+pub fn dot_slices(
+    a: &Array<f32>,
+    b: &Array<f32>,
+    #[comptime] len: usize,
+    #[comptime] parts: usize,
+    #[comptime] unroll: bool,
+) -> f32 {
     let mut sum = 0.0f32;
-    #[unroll]
+    #[unroll(unroll)]
     for i in 0..len / parts {
         sum += a[i] * b[i];
     }
@@ -191,13 +203,14 @@ pub fn reduce_partials(
     part: usize,
     #[comptime] chunk: usize,
     #[comptime] parts: usize,
+    #[comptime] unroll: bool,
 ) {
     sync_cube();
     let mut key = part;
     while key < chunk {
         let at = row * chunk + key;
         let mut sum = 0.0f32;
-        #[unroll]
+        #[unroll(unroll)]
         for p in 0..parts {
             sum += partials[at * parts + p];
         }
@@ -221,20 +234,21 @@ pub fn chunk_dots(
     #[comptime] len: usize,
     #[comptime] chunk: usize,
     #[comptime] parts: usize,
+    #[comptime] unroll: bool,
 ) -> Array<f32> {
     let mut dots = Array::<f32>::new(chunk);
     if comptime!(parts == 1) {
-        #[unroll]
+        #[unroll(unroll)]
         for i in 0..chunk {
-            dots[i] = dot_shared(slice, tile, i * len, 0usize, len, 1usize);
+            dots[i] = dot_shared(slice, tile, i * len, 0usize, len, 1usize, unroll);
         }
     } else {
-        #[unroll]
+        #[unroll(unroll)]
         for i in 0..chunk {
-            partials[(row * chunk + i) * parts + part] = dot_shared(slice, tile, i * len, part, len, parts);
+            partials[(row * chunk + i) * parts + part] = dot_shared(slice, tile, i * len, part, len, parts, unroll);
         }
-        reduce_partials(partials, totals, row, part, chunk, parts);
-        #[unroll]
+        reduce_partials(partials, totals, row, part, chunk, parts, unroll);
+        #[unroll(unroll)]
         for i in 0..chunk {
             dots[i] = totals[row * chunk + i];
         }

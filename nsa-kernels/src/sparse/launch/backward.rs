@@ -126,6 +126,7 @@ fn portable_query<R: CubeRuntime>(ops: &Operands<R>, tiling: &QueryTiling, saved
         tiling.parts,
         tiling.rows,
         tiling.chunk,
+        tiling.unroll,
         [ops.q.dtype.into(), ops.blocks.dtype.into()],
     );
 }
@@ -162,6 +163,7 @@ fn portable_keys<R: CubeRuntime>(
         tiling.parts,
         tiling.keys,
         tiling.chunk,
+        tiling.unroll,
         ops.group(),
         ops.q.dtype.into(),
     );

@@ -54,6 +54,7 @@ fn portable<R: CubeRuntime>(ops: &Operands<R>, tiling: &QueryTiling, outputs: &O
         tiling.parts,
         tiling.rows,
         tiling.chunk,
+        tiling.unroll,
         [ops.q.dtype.into(), ops.blocks.dtype.into()],
     );
 }

@@ -20,7 +20,7 @@ use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{element::BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
-use cubecl::features::{AtomicUsage, MmaConfig};
+use cubecl::features::{AtomicUsage, MmaConfig, Plane};
 use cubecl::ir::{FloatKind, StorageType, Type};
 use cubecl::prelude::*;
 use cubecl::{calculate_cube_count_elemwise, CubeDim};
@@ -102,6 +102,9 @@ pub fn capabilities<R: CubeRuntime>(client: &ComputeClient<R>) -> Capabilities {
         tensor_cores_bf16: manual_mma(DType::BF16),
         shared_bytes: props.hardware.max_shared_memory_size,
         f32_atomic_width,
+        // cubecl-wgpu withholds plane operations from a CPU adapter: the one sign of lavapipe
+        // it gives. (A GPU without them loses only the unrolling, which its compiler may do.)
+        unrolls_loops: props.features.plane.contains(Plane::Ops),
     }
 }
 

@@ -13,6 +13,13 @@ const CUBE_UNITS: usize = 128;
 /// Keys (query side) or query rows (key side) staged in shared memory per step.
 const CHUNK: usize = 16;
 
+/// Whether the portable kernels unroll their loops over a row's slice and a chunk's keys.
+/// Unrolled, a unit's slices and scores live in registers, which a GPU's compiler needs to be
+/// told. Mesa's lavapipe (WGPU on the CPU) runs a cube's units as a coroutine per barrier, and
+/// LLVM's coroutine lowering of an unrolled kernel takes minutes; as loops it takes seconds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Unroll(pub bool);
+
 /// Query-side kernels (forward, dQ): a cube holds `rows = queries * g` rows `(t, h)`, the `g`
 /// heads of one KV head for `queries` consecutive positions, and walks their keys in chunks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -20,6 +27,8 @@ pub struct QueryTiling {
     pub parts: usize,
     pub rows: usize,
     pub chunk: usize,
+    /// Whether the kernel unrolls its loops over a row's slice and a chunk's keys ([`Unroll`]).
+    pub unroll: bool,
 }
 
 /// Key-side kernel (dK, dV): a cube holds `keys` consecutive key rows of one KV head and walks
@@ -29,6 +38,8 @@ pub struct KeyTiling {
     pub parts: usize,
     pub keys: usize,
     pub chunk: usize,
+    /// As [`QueryTiling::unroll`].
+    pub unroll: bool,
 }
 
 /// Which query-side kernel is planned: they keep different vectors in registers.
@@ -43,7 +54,15 @@ pub enum QueryPass {
 impl QueryTiling {
     /// `window`: a cube takes consecutive queries, whose windows overlap almost entirely.
     /// Otherwise (selected blocks differ per query) a cube takes one query and more parts.
-    pub fn plan(pass: QueryPass, window: bool, g: usize, d_k: usize, d_v: usize, shared_bytes: usize) -> Self {
+    pub fn plan(
+        pass: QueryPass,
+        window: bool,
+        g: usize,
+        d_k: usize,
+        d_v: usize,
+        shared_bytes: usize,
+        unroll: Unroll,
+    ) -> Self {
         let floats = match pass {
             QueryPass::Forward => d_k + d_v,
             QueryPass::Gradient => 2 * d_k + d_v,
@@ -59,7 +78,7 @@ impl QueryTiling {
             1
         };
         let rows = queries * g;
-        let mut tiling = QueryTiling { parts, rows, chunk: CHUNK };
+        let mut tiling = QueryTiling { parts, rows, chunk: CHUNK, unroll: unroll.0 };
         while tiling.shared_floats(pass, d_k, d_v) * 4 > shared_bytes && tiling.chunk > 1 {
             tiling.chunk /= 2;
         }
@@ -83,10 +102,10 @@ impl QueryTiling {
 }
 
 impl KeyTiling {
-    pub fn plan(d_k: usize, d_v: usize, shared_bytes: usize) -> Self {
+    pub fn plan(d_k: usize, d_v: usize, shared_bytes: usize, unroll: Unroll) -> Self {
         let parts = fitting_parts(2 * (d_k + d_v), d_k, d_v);
         let keys = (CUBE_UNITS / parts).max(1);
-        let mut tiling = KeyTiling { parts, keys, chunk: CHUNK };
+        let mut tiling = KeyTiling { parts, keys, chunk: CHUNK, unroll: unroll.0 };
         while tiling.shared_floats(d_k, d_v) * 4 > shared_bytes && tiling.chunk > 1 {
             tiling.chunk /= 2;
         }
@@ -310,23 +329,24 @@ mod tests {
     use super::*;
 
     const H100: usize = 48 * 1024;
+    const GPU: Unroll = Unroll(true);
 
     #[test]
     fn production_and_paper_shapes_fit_registers_and_units() {
         // Production: g = 6, d = 64.
-        let fwd = QueryTiling::plan(QueryPass::Forward, true, 6, 64, 64, H100);
+        let fwd = QueryTiling::plan(QueryPass::Forward, true, 6, 64, 64, H100, GPU);
         assert_eq!((fwd.parts, fwd.rows), (1, 126));
-        let sel = QueryTiling::plan(QueryPass::Forward, false, 6, 64, 64, H100);
+        let sel = QueryTiling::plan(QueryPass::Forward, false, 6, 64, 64, H100, GPU);
         assert_eq!((sel.parts, sel.rows), (8, 6));
-        let dq = QueryTiling::plan(QueryPass::Gradient, true, 6, 64, 64, H100);
+        let dq = QueryTiling::plan(QueryPass::Gradient, true, 6, 64, 64, H100, GPU);
         assert_eq!(dq.parts, 2);
-        assert_eq!(KeyTiling::plan(64, 64, H100), KeyTiling { parts: 2, keys: 64, chunk: 16 });
+        assert_eq!(KeyTiling::plan(64, 64, H100, GPU), KeyTiling { parts: 2, keys: 64, chunk: 16, unroll: true });
         // Paper: g = 16, d = 128.
-        let fwd = QueryTiling::plan(QueryPass::Forward, true, 16, 128, 128, H100);
+        let fwd = QueryTiling::plan(QueryPass::Forward, true, 16, 128, 128, H100, GPU);
         assert_eq!((fwd.parts, fwd.rows), (2, 64));
-        assert_eq!(KeyTiling::plan(128, 128, H100).parts, 4);
+        assert_eq!(KeyTiling::plan(128, 128, H100, GPU).parts, 4);
         // d_k = 192, d_v = 128.
-        assert_eq!(QueryTiling::plan(QueryPass::Forward, true, 16, 192, 128, H100).parts, 4);
+        assert_eq!(QueryTiling::plan(QueryPass::Forward, true, 16, 192, 128, H100, GPU).parts, 4);
     }
 
     #[test]
