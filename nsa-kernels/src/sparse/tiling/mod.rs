@@ -402,9 +402,9 @@ mod tests {
 
     #[test]
     fn chunks_shrink_to_the_shared_memory_limit() {
-        let small = KeyTiling::plan(128, 128, 16 * 1024);
+        let small = KeyTiling::plan(128, 128, 16 * 1024, GPU);
         assert!(small.shared_floats(128, 128) * 4 <= 16 * 1024, "{small:?}");
-        let sel = QueryTiling::plan(QueryPass::Gradient, false, 16, 128, 128, 16 * 1024);
+        let sel = QueryTiling::plan(QueryPass::Gradient, false, 16, 128, 128, 16 * 1024, GPU);
         assert!(sel.shared_floats(QueryPass::Gradient, 128, 128) * 4 <= 16 * 1024, "{sel:?}");
     }
 }
