@@ -16,6 +16,7 @@ pub mod metrics;
 pub mod needle;
 pub mod optim;
 pub mod parallel;
+pub mod plot;
 pub mod run_args;
 pub mod schedule;
 pub mod signals;

@@ -10,6 +10,7 @@ use serde::Serialize;
 pub use crate::data::passkey::haystack;
 use crate::data::tokenizer::Tokenizer;
 use crate::generate::{generate, SampleOptions};
+use crate::plot::HeatMap;
 
 /// Tokens generated for the answer: a five-digit key and a space fit in eight with any tokenizer.
 pub const ANSWER_TOKENS: usize = 8;
@@ -98,6 +99,21 @@ pub fn table(cells: &[NeedleCell], lengths: &[usize], depths: &[u32]) -> String 
         out += &format!("   {mean:.2}\n");
     }
     out
+}
+
+/// The accuracy per length (rows) and depth (columns) as a heat map.
+pub fn heat_map(cells: &[NeedleCell], lengths: &[usize], depths: &[u32]) -> HeatMap {
+    let accuracy = |length: usize, depth: u32| {
+        cells.iter().find(|c| c.length == length && c.depth == depth).map(NeedleCell::accuracy)
+    };
+    HeatMap {
+        title: "Passkey retrieval (% of keys)".to_string(),
+        x_label: "needle depth (% of the filler before it)".to_string(),
+        y_label: "tokens".to_string(),
+        columns: depths.iter().map(|d| format!("{d}%")).collect(),
+        rows: lengths.iter().map(|l| l.to_string()).collect(),
+        values: lengths.iter().map(|&l| depths.iter().map(|&d| accuracy(l, d)).collect()).collect(),
+    }
 }
 
 #[cfg(test)]

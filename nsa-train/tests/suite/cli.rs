@@ -118,6 +118,20 @@ fn train_then_generate_from_the_checkpoint() {
     // This model's 32 tokens hold no haystack: the needle alone is longer.
     assert_fails_with(&["eval", "needle", "--checkpoint", &out, "--backend", "cpu"], "no room for filler");
     assert_fails_with(&["eval", "needle", "--checkpoint", &out, "--depths", "50,120"], "percentages from 0 to 100");
+
+    // The run's charts.
+    let plots = dir.join("plots");
+    let output = Command::new(env!("CARGO_BIN_EXE_nsa"))
+        .args(["plot", &out, "--out", plots.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    for file in ["loss.png", "tokens_per_s.png", "gates.png"] {
+        let png = std::fs::read(plots.join(file)).unwrap();
+        assert!(png.starts_with(b"\x89PNG") && png.len() > 1000, "{file}");
+        assert!(String::from_utf8_lossy(&output.stdout).contains(file));
+    }
+    assert_fails_with(&["plot", dir.join("no-run").to_str().unwrap()], "metrics.jsonl");
 }
 
 #[test]

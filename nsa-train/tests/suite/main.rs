@@ -8,6 +8,7 @@ mod data;
 mod eval;
 mod generate;
 mod parallel;
+mod plot;
 mod resume_config;
 mod tokenizer;
 mod training;

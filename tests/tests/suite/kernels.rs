@@ -144,11 +144,12 @@ impl Case {
         let (q, k, v) =
             (tensor(&self.q, [b, t, h_q, d_k]), tensor(&self.k, [b, t, h_kv, d_k]), tensor(&self.v, [b, t, h_kv, d_v]));
         let grad_out = tensor(&self.grad_out, [b, t, h_q, d_v]);
-        let n = match self.spec {
-            Spec::Window { .. } => 1,
-            Spec::Selected { n, .. } => n,
+        // A window reads no block list: one empty slot per query stands in.
+        let (n, list) = match self.spec {
+            Spec::Window { .. } => (1, vec![-1; b * t * h_kv]),
+            Spec::Selected { n, .. } => (n, self.blocks.clone()),
         };
-        let blocks = Tensor::<Plain, 4, Int>::from_data(TensorData::new(self.blocks.clone(), [b, t, h_kv, n]), device);
+        let blocks = Tensor::<Plain, 4, Int>::from_data(TensorData::new(list, [b, t, h_kv, n]), device);
         let blocks = blocks.into_primitive();
         let keys: TokenKeys<'_, Plain> = match self.spec {
             Spec::Window { w } => TokenKeys::Window { w },

@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 use nsa_core::{DecodeAttentionBackend, SparseAttentionBackend};
 use nsa_train::data::tokenizer::Tokenizer;
 use nsa_train::evaluate::{evaluate, EvalText, Evaluation};
-use nsa_train::needle::{needle_in_a_haystack, table, NeedleCell, NeedleOptions, ANSWER_TOKENS};
+use nsa_train::needle::{heat_map, needle_in_a_haystack, table, NeedleCell, NeedleOptions, ANSWER_TOKENS};
+use nsa_train::plot::write_png;
 use nsa_train::with_inference_backend;
 
 use crate::trained::{Loaded, RunOn};
@@ -65,6 +66,9 @@ pub(crate) struct NeedleArgs {
     /// Also write the cells as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Also draw the accuracy per length and depth as a PNG heat map here.
+    #[arg(long)]
+    heat_map: Option<PathBuf>,
 }
 
 /// `4k` as 4096, `1000` as 1000.
@@ -145,6 +149,9 @@ fn needle(args: NeedleArgs) -> Result<(), String> {
         run_needle::<B>(&loaded, &tokenizer, &opts, &device)
     })?;
     print!("{}", table(&cells, &opts.lengths, &opts.depths));
+    if let Some(path) = args.heat_map {
+        write_png(&heat_map(&cells, &opts.lengths, &opts.depths).draw(), &path)?;
+    }
     if let Some(path) = args.json {
         let text = serde_json::to_string_pretty(&cells).expect("the cells serialise");
         std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;

@@ -5,6 +5,7 @@ mod bench;
 mod bench_decode;
 mod eval;
 mod generate;
+mod plot;
 mod train;
 mod trained;
 
@@ -33,6 +34,8 @@ enum Command {
     Generate(generate::GenerateArgs),
     /// A checkpoint's held-out loss, perplexity and bits per byte over text files.
     Eval(eval::EvalArgs),
+    /// Charts of runs' loss, tokens/s and gate shares (PNG), several runs on each chart.
+    Plot(plot::PlotArgs),
 }
 
 fn main() -> ExitCode {
@@ -57,5 +60,6 @@ fn run_command(cli: Cli) -> Result<ExitCode, String> {
         Command::BenchDecode(args) => bench_decode::bench_decode(args).map(|()| ExitCode::SUCCESS),
         Command::Generate(args) => generate::generate(args).map(|()| ExitCode::SUCCESS),
         Command::Eval(args) => eval::eval(args).map(|()| ExitCode::SUCCESS),
+        Command::Plot(args) => plot::plot(args).map(|()| ExitCode::SUCCESS),
     }
 }
