@@ -77,6 +77,9 @@ enum Task {
     /// Arguments after `--` go to `nsa eval`: --checkpoint, --data, --batch-size, --max-windows,
     /// --precision, --json.
     Eval(NsaArgs),
+    /// Build and run `nsa plot`: runs' loss, tokens/s and gate shares as PNG charts. Arguments
+    /// after `--` go to `nsa plot`: run directories, --out.
+    Plot(NsaArgs),
 }
 
 /// Where `bench` writes its results unless told.
@@ -120,6 +123,7 @@ fn main() -> ExitCode {
         Task::Train(a) => nsa("train", a),
         Task::Generate(a) => nsa("generate", a),
         Task::Eval(a) => nsa("eval", a),
+        Task::Plot(a) => nsa("plot", a),
         Task::Profile(a) => nsa_bench("profile", a, Path::new(DEFAULT_OUT)),
         Task::Bench { what: BenchKind::Kernels, nsa: a, out, .. } => nsa_bench("kernels", a, &out),
         Task::Bench { what: BenchKind::Gemm, nsa: a, out, .. } => nsa_bench("gemm", a, &out),

@@ -1,6 +1,6 @@
 //! Line charts: several series over one pair of axes, with ticks, a grid and a legend.
 
-use super::canvas::{text_height, text_width, Canvas, Rgb, BLACK, GREY, WHITE};
+use super::canvas::{text_height, text_width, Canvas, Rgb, BLACK, GREY};
 use super::ticks::{label, ticks};
 
 /// Series colours, in order (a colour-blind-safe qualitative palette).
@@ -50,7 +50,11 @@ const SCALE: i64 = 2;
 impl LineChart {
     /// Draws the chart; non-finite points are left out.
     pub fn draw(&self) -> Canvas {
-        let mut canvas = Canvas::new(WIDTH, HEIGHT);
+        let legend_width = match self.series.is_empty() {
+            true => 0,
+            false => self.series.iter().map(|s| text_width(&s.label, SCALE)).max().unwrap_or(0) + 50,
+        };
+        let mut canvas = Canvas::new(WIDTH + legend_width as usize, HEIGHT);
         let (x0, y0, x1, y1) = (LEFT, TOP, WIDTH as i64 - RIGHT, HEIGHT as i64 - BOTTOM);
         let finite: Vec<(f64, f64)> = self
             .series
@@ -67,7 +71,7 @@ impl LineChart {
             (px.round() as i64, py.round() as i64)
         };
 
-        let title_x = (WIDTH as i64 - text_width(&self.title, SCALE)) / 2;
+        let title_x = (x0 + x1 - text_width(&self.title, SCALE)) / 2;
         canvas.text(title_x, 15, &self.title, SCALE, BLACK);
         for &t in &y_ticks {
             let (_, py) = to_px((xs.0, t));
@@ -85,7 +89,7 @@ impl LineChart {
         canvas.fill(x0, y1, x1, y1 + 2, BLACK);
         let x_label_x = (x0 + x1 - text_width(&self.x_label, SCALE)) / 2;
         canvas.text(x_label_x, HEIGHT as i64 - 28, &self.x_label, SCALE, BLACK);
-        canvas.text(8, TOP - 18, &self.y_label, SCALE, BLACK);
+        canvas.text(8, 15, &self.y_label, SCALE, BLACK);
 
         for series in &self.series {
             let points: Vec<(i64, i64)> =
@@ -98,21 +102,14 @@ impl LineChart {
                 canvas.fill(x - 3, y - 3, x + 4, y + 4, series.color);
             }
         }
-        self.legend(&mut canvas, x1);
+        self.legend(&mut canvas, x1 + 10);
         canvas
     }
 
-    /// The series' labels in a box at the plot area's top right.
-    fn legend(&self, canvas: &mut Canvas, right: i64) {
-        if self.series.is_empty() {
-            return;
-        }
+    /// The series' labels in a column right of the plot area, so that none covers the data.
+    fn legend(&self, canvas: &mut Canvas, left: i64) {
         let line = text_height(SCALE) + 8;
-        let width = self.series.iter().map(|s| text_width(&s.label, SCALE)).max().unwrap_or(0) + 40;
-        let (left, top) = (right - width - 10, TOP + 10);
-        let bottom = top + line * self.series.len() as i64 + 8;
-        canvas.fill(left - 1, top - 1, right - 9, bottom + 1, GREY);
-        canvas.fill(left, top, right - 10, bottom, WHITE);
+        let top = TOP;
         for (i, series) in self.series.iter().enumerate() {
             let y = top + 8 + i as i64 * line;
             canvas.fill(left + 8, y + 3, left + 26, y + 9, series.color);
