@@ -111,6 +111,10 @@ pub struct DataConfig {
     /// `"none"`, or a synthetic task to train on instead of `paths`.
     #[config(default = "String::from(\"none\")")]
     pub synthetic: String,
+    /// Share of training windows that are passkey windows (`synthetic = "passkey"`'s, in this
+    /// run's tokenizer) mixed among the text's: retrieval taught beside language. 0 for none.
+    #[config(default = 0.0)]
+    pub passkey_share: f64,
 }
 
 impl DataConfig {
@@ -307,10 +311,22 @@ impl RunConfig {
         ConfigError::ensure(self.data.valid_permille < 1000, "data.valid_permille", || {
             format!("must be < 1000, got {}", self.data.valid_permille)
         })?;
+        let shortest = crate::data::passkey::shortest_haystack() + crate::data::passkey::answer(10_000).len();
         if self.data.synthetic_task()? == Some(SyntheticTask::Passkey) {
-            let shortest = crate::data::passkey::shortest_haystack() + crate::data::passkey::answer(10_000).len();
             ConfigError::ensure(self.model.seq_len >= shortest, "data.synthetic", || {
                 format!("`passkey` puts a haystack and its answer in each window: needs model.seq_len >= {shortest}")
+            })?;
+        }
+        let share = self.data.passkey_share;
+        ConfigError::ensure((0.0..1.0).contains(&share), "data.passkey_share", || {
+            format!("must be at least 0 and below 1, got {share}")
+        })?;
+        if share > 0.0 {
+            ConfigError::ensure(self.data.synthetic == "none", "data.passkey_share", || {
+                format!("mixes passkey windows into text, not into `synthetic = \"{}\"`", self.data.synthetic)
+            })?;
+            ConfigError::ensure(self.model.seq_len >= shortest, "data.passkey_share", || {
+                format!("a passkey window holds a haystack and its answer: needs model.seq_len >= {shortest}")
             })?;
         }
         Ok(())

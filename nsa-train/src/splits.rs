@@ -1,5 +1,6 @@
-//! A run's data: the train and validation splits its config names, from files or a synthetic
-//! task, and the tokenizer that made them.
+//! A run's data: the train and validation splits its config names, from files (training's with
+//! the passkey windows `passkey_share` asks for; validation's text only) or a synthetic task,
+//! and the tokenizer that made them.
 
 use std::path::PathBuf;
 
@@ -41,7 +42,8 @@ pub fn load_splits(cfg: &RunConfig, paths: &[PathBuf]) -> Result<(PackedSplit, P
         docs.iter().filter(|d| !is_validation(d, permille)).map(String::as_str),
         &tokenizer,
         seq_len,
-    )?;
+    )?
+    .with_passkeys(cfg.data.passkey_share, &tokenizer, cfg.train.seed)?;
     let valid =
         PackedSplit::pack(docs.iter().filter(|d| is_validation(d, permille)).map(String::as_str), &tokenizer, seq_len)?;
     Ok((train, valid, tokenizer))

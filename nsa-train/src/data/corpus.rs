@@ -1,9 +1,11 @@
 //! Packing documents into fixed windows, the validation split, and the seeded batch order.
 
+use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
 
+use super::passkey;
 use super::sources::DataError;
 use super::tokenizer::Tokenizer;
 
@@ -43,6 +45,25 @@ impl PackedSplit {
 
     pub fn from_tokens(tokens: Vec<u32>, seq_len: usize) -> Self {
         Self { tokens, seq_len }
+    }
+
+    /// The split with passkey windows ([`passkey::window`]) making up `share` of its windows:
+    /// appended after its whole windows (a partial last one is dropped), so each is a window of
+    /// its own, and the seeded order mixes them among the text's.
+    pub fn with_passkeys(mut self, share: f64, tokenizer: &Tokenizer, seed: u64) -> Result<Self, DataError> {
+        let text_windows = self.num_windows();
+        let count = (text_windows as f64 * share / (1.0 - share)).round() as usize;
+        if count == 0 {
+            return Ok(self);
+        }
+        self.tokens.truncate(text_windows * self.seq_len);
+        let mut rng = StdRng::seed_from_u64(seed);
+        for _ in 0..count {
+            self.tokens.extend(passkey::window(tokenizer, self.seq_len, &mut rng).map_err(DataError)?);
+        }
+        // The last window's last target.
+        self.tokens.push(tokenizer.eod());
+        Ok(self)
     }
 
     pub fn num_windows(&self) -> usize {
@@ -89,7 +110,7 @@ impl BatchOrder {
 
     fn prepare(&mut self, epoch: u64) {
         if self.epoch != epoch {
-            let mut rng = rand::rngs::StdRng::seed_from_u64(self.seed ^ epoch.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+            let mut rng = StdRng::seed_from_u64(self.seed ^ epoch.wrapping_mul(0x9e37_79b9_7f4a_7c15));
             self.order = (0..self.num_windows).collect();
             self.order.shuffle(&mut rng);
             self.epoch = epoch;

@@ -1,6 +1,8 @@
 //! The passkey task's text (Mohtashami and Jaggi, 2023): filler, a five-digit key hidden in it,
 //! the question at the end. `nsa eval needle` asks it; `synthetic = "passkey"` trains on it.
 
+use rand::Rng;
+
 use super::tokenizer::Tokenizer;
 
 /// What the haystack repeats.
@@ -29,6 +31,17 @@ pub fn haystack(tokenizer: &Tokenizer, length: usize, depth: u32, key: u32) -> R
     let filler: Vec<u32> = unit.iter().copied().cycle().take(room).collect();
     let at = room * depth.min(100) as usize / 100;
     Ok([&filler[..at], &needle, &filler[at..], &question].concat())
+}
+
+/// One training window of the task: `length` tokens, a haystack with a random key at a random
+/// depth and its answer.
+pub fn window(tokenizer: &Tokenizer, length: usize, rng: &mut impl Rng) -> Result<Vec<u32>, String> {
+    let key = rng.random_range(10_000..100_000);
+    let reply = tokenizer.encode(&answer(key)).map_err(|e| e.to_string())?;
+    let room = length.saturating_sub(reply.len());
+    let mut tokens = haystack(tokenizer, room, rng.random_range(0..=100), key)?;
+    tokens.extend(reply);
+    Ok(tokens)
 }
 
 /// The shortest haystack with filler around the needle, in bytes.

@@ -5,7 +5,7 @@ use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
 use super::corpus::PackedSplit;
-use super::passkey::{answer, haystack};
+use super::passkey;
 use super::tokenizer::Tokenizer;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -42,12 +42,8 @@ pub fn generate(task: SyntheticTask, num_tokens: usize, span: usize, seed: u64) 
             }
             SyntheticTask::Passkey => {
                 // `span` is the window: one haystack and its answer fill it.
-                let key = rng.random_range(10_000..100_000);
-                let reply = answer(key);
-                let text = haystack(&Tokenizer::Bytes, span - reply.len(), rng.random_range(0..=100), key)
-                    .expect("the config's check leaves room for a haystack");
-                out.extend(text);
-                out.extend(reply.bytes().map(u32::from));
+                let window = passkey::window(&Tokenizer::Bytes, span, &mut rng);
+                out.extend(window.expect("the config's check leaves room for a haystack"));
             }
             SyntheticTask::Recall => {
                 let keys: Vec<u32> = (0..span).map(|i| LETTER + i as u32 % ALPHABET).collect();

@@ -127,3 +127,47 @@ fn the_passkey_task_fills_each_window_with_a_haystack_and_its_answer() {
     cfg.model.seq_len = 128;
     cfg.validate().unwrap();
 }
+
+/// `passkey_share` mixes passkey windows among a text's training windows in the share asked
+/// for, leaving the text's windows and the validation split as they were.
+#[test]
+fn passkey_share_mixes_retrieval_windows_into_text() {
+    use nsa_train::splits::load_splits;
+    let dir = common::scratch("passkey-share");
+    let text: String = (0..3000).map(|i| format!("Document {i} says the river runs west.\n\n\n")).collect();
+    std::fs::write(dir.join("corpus.txt"), text).unwrap();
+    let mut cfg = common::tiny_run(&dir, 1);
+    cfg.model.seq_len = 128;
+    cfg.data.synthetic = "none".into();
+    let paths = [dir.join("corpus.txt")];
+    let (plain, plain_valid, bytes) = load_splits(&cfg, &paths).unwrap();
+    cfg.data.passkey_share = 0.25;
+    cfg.validate().unwrap();
+    let (mixed, valid, _) = load_splits(&cfg, &paths).unwrap();
+
+    let is_passkey = |w: &[u32]| bytes.decode(&w[..128]).contains(" What is the pass key? The pass key is ");
+    let (text_windows, all) = (plain.num_windows(), mixed.num_windows());
+    assert!(text_windows > 40, "{text_windows}");
+    let keys = (0..all).filter(|&w| is_passkey(mixed.window(w))).count();
+    assert_eq!(all - keys, text_windows, "every text window kept");
+    assert!((keys as f64 / all as f64 - 0.25).abs() < 0.02, "{keys} of {all}");
+    for w in 0..text_windows {
+        assert_eq!(mixed.window(w)[..128], plain.window(w)[..128], "text window {w}");
+    }
+    for w in text_windows..all {
+        let text = bytes.decode(&mixed.window(w)[..128]);
+        let key = &text[text.find("The pass key is ").expect("a needle") + 16..][..5];
+        assert!(text.ends_with(&format!("The pass key is {key}.\n")), "{text:?}");
+    }
+    assert_eq!(valid.num_tokens(), plain_valid.num_tokens(), "validation stays text");
+
+    for (share, synthetic, seq_len, needle) in
+        [(1.0, "none", 128, "below 1"), (0.2, "copy", 128, "not into"), (0.2, "none", 64, "needs model.seq_len")]
+    {
+        cfg.data.passkey_share = share;
+        cfg.data.synthetic = synthetic.into();
+        cfg.model.seq_len = seq_len;
+        let err = cfg.validate().unwrap_err().to_string();
+        assert!(err.contains("data.passkey_share") && err.contains(needle), "{err}");
+    }
+}
