@@ -8,11 +8,12 @@
 use cubecl::prelude::*;
 
 use super::merge::merge_tiles;
+use super::tiles::tiles_of;
 use crate::kernel::compression::visible::visible_blocks;
 use crate::kernel::primitives::rows::offset3;
 use crate::kernel::selection::plane_top_n::take_best_in_plane;
 use crate::kernel::selection::top_n::{force_blocks, lane_best, merge_best, write_list, TAKEN};
-use crate::tile_sizes::{DECODE_TILE as TILE, SELECTION_LANES as LANES};
+use crate::tile_sizes::SELECTION_LANES as LANES;
 
 /// The partials of [`super::tiles::decode_tiles`] (`[B * H_kv, tiles_c + tiles_w, g, 2 +
 /// d_v]`), its kept scores `[B * H_kv, N, g]` and the positions `[B]` -> the compressed and
@@ -50,13 +51,13 @@ pub fn decode_select<F: Float, I: Int>(
     let (b, hk) = (bh / h_kv, bh % h_kv);
     let t = u32::cast_from(positions[b]) as usize;
     let n_compressed = scores.shape(1);
-    let tiles_c = (n_compressed + TILE - 1) / TILE;
+    let tiles_c = tiles_of(n_compressed);
     let visible = visible_blocks(t, n_compressed, length, stride);
     let filled = min(t + 1, ring);
 
     let mut lse = SharedMemory::<f32>::new(comptime!(2 * g));
-    merge_tiles::<F>(partials, out_compressed, &mut lse, 0, bh, b, hk, 0, (visible + TILE - 1) / TILE, g, d_v);
-    merge_tiles::<F>(partials, out_window, &mut lse, g, bh, b, hk, tiles_c, (filled + TILE - 1) / TILE, g, d_v);
+    merge_tiles::<F>(partials, out_compressed, &mut lse, 0, bh, b, hk, 0, tiles_of(visible), g, d_v);
+    merge_tiles::<F>(partials, out_window, &mut lse, g, bh, b, hk, tiles_c, tiles_of(filled), g, d_v);
     sync_cube();
 
     let mut mass = SharedMemory::<f32>::new(keys);

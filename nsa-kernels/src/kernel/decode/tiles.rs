@@ -10,6 +10,12 @@ use crate::kernel::compression::visible::visible_blocks;
 use crate::kernel::primitives::rows::offset3;
 use crate::tile_sizes::DECODE_TILE as TILE;
 
+/// Tiles of [`TILE`] rows it takes to hold `rows` rows.
+#[cube]
+pub fn tiles_of(rows: usize) -> usize {
+    (rows + TILE - 1) / TILE
+}
+
 /// `q [B, 1, H_q, d_k]`, the compressed blocks and the window ring (`[B, S, H_kv, d]`, any
 /// strides but contiguous rows), the positions `[B]` -> the partials
 /// `[B * H_kv, tiles_c + tiles_w, g, 2 + d_v]` of the compressed branch's tiles
@@ -40,7 +46,7 @@ pub fn decode_tiles<F: Float, I: Int>(
     let (b, hk) = (bh / h_kv, bh % h_kv);
     let t = u32::cast_from(positions[b]) as usize;
     let n_compressed = compressed_k.shape(1);
-    let tiles_c = (n_compressed + TILE - 1) / TILE;
+    let tiles_c = tiles_of(n_compressed);
     let compressed = tile < tiles_c;
     let mut first = tile * TILE;
     let mut end = visible_blocks(t, n_compressed, length, stride);
