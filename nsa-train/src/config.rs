@@ -311,7 +311,7 @@ impl RunConfig {
         ConfigError::ensure(self.data.valid_permille < 1000, "data.valid_permille", || {
             format!("must be < 1000, got {}", self.data.valid_permille)
         })?;
-        let shortest = crate::data::passkey::shortest_haystack() + crate::data::passkey::answer(10_000).len();
+        let shortest = crate::data::passkey::shortest_window();
         if self.data.synthetic_task()? == Some(SyntheticTask::Passkey) {
             ConfigError::ensure(self.model.seq_len >= shortest, "data.synthetic", || {
                 format!("`passkey` puts a haystack and its answer in each window: needs model.seq_len >= {shortest}")

@@ -48,3 +48,8 @@ pub fn window(tokenizer: &Tokenizer, length: usize, rng: &mut impl Rng) -> Resul
 pub fn shortest_haystack() -> usize {
     needle(10_000).len() + QUESTION.len() + 1
 }
+
+/// The shortest [`window`] (a haystack and its answer), in bytes.
+pub fn shortest_window() -> usize {
+    shortest_haystack() + answer(10_000).len()
+}

@@ -13,6 +13,8 @@ pub type Rgb = [u8; 3];
 pub const WHITE: Rgb = [255, 255, 255];
 pub const BLACK: Rgb = [0, 0, 0];
 pub const GREY: Rgb = [200, 200, 200];
+/// Font pixels per glyph pixel of the charts' text.
+pub const TEXT_SCALE: i64 = 2;
 
 pub struct Canvas {
     pub width: usize,

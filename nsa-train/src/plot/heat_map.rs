@@ -2,7 +2,7 @@
 //! and depth), each cell coloured from red (0) through yellow to green (1) and labelled with
 //! its percentage.
 
-use super::canvas::{text_height, text_width, Canvas, Rgb, BLACK, GREY};
+use super::canvas::{text_height, text_width, Canvas, Rgb, BLACK, GREY, TEXT_SCALE};
 
 #[derive(Clone, Debug)]
 pub struct HeatMap {
@@ -15,7 +15,6 @@ pub struct HeatMap {
     pub values: Vec<Vec<Option<f64>>>,
 }
 
-const SCALE: i64 = 2;
 const CELL_HEIGHT: i64 = 44;
 const MIN_CELL_WIDTH: i64 = 64;
 const LEFT: i64 = 120;
@@ -26,33 +25,34 @@ const BOTTOM: i64 = 80;
 impl HeatMap {
     pub fn draw(&self) -> Canvas {
         let columns = self.columns.len().max(1) as i64;
-        let cell_width = self.columns.iter().map(|c| text_width(c, SCALE) + 12).max().unwrap_or(0).max(MIN_CELL_WIDTH);
-        let width = (LEFT + columns * cell_width + MARGIN).max(text_width(&self.title, SCALE) + 2 * MARGIN);
+        let cell_width =
+            self.columns.iter().map(|c| text_width(c, TEXT_SCALE) + 12).max().unwrap_or(0).max(MIN_CELL_WIDTH);
+        let width = (LEFT + columns * cell_width + MARGIN).max(text_width(&self.title, TEXT_SCALE) + 2 * MARGIN);
         let height = TOP + self.rows.len() as i64 * CELL_HEIGHT + BOTTOM;
         let mut canvas = Canvas::new(width as usize, height as usize);
-        canvas.text((width - text_width(&self.title, SCALE)) / 2, 15, &self.title, SCALE, BLACK);
-        canvas.text(8, TOP - 22, &self.y_label, SCALE, BLACK);
+        canvas.text((width - text_width(&self.title, TEXT_SCALE)) / 2, 15, &self.title, TEXT_SCALE, BLACK);
+        canvas.text(8, TOP - 22, &self.y_label, TEXT_SCALE, BLACK);
 
         for (r, row) in self.rows.iter().enumerate() {
             let y = TOP + r as i64 * CELL_HEIGHT;
-            let label_y = y + (CELL_HEIGHT - text_height(SCALE)) / 2;
-            canvas.text(LEFT - 10 - text_width(row, SCALE), label_y, row, SCALE, BLACK);
+            let label_y = y + (CELL_HEIGHT - text_height(TEXT_SCALE)) / 2;
+            canvas.text(LEFT - 10 - text_width(row, TEXT_SCALE), label_y, row, TEXT_SCALE, BLACK);
             for c in 0..self.columns.len() {
                 let x = LEFT + c as i64 * cell_width;
                 let value = self.values.get(r).and_then(|v| v.get(c)).copied().flatten();
                 let color = value.map_or(GREY, share_color);
                 canvas.fill(x + 1, y + 1, x + cell_width - 1, y + CELL_HEIGHT - 1, color);
                 let text = value.map_or("-".to_string(), |v| format!("{:.0}", v * 100.0));
-                canvas.text(x + (cell_width - text_width(&text, SCALE)) / 2, label_y, &text, SCALE, BLACK);
+                canvas.text(x + (cell_width - text_width(&text, TEXT_SCALE)) / 2, label_y, &text, TEXT_SCALE, BLACK);
             }
         }
         let below = TOP + self.rows.len() as i64 * CELL_HEIGHT + 8;
         for (c, column) in self.columns.iter().enumerate() {
-            let x = LEFT + c as i64 * cell_width + (cell_width - text_width(column, SCALE)) / 2;
-            canvas.text(x, below, column, SCALE, BLACK);
+            let x = LEFT + c as i64 * cell_width + (cell_width - text_width(column, TEXT_SCALE)) / 2;
+            canvas.text(x, below, column, TEXT_SCALE, BLACK);
         }
-        let x_label_x = LEFT + (columns * cell_width - text_width(&self.x_label, SCALE)) / 2;
-        canvas.text(x_label_x, below + text_height(SCALE) + 16, &self.x_label, SCALE, BLACK);
+        let x_label_x = LEFT + (columns * cell_width - text_width(&self.x_label, TEXT_SCALE)) / 2;
+        canvas.text(x_label_x, below + text_height(TEXT_SCALE) + 16, &self.x_label, TEXT_SCALE, BLACK);
         canvas
     }
 }

@@ -1,6 +1,6 @@
 //! Line charts: several series over one pair of axes, with ticks, a grid and a legend.
 
-use super::canvas::{text_height, text_width, Canvas, Rgb, BLACK, GREY};
+use super::canvas::{text_height, text_width, Canvas, Rgb, BLACK, GREY, TEXT_SCALE};
 use super::ticks::{label, ticks};
 
 /// Series colours, in order (a colour-blind-safe qualitative palette).
@@ -45,14 +45,13 @@ const LEFT: i64 = 90;
 const RIGHT: i64 = 30;
 const TOP: i64 = 50;
 const BOTTOM: i64 = 70;
-const SCALE: i64 = 2;
 
 impl LineChart {
     /// Draws the chart; non-finite points are left out.
     pub fn draw(&self) -> Canvas {
         let legend_width = match self.series.is_empty() {
             true => 0,
-            false => self.series.iter().map(|s| text_width(&s.label, SCALE)).max().unwrap_or(0) + 50,
+            false => self.series.iter().map(|s| text_width(&s.label, TEXT_SCALE)).max().unwrap_or(0) + 50,
         };
         let mut canvas = Canvas::new(WIDTH + legend_width as usize, HEIGHT);
         let (x0, y0, x1, y1) = (LEFT, TOP, WIDTH as i64 - RIGHT, HEIGHT as i64 - BOTTOM);
@@ -71,25 +70,31 @@ impl LineChart {
             (px.round() as i64, py.round() as i64)
         };
 
-        let title_x = (x0 + x1 - text_width(&self.title, SCALE)) / 2;
-        canvas.text(title_x, 15, &self.title, SCALE, BLACK);
+        let title_x = (x0 + x1 - text_width(&self.title, TEXT_SCALE)) / 2;
+        canvas.text(title_x, 15, &self.title, TEXT_SCALE, BLACK);
         for &t in &y_ticks {
             let (_, py) = to_px((xs.0, t));
             canvas.fill(x0, py, x1, py + 1, GREY);
             let text = label(t, &y_ticks);
-            canvas.text(x0 - 8 - text_width(&text, SCALE), py - text_height(SCALE) / 2, &text, SCALE, BLACK);
+            canvas.text(
+                x0 - 8 - text_width(&text, TEXT_SCALE),
+                py - text_height(TEXT_SCALE) / 2,
+                &text,
+                TEXT_SCALE,
+                BLACK,
+            );
         }
         for &t in &x_ticks {
             let (px, _) = to_px((t, ys.0));
             canvas.fill(px, y0, px + 1, y1, GREY);
             let text = label(t, &x_ticks);
-            canvas.text(px - text_width(&text, SCALE) / 2, y1 + 8, &text, SCALE, BLACK);
+            canvas.text(px - text_width(&text, TEXT_SCALE) / 2, y1 + 8, &text, TEXT_SCALE, BLACK);
         }
         canvas.fill(x0, y0, x0 + 2, y1 + 2, BLACK);
         canvas.fill(x0, y1, x1, y1 + 2, BLACK);
-        let x_label_x = (x0 + x1 - text_width(&self.x_label, SCALE)) / 2;
-        canvas.text(x_label_x, HEIGHT as i64 - 28, &self.x_label, SCALE, BLACK);
-        canvas.text(8, 15, &self.y_label, SCALE, BLACK);
+        let x_label_x = (x0 + x1 - text_width(&self.x_label, TEXT_SCALE)) / 2;
+        canvas.text(x_label_x, HEIGHT as i64 - 28, &self.x_label, TEXT_SCALE, BLACK);
+        canvas.text(8, 15, &self.y_label, TEXT_SCALE, BLACK);
 
         for series in &self.series {
             let points: Vec<(i64, i64)> =
@@ -108,12 +113,12 @@ impl LineChart {
 
     /// The series' labels in a column right of the plot area, so that none covers the data.
     fn legend(&self, canvas: &mut Canvas, left: i64) {
-        let line = text_height(SCALE) + 8;
+        let line = text_height(TEXT_SCALE) + 8;
         let top = TOP;
         for (i, series) in self.series.iter().enumerate() {
             let y = top + 8 + i as i64 * line;
             canvas.fill(left + 8, y + 3, left + 26, y + 9, series.color);
-            canvas.text(left + 32, y, &series.label, SCALE, BLACK);
+            canvas.text(left + 32, y, &series.label, TEXT_SCALE, BLACK);
         }
     }
 }
