@@ -67,7 +67,7 @@ pub const D_CMP: usize = 16;
 
 /// The compressed branch's keys: blocks of [`L_CMP`] tokens every [`D_CMP`].
 fn compressed_keys<B: Backend>() -> Keys<B> {
-    Keys::Compressed { length: L_CMP, stride: D_CMP }
+    Keys::compressed(L_CMP, D_CMP, None)
 }
 
 /// Compressed blocks query `t` attends (those complete at `t`).
@@ -198,7 +198,7 @@ fn parity_reference<B: AutodiffBackend>(
     let device = Default::default();
     let x = x.to::<burn::backend::NdArray>(DType::F64, &device);
     let blocks = Tensor::<Cpu, 4, Int>::from_data(TensorData::new(blocks.to_vec(), dims), &device);
-    let window = reference_grads::<Cpu>(&x, &Keys::Window { w: W });
+    let window = reference_grads::<Cpu>(&x, &Keys::window(W, None));
     let selected = reference_grads::<Cpu>(&x, &Keys::selected(blocks, L_SEL));
     (DType::F64, [window, selected, reference_grads::<Cpu>(&x.compressed(), &compressed_keys())])
 }
@@ -211,7 +211,7 @@ fn parity_reference<B: AutodiffBackend>(
     device: &B::Device,
 ) -> (DType, [[Vec<f64>; 4]; 3]) {
     let blocks = Tensor::<B, 4, Int>::from_data(TensorData::new(blocks.to_vec(), dims), device);
-    let window = reference_grads::<B>(x, &Keys::Window { w: W });
+    let window = reference_grads::<B>(x, &Keys::window(W, None));
     let selected = reference_grads::<B>(x, &Keys::selected(blocks, L_SEL));
     (x.q.dtype(), [window, selected, reference_grads::<B>(&x.compressed(), &compressed_keys())])
 }
@@ -331,7 +331,7 @@ fn check_parity<B: TrainBackend>(
     }
     let blocks = Tensor::<B, 4, Int>::from_data(TensorData::new(blocks, dims), device);
     let branches = [
-        ("window", Keys::Window { w: W }, x.clone()),
+        ("window", Keys::window(W, None), x.clone()),
         ("selected", Keys::selected(blocks, L_SEL), x.clone()),
         ("compressed", compressed_keys(), x.compressed()),
     ];
@@ -368,7 +368,7 @@ fn time_shape<B: TrainBackend>(
     let selected_inner = Keys::selected(blocks.clone(), L_SEL);
     let selected_outer = Keys::selected(Tensor::from_inner(blocks), L_SEL);
     let cases = [
-        ("window", window_keys, x.clone(), Keys::Window { w: W }, Keys::Window { w: W }),
+        ("window", window_keys, x.clone(), Keys::window(W, None), Keys::window(W, None)),
         ("selected", selected_keys, x.clone(), selected_inner, selected_outer),
         ("compressed", compressed_attended, x.compressed(), compressed_keys(), compressed_keys()),
     ];

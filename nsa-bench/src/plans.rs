@@ -53,7 +53,7 @@ pub fn check<R: burn_cubecl::CubeRuntime>(device: &R::Device, case: &PlanCase) -
     let [q, k, v, grad_out] = [0, 1, 2, 3].map(|i| load(&case.inputs[i]));
     let blocks = case.blocks.map(|b| Tensor::<C<R>, 4, Int>::from_data(b.clone(), device).into_primitive());
     let keys: TokenKeys<'_, C<R>> = match &blocks {
-        None => TokenKeys::Window { w: case.window },
+        None => TokenKeys::Window { w: case.window, documents: None },
         Some(blocks) => TokenKeys::Selected { blocks, block_size: case.block_size, index: None },
     };
     let problem = problem(&q, &k, &v, keys);

@@ -61,7 +61,7 @@ fn inputs<B: Backend + SparseAttentionBackend>(
     dtype: DType,
 ) -> (Tensor<B, 4>, Tensor<B, 4>, Tensor<B, 3>) {
     let (q, k) = (q.clone().cast(dtype), k.clone().cast(dtype));
-    let keys = Keys::Compressed { length: SELECTION.length, stride: SELECTION.stride };
+    let keys = Keys::compressed(SELECTION.length, SELECTION.stride, None);
     let (_, lse) = sparse_attention(q.clone(), k.clone(), k.clone(), &keys);
     (q, k, lse)
 }
@@ -71,7 +71,7 @@ fn lists<B: Backend + SparseAttentionBackend>(
     k: &Tensor<B, 4>,
     lse: &Tensor<B, 3>,
 ) -> Tensor<B, 4, Int> {
-    select_blocks(q.clone(), k.clone(), lse.clone(), SELECTION).expect("the backend has the selection kernel")
+    select_blocks(q.clone(), k.clone(), lse.clone(), SELECTION, None).expect("the backend has the selection kernel")
 }
 
 fn host_ints<B: Backend>(t: Tensor<B, 4, Int>) -> Vec<i64> {
@@ -156,11 +156,10 @@ fn check_against_f64<B: Backend>(
     let to_cpu4 = |x: &Tensor<B, 4>| Tensor::<Cpu, 4>::from_data(x.to_data().convert::<f64>(), &cpu);
     let lse = Tensor::<Cpu, 3>::from_data(lse.to_data().convert::<f64>(), &cpu);
     let s = SELECTION;
-    let scores =
-        nsa_kernels::sparse::reference::block_scores(to_cpu4(q), to_cpu4(k), lse, s.length, s.stride, s.block_size);
+    let scores = nsa_kernels::sparse::reference::block_scores(to_cpu4(q), to_cpu4(k), lse, s, None);
     let [_, h_kv, t_len, nb] = scores.dims();
     let values = scores.to_data().convert::<f64>().to_vec::<f64>().expect("float data");
-    let want = host_ints(selected_list(select_top_n(scores, s.block_size, s.n), s.n));
+    let want = host_ints(selected_list(select_top_n(scores, s.block_size, s.n, None), s.n));
     let (mut checked, mut mismatches, mut near_ties) = (0, 0, 0);
     for hk in 0..h_kv {
         for t in 0..t_len {

@@ -129,6 +129,18 @@ impl NsaConfig {
         self.n_heads / self.n_kv_heads
     }
 
+    /// What packed documents' starts must be multiples of: `lcm(d, l_sel)`, so that each
+    /// document's compression and selection blocks are the row's blocks that start in it.
+    pub fn document_alignment(&self) -> usize {
+        let gcd = |mut a: usize, mut b: usize| {
+            while b != 0 {
+                (a, b) = (b, a % b);
+            }
+            a
+        };
+        self.d / gcd(self.d, self.l_sel).max(1) * self.l_sel
+    }
+
     /// Checks every rule of the spec; the first broken one is returned.
     pub fn validate(&self) -> Result<(), ConfigError> {
         ConfigError::ensure(self.dim >= 1, "dim", || format!("must be >= 1, got {}", self.dim))?;

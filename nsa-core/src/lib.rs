@@ -34,5 +34,5 @@ pub use config::{AttentionKind, ConfigError, NsaConfig, Phi};
 pub use decode::{DecodeCache, DecodeOutput};
 pub use loss::lm_loss;
 pub use model::{MlpKind, NsaLm, NsaLmConfig};
-pub use nsa_kernels::{DecodeAttentionBackend, SparseAttentionBackend};
+pub use nsa_kernels::{DecodeAttentionBackend, Documents, SparseAttentionBackend};
 pub use precision::cast_params;

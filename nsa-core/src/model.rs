@@ -12,7 +12,8 @@ use burn::module::Module;
 use burn::nn::{Embedding, EmbeddingConfig, Initializer, Linear, RmsNorm, RmsNormConfig};
 use burn::tensor::{backend::Backend, Int, Tensor};
 use nsa_kernels::{
-    linear_matmul, rms_norm, silu, silu_linear_matmul, ActivationBackend, GemmBackend, SparseAttentionBackend,
+    linear_matmul, rms_norm, silu, silu_linear_matmul, ActivationBackend, Documents, GemmBackend,
+    SparseAttentionBackend,
 };
 use serde::{Deserialize, Serialize};
 
@@ -58,6 +59,15 @@ pub struct NsaLmConfig {
 impl NsaLmConfig {
     pub fn dim(&self) -> usize {
         self.attention.dim
+    }
+
+    /// What packed documents' starts must be multiples of (see [`NsaConfig::document_alignment`];
+    /// any position for dense attention).
+    pub fn document_alignment(&self) -> usize {
+        match self.attention.attention {
+            AttentionKind::Nsa => self.attention.document_alignment(),
+            AttentionKind::Dense => 1,
+        }
     }
 
     /// Checks every field; the error names the first bad one.
@@ -128,7 +138,7 @@ impl<B: SparseAttentionBackend> Attention<B> {
     pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
         match self {
             Attention::Nsa(nsa) => nsa.forward(x),
-            Attention::Dense(dense) => dense.forward(x),
+            Attention::Dense(dense) => dense.forward(x, None),
         }
     }
 }
@@ -193,14 +203,14 @@ pub struct Block<B: Backend> {
 }
 
 impl<B: SparseAttentionBackend> Block<B> {
-    fn forward(&self, x: Tensor<B, 3>) -> (Tensor<B, 3>, Option<NsaAux<B>>) {
+    fn forward(&self, x: Tensor<B, 3>, documents: Option<&Documents<B>>) -> (Tensor<B, 3>, Option<NsaAux<B>>) {
         let normed = norm(&self.attention_norm, x.clone());
         let (attended, aux) = match &self.attention {
             Attention::Nsa(nsa) => {
-                let (out, aux) = nsa.forward_with_aux(normed);
+                let (out, aux) = nsa.forward_with_aux(normed, documents);
                 (out, Some(aux))
             }
-            Attention::Dense(dense) => (dense.forward(normed), None),
+            Attention::Dense(dense) => (dense.forward(normed, documents), None),
         };
         let x = x + attended;
         let x = x.clone() + self.mlp.forward(norm(&self.mlp_norm, x));
@@ -263,17 +273,22 @@ impl<B: Backend> NsaLm<B> {
 impl<B: SparseAttentionBackend> NsaLm<B> {
     /// `tokens: [B, T]` -> logits `[B, T, vocab]`.
     pub fn forward(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 3> {
-        self.forward_with_aux(tokens).0
+        self.forward_with_aux(tokens, None).0
     }
 
-    /// Logits and, per NSA layer, its gates and selection (empty for dense attention).
-    pub fn forward_with_aux(&self, tokens: Tensor<B, 2, Int>) -> (Tensor<B, 3>, Vec<NsaAux<B>>) {
+    /// Logits and, per NSA layer, its gates and selection (empty for dense attention). With
+    /// `documents`, each row is packed documents, each computed as if alone.
+    pub fn forward_with_aux(
+        &self,
+        tokens: Tensor<B, 2, Int>,
+        documents: Option<&Documents<B>>,
+    ) -> (Tensor<B, 3>, Vec<NsaAux<B>>) {
         let t = tokens.dims()[1];
         assert!(t <= self.seq_len, "input of {t} tokens is longer than the model's seq_len {}", self.seq_len);
         let mut x = embed(&self.embedding, tokens);
         let mut aux = Vec::new();
         for block in &self.blocks {
-            let (next, layer_aux) = block.forward(x);
+            let (next, layer_aux) = block.forward(x, documents);
             x = next;
             aux.extend(layer_aux);
         }

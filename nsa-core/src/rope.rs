@@ -9,7 +9,7 @@
 use burn::config::Config;
 use burn::module::Module;
 use burn::tensor::{backend::Backend, DType, Int, Tensor, TensorData};
-use nsa_kernels::{linear_matmul, GemmBackend};
+use nsa_kernels::{linear_matmul, Documents, GemmBackend};
 
 use crate::constants::cached;
 
@@ -57,33 +57,43 @@ impl<B: Backend> Rope<B> {
 }
 
 impl<B: GemmBackend> Rope<B> {
-    /// Rotates `x: [B, H, T, d]` at positions `0..T`.
-    pub fn apply(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
-        self.rotate(x, 2)
+    /// Rotates `x: [B, H, T, d]` at positions `0..T`, or at each position's place in its
+    /// document.
+    pub fn apply(&self, x: Tensor<B, 4>, documents: Option<&Documents<B>>) -> Tensor<B, 4> {
+        self.rotate(x, 2, documents)
     }
 
-    /// Rotates `x: [B, T, H, d]` (tokens before heads) at positions `0..T`.
-    pub fn apply_tokens_first(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
-        self.rotate(x, 1)
+    /// Rotates `x: [B, T, H, d]` (tokens before heads) at positions `0..T`, or at each
+    /// position's place in its document.
+    pub fn apply_tokens_first(&self, x: Tensor<B, 4>, documents: Option<&Documents<B>>) -> Tensor<B, 4> {
+        self.rotate(x, 1, documents)
     }
 
     /// Rotates `x` whose axis `axis` is the position (1 or 2) and last axis the head dim.
-    fn rotate(&self, x: Tensor<B, 4>, axis: usize) -> Tensor<B, 4> {
-        let d = x.dims()[3];
+    fn rotate(&self, x: Tensor<B, 4>, axis: usize, documents: Option<&Documents<B>>) -> Tensor<B, 4> {
+        let [b, d] = [x.dims()[0], x.dims()[3]];
         let t = x.dims()[axis];
         assert!(
             t <= self.max_len(),
             "sequence length {t} exceeds the model's RoPE table ({}); raise seq_len in the config",
             self.max_len()
         );
-        let mut table_shape = [1, 1, 1, d];
-        table_shape[axis] = t;
         // The table is stored at the model's default dtype; a mixed-precision forward rotates in
         // its compute dtype (Burn's binary ops do not promote mismatched dtypes).
         let dtype = x.dtype();
-        let cos = self.cos.clone().narrow(0, 0, t).cast(dtype).reshape(table_shape);
-        let sin = self.sin.clone().narrow(0, 0, t).cast(dtype).reshape(table_shape);
-        rotate_with(x, cos, sin)
+        let rows = |table: &Tensor<B, 2>| match documents {
+            None => {
+                let mut shape = [1, 1, 1, d];
+                shape[axis] = t;
+                table.clone().narrow(0, 0, t).cast(dtype).reshape(shape)
+            }
+            Some(documents) => {
+                let mut shape = [b, 1, 1, d];
+                shape[axis] = t;
+                table.clone().select(0, documents.positions().reshape([b * t])).cast(dtype).reshape(shape)
+            }
+        };
+        rotate_with(x, rows(&self.cos), rows(&self.sin))
     }
 
     /// The rotation of one token per sequence at each row's position `at: [B]`, in `dtype`: a

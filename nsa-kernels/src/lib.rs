@@ -41,6 +41,6 @@ pub use mix::{gated_mix, gated_mix_reference, GatedMixBackend};
 pub use norm::{rms_norm, RmsNormBackend};
 pub use optim::{AdamWHyper, AdamWSlot, AdamWUpdate, FusedAdamWBackend};
 pub use sparse::{
-    select_blocks, sparse_attention, with_block_index, BlockIndex, Keys, Route, Selection, SparseAttentionBackend,
-    SparseAttentionGrads, TokenKeys,
+    select_blocks, sparse_attention, with_block_index, BlockIndex, Documents, Keys, Route, Selection,
+    SparseAttentionBackend, SparseAttentionGrads, TokenKeys,
 };

@@ -9,6 +9,7 @@ use nsa_core::{ConfigError, NsaLmConfig};
 use serde::{Deserialize, Serialize};
 use toml::Value;
 
+pub use crate::data::corpus::Packing;
 use crate::data::synthetic::SyntheticTask;
 
 pub use nsa_backend_kind::BackendKind;
@@ -115,6 +116,12 @@ pub struct DataConfig {
     /// run's tokenizer) mixed among the text's: retrieval taught beside language. 0 for none.
     #[config(default = 0.0)]
     pub passkey_share: f64,
+    /// How documents fill the windows: `"stream"` (one token stream cut into windows; a query
+    /// attends across document boundaries) or `"documents"` (every document attends only itself,
+    /// from a position of its own; each starts at a multiple of the layer's `lcm(d, l_sel)`,
+    /// the gap before it padded and left out of the loss).
+    #[config(default = "Packing::Stream")]
+    pub pack: Packing,
 }
 
 impl DataConfig {
@@ -315,6 +322,17 @@ impl RunConfig {
         if self.data.synthetic_task()? == Some(SyntheticTask::Passkey) {
             ConfigError::ensure(self.model.seq_len >= shortest, "data.synthetic", || {
                 format!("`passkey` puts a haystack and its answer in each window: needs model.seq_len >= {shortest}")
+            })?;
+        }
+        if self.data.pack == Packing::Documents {
+            ConfigError::ensure(self.data.synthetic == "none", "data.pack", || {
+                format!("`documents` packs text files, not `synthetic = \"{}\"`", self.data.synthetic)
+            })?;
+            let align = self.model.document_alignment();
+            ConfigError::ensure(self.model.seq_len % align == 0, "data.pack", || {
+                format!(
+                    "`documents` starts each document at a multiple of {align}: needs model.seq_len a multiple of it"
+                )
             })?;
         }
         let share = self.data.passkey_share;

@@ -38,14 +38,13 @@ pub fn load_splits(cfg: &RunConfig, paths: &[PathBuf]) -> Result<(PackedSplit, P
     }
     let docs = found.docs;
     let permille = cfg.data.valid_permille;
-    let train = PackedSplit::pack(
-        docs.iter().filter(|d| !is_validation(d, permille)).map(String::as_str),
-        &tokenizer,
-        seq_len,
-    )?
-    .with_passkeys(cfg.data.passkey_share, &tokenizer, cfg.train.seed)?;
-    let valid =
-        PackedSplit::pack(docs.iter().filter(|d| is_validation(d, permille)).map(String::as_str), &tokenizer, seq_len)?;
+    let (packing, align) = (cfg.data.pack, cfg.model.document_alignment());
+    let split = |held_out: bool| {
+        let docs = docs.iter().filter(|d| is_validation(d, permille) == held_out).map(String::as_str);
+        PackedSplit::pack_as(docs, &tokenizer, seq_len, packing, align)
+    };
+    let train = split(false)?.with_passkeys(cfg.data.passkey_share, &tokenizer, cfg.train.seed)?;
+    let valid = split(true)?;
     Ok((train, valid, tokenizer))
 }
 

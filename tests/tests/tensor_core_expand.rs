@@ -83,7 +83,7 @@ fn tensor_core_plans_expand() {
     // q, dO: 2 heads; k, v: 1 head; d = 64, T = 64; blocks of 64 keys, block 0 listed.
     let (q, kv) = (|| half([1, 64, 2, 64], &device), || half([1, 64, 1, 64], &device));
     let blocks = Tensor::<B, 4, Int>::zeros([1, 64, 1, 2], &device).into_primitive();
-    let window: TokenKeys<'_, B> = TokenKeys::Window { w: 16 };
+    let window: TokenKeys<'_, B> = TokenKeys::Window { w: 16, documents: None };
     let selection = TokenKeys::Selected { blocks: &blocks, block_size: 64, index: None };
     let key_sets = [("window", window), ("selection", selection)];
     let mut forced = 0;

@@ -9,7 +9,7 @@ use super::projection::{apply, linear, merge_heads, split_heads, KvProjection, K
 use crate::config::NsaConfig;
 use crate::rope::{Rope, RopeConfig};
 use nsa_kernels::sparse::reference;
-use nsa_kernels::{GemmBackend, Keys};
+use nsa_kernels::{Documents, GemmBackend, Keys};
 
 #[derive(Module, Debug)]
 pub struct DenseAttention<B: Backend> {
@@ -47,15 +47,16 @@ impl DenseAttentionConfig {
 }
 
 impl<B: GemmBackend> DenseAttention<B> {
-    /// `x: [B, T, dim]` -> `[B, T, dim]`.
-    pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+    /// `x: [B, T, dim]` -> `[B, T, dim]`, each position attending its own document's with
+    /// `documents`.
+    pub fn forward(&self, x: Tensor<B, 3>, documents: Option<&Documents<B>>) -> Tensor<B, 3> {
         let c = &self.config;
         let [_, t, _] = x.dims();
-        let q = self.rope.apply(split_heads(apply(&self.query, x.clone()), c.n_heads)).swap_dims(1, 2);
-        let (k, v) = self.kv.forward(x, &self.rope);
+        let q = self.rope.apply(split_heads(apply(&self.query, x.clone()), c.n_heads), documents).swap_dims(1, 2);
+        let (k, v) = self.kv.forward(x, &self.rope, documents);
         // Causal attention is a window as long as the sequence: the reference every kernel is
         // held to, with the probabilities materialised (`B * H * T^2`).
-        let (out, _) = reference::forward(q, k, v, &Keys::Window { w: t });
+        let (out, _) = reference::forward(q, k, v, &Keys::window(t, documents));
         apply(&self.output, merge_heads(out.swap_dims(1, 2)))
     }
 }

@@ -14,7 +14,7 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Int, Tensor};
 use nsa_kernels::sparse::reference;
 use nsa_kernels::{
-    gated_mix, gated_mix_reference, select_blocks, sparse_attention, Keys, Selection, SparseAttentionBackend,
+    gated_mix, gated_mix_reference, select_blocks, sparse_attention, Documents, Keys, Selection, SparseAttentionBackend,
 };
 
 use super::compress::{Compressor, CompressorConfig};
@@ -111,26 +111,27 @@ pub(crate) fn sigmoid<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, 
 impl<B: SparseAttentionBackend> NsaAttention<B> {
     /// `x: [B, T, dim]` -> `[B, T, dim]`.
     pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        self.forward_with_aux(x).0
+        self.forward_with_aux(x, None).0
     }
 
-    /// The output and what the layer selected and gated.
+    /// The output and what the layer selected and gated. With `documents`, each row is packed
+    /// documents and every position is computed as if its document were alone, from its start.
     ///
     /// Every per-head tensor is `[B, T, H, d]` (tokens before heads), the layout the
     /// projections write and the attention ops read, so no branch copies a tensor to reorder it.
-    pub fn forward_with_aux(&self, x: Tensor<B, 3>) -> (Tensor<B, 3>, NsaAux<B>) {
-        let q = self.queries(x.clone());
-        let (o_cmp, compressed) = self.compressed_branch(q.clone(), x.clone());
-        let blocks = self.select(q.clone(), compressed, &x);
-        let o_slc = self.selected_branch(q.clone(), x.clone(), blocks.clone());
-        let o_win = self.window_branch(q, x.clone());
+    pub fn forward_with_aux(&self, x: Tensor<B, 3>, documents: Option<&Documents<B>>) -> (Tensor<B, 3>, NsaAux<B>) {
+        let q = self.queries(x.clone(), documents);
+        let (o_cmp, compressed) = self.compressed_branch(q.clone(), x.clone(), documents);
+        let blocks = self.select(q.clone(), compressed, &x, documents);
+        let o_slc = self.selected_branch(q.clone(), x.clone(), blocks.clone(), documents);
+        let o_win = self.window_branch(q, x.clone(), documents);
         let (out, gates) = self.mix(x, [o_cmp, o_slc, o_win]);
         (out, NsaAux { gates, blocks })
     }
 
     /// Rotated queries `[B, T, H_q, d_k]` for `x: [B, T, dim]`.
-    pub fn queries(&self, x: Tensor<B, 3>) -> Tensor<B, 4> {
-        self.rope.apply_tokens_first(tokens_first_heads(apply(&self.query, x), self.config.n_heads))
+    pub fn queries(&self, x: Tensor<B, 3>, documents: Option<&Documents<B>>) -> Tensor<B, 4> {
+        self.rope.apply_tokens_first(tokens_first_heads(apply(&self.query, x), self.config.n_heads), documents)
     }
 
     /// The compressed branch's output `[B, T, H_q, d_v]` and, when a compressed block exists,
@@ -141,14 +142,15 @@ impl<B: SparseAttentionBackend> NsaAttention<B> {
         &self,
         q: Tensor<B, 4>,
         x: Tensor<B, 3>,
+        documents: Option<&Documents<B>>,
     ) -> (Tensor<B, 4>, Option<(Tensor<B, 4>, Tensor<B, 3>)>) {
         let c = &self.config;
-        let (k, v) = self.kv(Branch::Compressed).forward(x, &self.rope);
+        let (k, v) = self.kv(Branch::Compressed).forward(x, &self.rope, documents);
         let Some((k_cmp, v_cmp)) = self.compressor.forward(k, v) else {
             let [b, t, h_q, _] = q.dims();
             return (Tensor::zeros([b, t, h_q, c.d_v], (&q.device(), q.dtype())), None);
         };
-        let (out, lse) = self.attend(q, k_cmp.clone(), v_cmp, &Keys::Compressed { length: c.l, stride: c.d });
+        let (out, lse) = self.attend(q, k_cmp.clone(), v_cmp, &Keys::compressed(c.l, c.d, documents));
         (out, Some((k_cmp, lse)))
     }
 
@@ -160,6 +162,7 @@ impl<B: SparseAttentionBackend> NsaAttention<B> {
         q: Tensor<B, 4>,
         compressed: Option<(Tensor<B, 4>, Tensor<B, 3>)>,
         x: &Tensor<B, 3>,
+        documents: Option<&Documents<B>>,
     ) -> Tensor<B, 4, Int> {
         let c = &self.config;
         let [b, t, _] = x.dims();
@@ -169,24 +172,30 @@ impl<B: SparseAttentionBackend> NsaAttention<B> {
                 let selection = Selection { length: c.l, stride: c.d, block_size: c.l_sel, n: c.n };
                 // The backend's one-pass kernel where it has one, else the same rule in tensor ops.
                 if c.fused_kernels {
-                    if let Some(list) = select_blocks(q.clone(), k.clone(), lse.clone(), selection) {
+                    if let Some(list) = select_blocks(q.clone(), k.clone(), lse.clone(), selection, documents) {
                         return list;
                     }
                 }
-                reference::block_scores(q, k, lse, c.l, c.d, c.l_sel)
+                reference::block_scores(q, k, lse, selection, documents)
             }
             None => Tensor::zeros([b, c.n_kv_heads, t, num_selection_blocks(t, c.l_sel)], (&x.device(), x.dtype())),
         };
-        selected_list(select_top_n(scores, c.l_sel, c.n), c.n)
+        selected_list(select_top_n(scores, c.l_sel, c.n, documents), c.n)
     }
 
     /// The selected branch over block lists `[B, T, H_kv, n]`.
-    pub fn selected_branch(&self, q: Tensor<B, 4>, x: Tensor<B, 3>, blocks: Tensor<B, 4, Int>) -> Tensor<B, 4> {
-        self.sparse_branch(Branch::Selected, q, x, &Keys::selected(blocks, self.config.l_sel))
+    pub fn selected_branch(
+        &self,
+        q: Tensor<B, 4>,
+        x: Tensor<B, 3>,
+        blocks: Tensor<B, 4, Int>,
+        documents: Option<&Documents<B>>,
+    ) -> Tensor<B, 4> {
+        self.sparse_branch(Branch::Selected, q, x, &Keys::selected(blocks, self.config.l_sel), documents)
     }
 
-    pub fn window_branch(&self, q: Tensor<B, 4>, x: Tensor<B, 3>) -> Tensor<B, 4> {
-        self.sparse_branch(Branch::Window, q, x, &Keys::Window { w: self.config.w })
+    pub fn window_branch(&self, q: Tensor<B, 4>, x: Tensor<B, 3>, documents: Option<&Documents<B>>) -> Tensor<B, 4> {
+        self.sparse_branch(Branch::Window, q, x, &Keys::window(self.config.w, documents), documents)
     }
 
     /// The gated sum of the branch outputs `[B, T, H_q, d_v]` through `W_o`, and the gates
@@ -214,8 +223,15 @@ impl<B: SparseAttentionBackend> NsaAttention<B> {
     }
 
     /// One branch's keys and values through the attention op.
-    fn sparse_branch(&self, branch: Branch, q: Tensor<B, 4>, x: Tensor<B, 3>, keys: &Keys<B>) -> Tensor<B, 4> {
-        let (k, v) = self.kv(branch).forward(x, &self.rope);
+    fn sparse_branch(
+        &self,
+        branch: Branch,
+        q: Tensor<B, 4>,
+        x: Tensor<B, 3>,
+        keys: &Keys<B>,
+        documents: Option<&Documents<B>>,
+    ) -> Tensor<B, 4> {
+        let (k, v) = self.kv(branch).forward(x, &self.rope, documents);
         self.attend(q, k, v, keys).0
     }
 

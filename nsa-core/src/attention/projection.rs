@@ -4,7 +4,7 @@ use burn::config::Config;
 use burn::module::Module;
 use burn::nn::{Initializer, Linear, LinearConfig};
 use burn::tensor::{backend::Backend, Tensor};
-use nsa_kernels::{linear_matmul, GemmBackend};
+use nsa_kernels::{linear_matmul, Documents, GemmBackend};
 
 use crate::rope::{Rope, RopeRows};
 
@@ -75,10 +75,16 @@ impl KvProjectionConfig {
 }
 
 impl<B: GemmBackend> KvProjection<B> {
-    /// Keys rotated at their positions `[B, T, H_kv, d_k]` and values `[B, T, H_kv, d_v]`
-    /// (tokens before heads: the layout the projection writes, so no copy is made).
-    pub fn forward(&self, x: Tensor<B, 3>, rope: &Rope<B>) -> (Tensor<B, 4>, Tensor<B, 4>) {
-        let k = rope.apply_tokens_first(tokens_first_heads(apply(&self.key, x.clone()), self.kv_heads));
+    /// Keys rotated at their positions (in their documents, with `documents`) `[B, T, H_kv, d_k]`
+    /// and values `[B, T, H_kv, d_v]` (tokens before heads: the layout the projection writes, so
+    /// no copy is made).
+    pub fn forward(
+        &self,
+        x: Tensor<B, 3>,
+        rope: &Rope<B>,
+        documents: Option<&Documents<B>>,
+    ) -> (Tensor<B, 4>, Tensor<B, 4>) {
+        let k = rope.apply_tokens_first(tokens_first_heads(apply(&self.key, x.clone()), self.kv_heads), documents);
         let v = tokens_first_heads(apply(&self.value, x), self.kv_heads);
         (k, v)
     }

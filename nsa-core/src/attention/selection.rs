@@ -4,6 +4,7 @@
 //! one kernel for scores and top-n, instead.
 
 use burn::tensor::{backend::Backend, Bool, IndexingUpdateOp, Int, Tensor};
+use nsa_kernels::Documents;
 
 use super::masks::{index_row, query_positions};
 use crate::constants::cached;
@@ -15,20 +16,36 @@ pub fn num_selection_blocks(t: usize, l_sel: usize) -> usize {
 
 /// The selected blocks `[B, H_kv, T, n_sel]` for scores `[B, H_kv, T, n_sel]`.
 ///
-/// Block `j` is eligible for query `t` when `j * l_sel <= t`. Block 0 and the local blocks
-/// `t / l_sel` and `t / l_sel - 1` are always taken and count towards `n`; the rest of the `n`
-/// go to the eligible blocks with the highest score, ties to the lower index.
+/// Block `j` is eligible for query `t` when `j * l_sel <= t` and it starts in `t`'s document
+/// (block 0 without `documents`). The document's first block and the local blocks `t / l_sel`
+/// and `t / l_sel - 1` are always taken and count towards `n`; the rest of the `n` go to the
+/// eligible blocks with the highest score, ties to the lower index.
 ///
 /// The top-n is a rank computed by pairwise comparison (`rank(j)` = number of candidates that
 /// beat `j`), exact and deterministic on every backend; it materialises `B*H_kv*T*n_sel^2`
 /// booleans, small next to the reference path's `T x T` scores.
-pub fn select_top_n<B: Backend>(scores: Tensor<B, 4>, l_sel: usize, n: usize) -> Tensor<B, 4, Bool> {
+pub fn select_top_n<B: Backend>(
+    scores: Tensor<B, 4>,
+    l_sel: usize,
+    n: usize,
+    documents: Option<&Documents<B>>,
+) -> Tensor<B, 4, Bool> {
     let [_, _, t, nb] = scores.dims();
     let device = scores.device();
-    let (forced, candidate, remaining) =
-        cached::<B, _>("top_n", &[t, nb, l_sel, n], &device, || top_n_masks::<B>(t, nb, l_sel, n, &device));
-    let row = [1, 1, t, nb];
-    take_top_n(scores, forced.reshape(row), candidate.reshape(row), remaining.reshape(row))
+    let query = || query_positions::<B>(t, &device).reshape([1, t, 1]);
+    let (forced, candidate, remaining) = match documents {
+        None => cached::<B, _>("top_n", &[t, nb, l_sel, n], &device, || {
+            top_n_masks::<B>(query(), Tensor::zeros([1, t, 1], &device), nb, l_sel, n)
+        }),
+        Some(documents) => {
+            let b = documents.starts.dims()[0];
+            let first = documents.starts.clone().div_scalar(l_sel as i64).reshape([b, t, 1]);
+            top_n_masks::<B>(query().expand([b, t, 1]), first, nb, l_sel, n)
+        }
+    };
+    let row = |r: usize| [r, 1, t, nb];
+    let r = forced.dims()[0];
+    take_top_n(scores, forced.reshape(row(r)), candidate.reshape(row(r)), remaining.reshape(row(r)))
 }
 
 /// The top-n of `scores: [B, H, T, nb]` given, per row, the `forced` blocks, the `candidate`
@@ -46,30 +63,35 @@ pub fn take_top_n<B: Backend>(
     wins.bool_and(candidate.expand(shape)).bool_or(forced.expand(shape))
 }
 
-/// The shape-only parts of [`select_top_n`], `[T, nb]` each: the forced blocks, the candidates
-/// (eligible and not forced), and how many candidates each row may still take.
+/// The position-only parts of [`select_top_n`], `[R, T, nb]` each, for query positions `query`
+/// and their document's first block `first` (`[R, T, 1]` each): the forced blocks, the
+/// candidates (eligible and not forced), and how many candidates each row may still take.
 #[allow(clippy::type_complexity)]
 fn top_n_masks<B: Backend>(
-    t: usize,
+    query: Tensor<B, 3, Int>,
+    first: Tensor<B, 3, Int>,
     nb: usize,
     l_sel: usize,
     n: usize,
-    device: &B::Device,
-) -> (Tensor<B, 2, Bool>, Tensor<B, 2, Bool>, Tensor<B, 2, Int>) {
-    let query = query_positions::<B>(t, device).expand([t, nb]);
-    let block = index_row::<B>(nb, device).expand([t, nb]);
+) -> (Tensor<B, 3, Bool>, Tensor<B, 3, Bool>, Tensor<B, 3, Int>) {
+    let [r, t, _] = query.dims();
+    let shape = [r, t, nb];
+    let block = index_row::<B>(nb, &query.device()).reshape([1, 1, nb]).expand(shape);
+    let (query, first) = (query.expand(shape), first.expand(shape));
     let current = query.clone().div_scalar(l_sel as i64);
 
-    let eligible = block.clone().mul_scalar(l_sel as i64).lower_equal(query);
+    let eligible =
+        block.clone().mul_scalar(l_sel as i64).lower_equal(query).bool_and(block.clone().greater_equal(first.clone()));
     let is_forced = block
         .clone()
-        .equal_elem(0)
+        .equal(first.clone())
         .bool_or(block.clone().equal(current.clone()))
         .bool_or(block.add_scalar(1).equal(current.clone()));
     let forced = eligible.clone().bool_and(is_forced.clone());
     let candidate = eligible.bool_and(is_forced.bool_not());
-    // Distinct forced blocks: {0} for t < l_sel, {0, 1} in block 1, three from block 2 on.
-    let remaining = current.clamp_max(2).add_scalar(1).neg().add_scalar(n as i64);
+    // Distinct forced blocks: {first} in the document's first block, {first, first + 1} in its
+    // second, three from its third on.
+    let remaining = (current - first).clamp_max(2).add_scalar(1).neg().add_scalar(n as i64);
     (forced, candidate, remaining)
 }
 

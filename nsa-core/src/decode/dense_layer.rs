@@ -12,8 +12,8 @@ use crate::attention::DenseAttention;
 impl<B: DecodeAttentionBackend> DenseAttention<B> {
     /// The forward of `x: [1, T, dim]` and its keys and values `[1, T, H_kv, d]` for the cache.
     pub fn prefill(&self, x: Tensor<B, 3>) -> (Tensor<B, 3>, KeyValues<B>) {
-        let (keys, values) = self.kv.forward(x.clone(), &self.rope);
-        (self.forward(x), KeyValues { keys, values })
+        let (keys, values) = self.kv.forward(x.clone(), &self.rope, None);
+        (self.forward(x, None), KeyValues { keys, values })
     }
 
     /// One new token per sequence, `x: [B, 1, dim]` at the positions `at`: the output

@@ -61,9 +61,9 @@ impl<B: DecodeAttentionBackend> NsaAttention<B> {
     /// decode cache keeps of it. The keys and values are computed again beside the forward's,
     /// by the same ops, so the training forward stays as it is.
     pub fn prefill(&self, x: Tensor<B, 3>) -> (Tensor<B, 3>, NsaAux<B>, NsaFill<B>) {
-        let (out, aux) = self.forward_with_aux(x.clone());
+        let (out, aux) = self.forward_with_aux(x.clone(), None);
         let kv = |branch| {
-            let (keys, values) = self.kv(branch).forward(x.clone(), &self.rope);
+            let (keys, values) = self.kv(branch).forward(x.clone(), &self.rope, None);
             KeyValues { keys, values }
         };
         let raw_compressed = kv(Branch::Compressed);

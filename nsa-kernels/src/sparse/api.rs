@@ -3,6 +3,7 @@
 use burn::tensor::ops::{FloatTensor, IntTensor};
 use burn::tensor::{backend::Backend, Int, Shape, Tensor, TensorPrimitive};
 
+use crate::sparse::documents::Documents;
 use crate::sparse::keys::{BlockIndex, Keys};
 use crate::sparse::reference;
 
@@ -81,6 +82,7 @@ pub trait SparseAttentionBackend:
         _k: FloatTensor<Self>,
         _lse: FloatTensor<Self>,
         _selection: Selection,
+        _documents: Option<IntTensor<Self>>,
     ) -> Option<IntTensor<Self>> {
         None
     }
@@ -96,14 +98,7 @@ pub trait SparseAttentionBackend:
         grad_out: FloatTensor<Self>,
         keys: &Keys<Self>,
     ) -> SparseAttentionGrads<Self> {
-        let f = |t| Tensor::<Self, 4>::from_primitive(TensorPrimitive::Float(t));
-        let lse = Tensor::<Self, 3>::from_primitive(TensorPrimitive::Float(lse));
-        let [q, k, v] = reference::backward::<Self>(f(q), f(k), f(v), f(out), lse, f(grad_out), keys);
-        SparseAttentionGrads {
-            q: q.into_primitive().tensor(),
-            k: k.into_primitive().tensor(),
-            v: v.into_primitive().tensor(),
-        }
+        reference::backward_primitive::<Self>(q, k, v, out, lse, grad_out, keys)
     }
 }
 
@@ -123,15 +118,16 @@ pub fn sparse_attention<B: SparseAttentionBackend>(
     (Tensor::from_primitive(TensorPrimitive::Float(out)), Tensor::from_primitive(TensorPrimitive::Float(lse)))
 }
 
-/// [`SparseAttentionBackend::select_blocks`] on tensors.
+/// [`SparseAttentionBackend::select_blocks`] on tensors, for packed rows with `documents`.
 pub fn select_blocks<B: SparseAttentionBackend>(
     q: Tensor<B, 4>,
     k: Tensor<B, 4>,
     lse: Tensor<B, 3>,
     selection: Selection,
+    documents: Option<&Documents<B>>,
 ) -> Option<Tensor<B, 4, Int>> {
     let [q, k, lse] = [q.into_primitive().tensor(), k.into_primitive().tensor(), lse.into_primitive().tensor()];
-    B::select_blocks(q, k, lse, selection).map(Tensor::from_primitive)
+    B::select_blocks(q, k, lse, selection, documents.map(Documents::primitive)).map(Tensor::from_primitive)
 }
 
 /// How a selection is chosen: compressed blocks of `length` tokens every `stride` (what the

@@ -50,8 +50,10 @@ impl<B: SparseAttentionBackend> Backward<B, 3> for SparseAttentionBackward {
 /// The key set of the inner backend (int tensors are not tracked, so they are the same).
 fn inner_keys<B: SparseAttentionBackend, C: CheckpointStrategy>(keys: &Keys<Autodiff<B, C>>) -> Keys<B> {
     match keys {
-        Keys::Window { w } => Keys::Window { w: *w },
-        Keys::Compressed { length, stride } => Keys::Compressed { length: *length, stride: *stride },
+        Keys::Window { w, documents } => Keys::Window { w: *w, documents: documents.clone() },
+        Keys::Compressed { length, stride, documents } => {
+            Keys::Compressed { length: *length, stride: *stride, documents: documents.clone() }
+        }
         Keys::Selected { blocks, block_size, index } => Keys::Selected {
             blocks: blocks.clone(),
             block_size: *block_size,
@@ -78,9 +80,10 @@ impl<B: SparseAttentionBackend, C: CheckpointStrategy> SparseAttentionBackend fo
         k: FloatTensor<Self>,
         lse: FloatTensor<Self>,
         selection: Selection,
+        documents: Option<IntTensor<Self>>,
     ) -> Option<IntTensor<Self>> {
         // Not differentiated, and int tensors are not tracked: the inner backend's, as they are.
-        B::select_blocks(q.primitive, k.primitive, lse.primitive, selection)
+        B::select_blocks(q.primitive, k.primitive, lse.primitive, selection, documents)
     }
 
     fn sparse_attention(

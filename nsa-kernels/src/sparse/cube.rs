@@ -35,8 +35,9 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
         k: CubeTensor<R>,
         lse: CubeTensor<R>,
         selection: Selection,
+        documents: Option<CubeTensor<R>>,
     ) -> Option<CubeTensor<R>> {
-        Some(crate::sparse::top_n::select_blocks(q, k, lse, selection, I::dtype()))
+        Some(crate::sparse::top_n::select_blocks(q, k, lse, selection, documents.as_ref(), I::dtype()))
     }
 
     fn sparse_attention(
@@ -46,7 +47,9 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
         keys: &Keys<Self>,
     ) -> (CubeTensor<R>, CubeTensor<R>) {
         match keys.route() {
-            Route::Compressed { length, stride } => compressed::forward::<R, F, I, BT>(q, k, v, length, stride),
+            Route::Compressed { length, stride, documents } => {
+                compressed::forward::<R, F, I, BT>(q, k, v, length, stride, documents)
+            }
             Route::Tokens(keys) => {
                 let plan = ForwardPlan::choose(&problem(&q, &k, &v, keys), &capabilities(&q.client));
                 forward_with(q, k, v, keys, &plan)
@@ -64,8 +67,9 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SparseAtte
         keys: &Keys<Self>,
     ) -> SparseAttentionGrads<Self> {
         match keys.route() {
-            Route::Compressed { length, stride } => {
-                let [q, k, v] = compressed::backward::<R, F, I, BT>(q, k, v, out, lse, grad_out, length, stride);
+            Route::Compressed { length, stride, documents } => {
+                let [q, k, v] =
+                    compressed::backward::<R, F, I, BT>(q, k, v, out, lse, grad_out, length, stride, documents);
                 SparseAttentionGrads { q, k, v }
             }
             Route::Tokens(keys) => {

@@ -15,21 +15,24 @@ use crate::sparse::api::{Selection, SparseAttentionBackend, SparseAttentionGrads
 use crate::sparse::keys::{BlockIndex, Keys};
 use crate::stats_dtype;
 
-/// The key set without its tensors: the block list and its inverted index, when there are
-/// any, travel as the op's last inputs.
+/// The key set without its tensors: the document starts, or the block list and its inverted
+/// index, when there are any, travel as the op's last inputs.
 #[derive(Clone, Copy, Debug)]
 enum KeySpec {
-    Window { w: usize },
-    Compressed { length: usize, stride: usize },
+    Window { w: usize, documents: bool },
+    Compressed { length: usize, stride: usize, documents: bool },
     Selected { block_size: usize, indexed: bool },
 }
 
 impl KeySpec {
     fn of<B: burn::tensor::backend::Backend>(keys: &Keys<B>) -> (Self, Vec<IntTensor<B>>) {
         match keys {
-            Keys::Window { w } => (KeySpec::Window { w: *w }, Vec::new()),
-            Keys::Compressed { length, stride } => {
-                (KeySpec::Compressed { length: *length, stride: *stride }, Vec::new())
+            Keys::Window { w, documents } => {
+                (KeySpec::Window { w: *w, documents: documents.is_some() }, documents.iter().cloned().collect())
+            }
+            Keys::Compressed { length, stride, documents } => {
+                let spec = KeySpec::Compressed { length: *length, stride: *stride, documents: documents.is_some() };
+                (spec, documents.iter().cloned().collect())
             }
             Keys::Selected { blocks, block_size, index } => {
                 let mut tensors = vec![blocks.clone()];
@@ -39,16 +42,22 @@ impl KeySpec {
         }
     }
 
-    /// The inner backend's key set, read from the op's key inputs (`key_inputs`: the block
-    /// list, then the index's tensors).
+    /// The inner backend's key set, read from the op's key inputs (`key_inputs`: the document
+    /// starts, or the block list, then the index's tensors).
     fn keys<B: FusionBackend>(
         self,
         key_inputs: &[TensorIr],
         handles: &mut HandleContainer<<B::FusionRuntime as FusionRuntime>::FusionHandle>,
     ) -> Keys<B> {
         match self {
-            KeySpec::Window { w } => Keys::Window { w },
-            KeySpec::Compressed { length, stride } => Keys::Compressed { length, stride },
+            KeySpec::Window { w, documents } => {
+                Keys::Window { w, documents: documents.then(|| handles.get_int_tensor::<B>(&key_inputs[0])) }
+            }
+            KeySpec::Compressed { length, stride, documents } => Keys::Compressed {
+                length,
+                stride,
+                documents: documents.then(|| handles.get_int_tensor::<B>(&key_inputs[0])),
+            },
             KeySpec::Selected { block_size, indexed } => {
                 let (blocks, index) = key_inputs.split_first().expect("a selection passes its block list");
                 let index = indexed.then(|| BlockIndex {
@@ -125,7 +134,8 @@ struct SelectBlocksOp<B> {
 impl<B: FusionBackend + SparseAttentionBackend> Operation<B::FusionRuntime> for SelectBlocksOp<B> {
     fn execute(&self, handles: &mut HandleContainer<<B::FusionRuntime as FusionRuntime>::FusionHandle>) {
         let [q, k, lse] = [0, 1, 2].map(|i| handles.get_float_tensor::<B>(&self.desc.inputs[i]));
-        let list = B::select_blocks(q, k, lse, self.selection).expect("the backend declared a kernel");
+        let documents = self.desc.inputs.get(3).map(|starts| handles.get_int_tensor::<B>(starts));
+        let list = B::select_blocks(q, k, lse, self.selection, documents).expect("the backend declared a kernel");
         handles.register_int_tensor::<B>(&self.desc.outputs[0].id, list);
     }
 }
@@ -155,6 +165,7 @@ impl<B: FusionBackend + SparseAttentionBackend> SparseAttentionBackend for Fusio
         k: FloatTensor<Self>,
         lse: FloatTensor<Self>,
         selection: Selection,
+        documents: Option<IntTensor<Self>>,
     ) -> Option<IntTensor<Self>> {
         if !B::has_fused_sparse_attention() {
             return None;
@@ -163,7 +174,8 @@ impl<B: FusionBackend + SparseAttentionBackend> SparseAttentionBackend for Fusio
         let (b, t) = (q.shape[0], q.shape[1]);
         let h_kv = k.shape[2];
         let int = <B::IntElem as burn::tensor::Element>::dtype();
-        let inputs = [q, k, lse];
+        // The document starts, when given, are the last input.
+        let inputs: Vec<_> = [q, k, lse].into_iter().chain(documents).collect();
         let streams = OperationStreams::with_inputs(inputs.iter());
         let list = TensorIr::uninit(client.create_empty_handle(), Shape::new([b, t, h_kv, selection.n]), int);
         let inputs: Vec<TensorIr> = inputs.into_iter().map(|x| x.into_ir()).collect();

@@ -4,12 +4,18 @@
 use burn::tensor::ops::IntTensor;
 use burn::tensor::{backend::Backend, Int, Tensor};
 
+use crate::sparse::documents::Documents;
+
 /// Which keys each query row `t` attends. A window or a selection must give every row at least
 /// one key (its own position is always among them in NSA).
+///
+/// With `documents` (packed rows, [`crate::Documents`]' `starts` `[B, T]`), a window or the
+/// compressed blocks stop at the row's document start; a selection's lists hold only blocks of
+/// the row's document already.
 #[derive(Clone, Debug)]
 pub enum Keys<B: Backend> {
     /// The causal window `[t + 1 - w, t]`.
-    Window { w: usize },
+    Window { w: usize, documents: Option<IntTensor<B>> },
     /// The union of blocks `[j * block_size, (j + 1) * block_size)` listed for the row, clamped
     /// causally to `t`. `blocks: [B, T, H_kv, n]`, shared by the query heads of a KV head;
     /// negative entries are unused slots. Listed blocks must be distinct. `index` is the
@@ -20,10 +26,21 @@ pub enum Keys<B: Backend> {
     /// (`[B, N, H_kv, d]`), block `i` summarising raw tokens `[i * stride, i * stride + length)`,
     /// and row `t` attends the blocks complete at `t` (`i * stride + length - 1 <= t`). A row
     /// that attends none outputs zeros and has no gradient; its log-sum-exp is `-1e30`.
-    Compressed { length: usize, stride: usize },
+    Compressed { length: usize, stride: usize, documents: Option<IntTensor<B>> },
 }
 
 impl<B: Backend> Keys<B> {
+    /// The causal window of `w` keys, in each row's document with `documents`.
+    pub fn window(w: usize, documents: Option<&Documents<B>>) -> Self {
+        Keys::Window { w, documents: documents.map(Documents::primitive) }
+    }
+
+    /// The compressed blocks of `length` tokens every `stride`, of each row's document with
+    /// `documents`.
+    pub fn compressed(length: usize, stride: usize, documents: Option<&Documents<B>>) -> Self {
+        Keys::Compressed { length, stride, documents: documents.map(Documents::primitive) }
+    }
+
     /// Selected blocks from a tensor `[B, T, H_kv, n]`.
     pub fn selected(blocks: Tensor<B, 4, Int>, block_size: usize) -> Self {
         Keys::Selected { blocks: blocks.into_primitive(), block_size, index: None }
@@ -34,11 +51,13 @@ impl<B: Backend> Keys<B> {
     /// run.
     pub fn route(&self) -> Route<'_, B> {
         match self {
-            Keys::Window { w } => Route::Tokens(TokenKeys::Window { w: *w }),
+            Keys::Window { w, documents } => Route::Tokens(TokenKeys::Window { w: *w, documents: documents.as_ref() }),
             Keys::Selected { blocks, block_size, index } => {
                 Route::Tokens(TokenKeys::Selected { blocks, block_size: *block_size, index: index.as_ref() })
             }
-            Keys::Compressed { length, stride } => Route::Compressed { length: *length, stride: *stride },
+            Keys::Compressed { length, stride, documents } => {
+                Route::Compressed { length: *length, stride: *stride, documents: documents.as_ref() }
+            }
         }
     }
 }
@@ -47,14 +66,14 @@ impl<B: Backend> Keys<B> {
 pub enum Route<'a, B: Backend> {
     /// A window or a selection: the token kernels (the plan table's).
     Tokens(TokenKeys<'a, B>),
-    /// The compressed blocks complete at each row.
-    Compressed { length: usize, stride: usize },
+    /// The compressed blocks complete at each row (in its document, with `documents`).
+    Compressed { length: usize, stride: usize, documents: Option<&'a IntTensor<B>> },
 }
 
 /// The key sets the token kernels run, borrowed from a [`Keys`]: a window, or selected blocks
 /// (see [`Keys`]).
 pub enum TokenKeys<'a, B: Backend> {
-    Window { w: usize },
+    Window { w: usize, documents: Option<&'a IntTensor<B>> },
     Selected { blocks: &'a IntTensor<B>, block_size: usize, index: Option<&'a BlockIndex<B>> },
 }
 

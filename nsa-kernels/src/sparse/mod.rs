@@ -15,6 +15,7 @@ mod autodiff;
 pub mod compressed;
 #[cfg(feature = "cube")]
 mod cube;
+mod documents;
 #[cfg(feature = "fusion")]
 mod fusion;
 mod keys;
@@ -29,4 +30,5 @@ mod top_n;
 pub use api::{
     select_blocks, sparse_attention, with_block_index, Selection, SparseAttentionBackend, SparseAttentionGrads,
 };
+pub use documents::Documents;
 pub use keys::{BlockIndex, Keys, Route, TokenKeys};

@@ -7,15 +7,36 @@
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{backend::Backend, Bool, Int, Tensor, TensorPrimitive};
 
+use crate::sparse::api::{Selection, SparseAttentionGrads};
+use crate::sparse::documents::Documents;
 use crate::sparse::keys::{Keys, Route, TokenKeys};
 use crate::stats_dtype;
 
-/// Which keys each query attends, `[B or 1, H_kv or 1, T, S]` (query, key) for `S` keys.
+/// Which keys each query attends, `[B or 1, H_kv or 1, T, S]` (query, key) for `S` keys; with
+/// the key set's documents, only the keys of the query's own document (`[B, H_kv or 1, T, S]`).
 pub fn key_mask<B: Backend>(keys: &Keys<B>, t: usize, s: usize, device: &B::Device) -> Tensor<B, 4, Bool> {
+    let mask = set_mask(keys, t, s, device);
+    // A key's first token is its position, or a compressed block's first position.
+    let (documents, stride) = match keys.route() {
+        Route::Compressed { stride, documents, .. } => (documents, stride),
+        Route::Tokens(TokenKeys::Window { documents, .. }) => (documents, 1),
+        Route::Tokens(TokenKeys::Selected { .. }) => (None, 1),
+    };
+    let Some(starts) = documents else { return mask };
+    let starts = Tensor::<B, 2, Int>::from_primitive(starts.clone());
+    let b = starts.dims()[0];
+    let first = Tensor::<B, 1, Int>::arange(0..s as i64, device).mul_scalar(stride as i64).reshape([1, 1, 1, s]);
+    let own = first.expand([b, 1, t, s]).greater_equal(starts.reshape([b, 1, t, 1]).expand([b, 1, t, s]));
+    let [_, h, _, _] = mask.dims();
+    mask.expand([b, h, t, s]).bool_and(own.expand([b, h, t, s]))
+}
+
+/// [`key_mask`] within one document per row.
+fn set_mask<B: Backend>(keys: &Keys<B>, t: usize, s: usize, device: &B::Device) -> Tensor<B, 4, Bool> {
     let query = Tensor::<B, 1, Int>::arange(0..t as i64, device).reshape([t, 1]);
     let keys = match keys.route() {
         Route::Tokens(keys) => keys,
-        Route::Compressed { length, stride } => {
+        Route::Compressed { length, stride, .. } => {
             let last_token = Tensor::<B, 1, Int>::arange(0..s as i64, device)
                 .mul_scalar(stride as i64)
                 .add_scalar(length as i64 - 1)
@@ -27,7 +48,7 @@ pub fn key_mask<B: Backend>(keys: &Keys<B>, t: usize, s: usize, device: &B::Devi
     let lag = (query - key).reshape([1, 1, t, t]); // t - s
     let causal = lag.clone().greater_equal_elem(0);
     match keys {
-        TokenKeys::Window { w } => causal.bool_and(lag.lower_elem(w as i64)),
+        TokenKeys::Window { w, .. } => causal.bool_and(lag.lower_elem(w as i64)),
         TokenKeys::Selected { blocks, block_size, .. } => {
             let blocks = Tensor::<B, 4, Int>::from_primitive(blocks.clone());
             let [b, _, h, n] = blocks.dims();
@@ -131,19 +152,20 @@ pub fn forward<B: Backend>(
 /// The spec's selection scores `[B, H_kv, T, ceil(T / block_size)]` (Eq. 9, then the Eq. 10 sum over
 /// each group's heads) of `q` against the compressed keys `k`: the probabilities are recomputed
 /// from the compressed branch's `lse`. What the top-n ranks where a backend has no selection kernel.
+/// With `documents`, a row's compressed blocks before its document start add nothing.
 pub fn block_scores<B: Backend>(
     q: Tensor<B, 4>,
     k: Tensor<B, 4>,
     lse: Tensor<B, 3>,
-    length: usize,
-    stride: usize,
-    block_size: usize,
+    selection: Selection,
+    documents: Option<&Documents<B>>,
 ) -> Tensor<B, 4> {
+    let Selection { length, stride, block_size, .. } = selection;
     let [b, t, h_q, _] = q.dims();
     let [_, n, h_kv, _] = k.dims();
     let device = q.device();
     let stats = stats_dtype(q.dtype());
-    let mask = key_mask(&Keys::Compressed { length, stride }, t, n, &device);
+    let mask = key_mask(&Keys::compressed(length, stride, documents), t, n, &device);
     let scores = masked_scores(group_queries(q, h_kv), k, mask); // [B, H_kv, g, T, N]
     let lse = group_queries(lse.reshape([b, t, h_q, 1]), h_kv).cast(stats);
     let summed = (scores - lse).exp().sum_dim(2).reshape([b * h_kv * t, n]);
@@ -162,6 +184,23 @@ pub(crate) fn forward_primitive<B: Backend>(
     let f = |t| Tensor::<B, 4>::from_primitive(TensorPrimitive::Float(t));
     let (out, lse) = forward(f(q), f(k), f(v), keys);
     (out.into_primitive().tensor(), lse.into_primitive().tensor())
+}
+
+/// [`backward`] on primitives: the trait's default, also reached from overrides.
+pub(crate) fn backward_primitive<B: Backend>(
+    q: FloatTensor<B>,
+    k: FloatTensor<B>,
+    v: FloatTensor<B>,
+    out: FloatTensor<B>,
+    lse: FloatTensor<B>,
+    grad_out: FloatTensor<B>,
+    keys: &Keys<B>,
+) -> SparseAttentionGrads<B> {
+    let f = |t| Tensor::<B, 4>::from_primitive(TensorPrimitive::Float(t));
+    let lse = Tensor::<B, 3>::from_primitive(TensorPrimitive::Float(lse));
+    let [q, k, v] =
+        backward::<B>(f(q), f(k), f(v), f(out), lse, f(grad_out), keys).map(|x| x.into_primitive().tensor());
+    SparseAttentionGrads { q, k, v }
 }
 
 /// `log(sum(exp(x)))` over the last axis, keeping it: `[.., T, 1]`.

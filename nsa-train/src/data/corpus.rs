@@ -21,49 +21,98 @@ pub fn is_validation(doc: &str, valid_permille: u32) -> bool {
     fnv1a(doc.as_bytes()) % 1000 < u64::from(valid_permille)
 }
 
+/// How documents fill a split's windows ([`crate::config::DataConfig::pack`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Packing {
+    /// One stream of documents, each followed by the end-of-document id, cut into windows.
+    Stream,
+    /// Each document starts at a multiple of an alignment, the gap before it padded with the
+    /// end-of-document id; every position knows its document ([`DocumentSpans`]).
+    Documents,
+}
+
 /// One split's token stream: documents in order, each followed by the end-of-document id, cut into
 /// windows of `seq_len + 1` tokens (inputs and next-token targets) that step by `seq_len`.
 #[derive(Debug, Clone)]
 pub struct PackedSplit {
     tokens: Vec<u32>,
     seq_len: usize,
+    /// Where each document lies, when packed as documents.
+    documents: Option<DocumentSpans>,
 }
 
 impl PackedSplit {
+    /// The documents as one stream ([`Packing::Stream`]).
     pub fn pack<'a>(
         docs: impl IntoIterator<Item = &'a str>,
         tokenizer: &Tokenizer,
         seq_len: usize,
     ) -> Result<Self, DataError> {
+        Self::pack_as(docs, tokenizer, seq_len, Packing::Stream, 1)
+    }
+
+    /// The documents packed as `packing` says; with [`Packing::Documents`], each starting at a
+    /// multiple of `align` (which must divide `seq_len`, so every window starts aligned too).
+    pub fn pack_as<'a>(
+        docs: impl IntoIterator<Item = &'a str>,
+        tokenizer: &Tokenizer,
+        seq_len: usize,
+        packing: Packing,
+        align: usize,
+    ) -> Result<Self, DataError> {
         let mut tokens = Vec::new();
+        let mut spans = DocumentSpans::default();
         for doc in docs {
+            if packing == Packing::Documents {
+                tokens.resize(tokens.len().next_multiple_of(align), tokenizer.eod());
+            }
+            let start = tokens.len();
             tokens.extend(tokenizer.encode(doc)?);
+            // The end-of-document id is the document's last target; its own target is not.
+            spans.push(start, tokens.len());
             tokens.push(tokenizer.eod());
         }
-        Ok(Self { tokens, seq_len })
+        let documents = (packing == Packing::Documents).then_some(spans);
+        Ok(Self { tokens, seq_len, documents })
     }
 
     pub fn from_tokens(tokens: Vec<u32>, seq_len: usize) -> Self {
-        Self { tokens, seq_len }
+        Self { tokens, seq_len, documents: None }
     }
 
     /// The split with passkey windows ([`passkey::window`]) making up `share` of its windows:
     /// appended after its whole windows (a partial last one is dropped), so each is a window of
-    /// its own, and the seeded order mixes them among the text's.
+    /// its own (and, packed as documents, a document), and the seeded order mixes them among the
+    /// text's.
     pub fn with_passkeys(mut self, share: f64, tokenizer: &Tokenizer, seed: u64) -> Result<Self, DataError> {
         let text_windows = self.num_windows();
         let count = (text_windows as f64 * share / (1.0 - share)).round() as usize;
         if count == 0 {
             return Ok(self);
         }
-        self.tokens.truncate(text_windows * self.seq_len);
+        let end = text_windows * self.seq_len;
+        self.tokens.truncate(end);
+        if let Some(spans) = &mut self.documents {
+            spans.truncate(end);
+        }
         let mut rng = StdRng::seed_from_u64(seed);
         for _ in 0..count {
+            let start = self.tokens.len();
             self.tokens.extend(passkey::window(tokenizer, self.seq_len, &mut rng).map_err(DataError)?);
+            if let Some(spans) = &mut self.documents {
+                // The window's last target is the next window's first token: not its own.
+                spans.push(start, self.tokens.len() - 1);
+            }
         }
         // The last window's last target.
         self.tokens.push(tokenizer.eod());
         Ok(self)
+    }
+
+    /// Where the documents lie, when packed as documents.
+    pub fn documents(&self) -> Option<&DocumentSpans> {
+        self.documents.as_ref()
     }
 
     pub fn num_windows(&self) -> usize {
@@ -81,6 +130,52 @@ impl PackedSplit {
 
     pub fn seq_len(&self) -> usize {
         self.seq_len
+    }
+}
+
+/// Packed documents' places in a split's stream, in order: each document's first position and
+/// the end of its own targets (its end-of-document id's position: that position's target is the
+/// padding or the next document).
+#[derive(Debug, Clone, Default)]
+pub struct DocumentSpans {
+    spans: Vec<(usize, usize)>,
+}
+
+impl DocumentSpans {
+    /// How many targets are the documents' own: what a loss over the split averages.
+    pub fn targets(&self) -> usize {
+        self.spans.iter().map(|&(start, end)| end.saturating_sub(start)).sum()
+    }
+
+    fn push(&mut self, start: usize, targets_end: usize) {
+        self.spans.push((start, targets_end));
+    }
+
+    /// Drops what lies at or after stream position `end`.
+    fn truncate(&mut self, end: usize) {
+        self.spans.retain(|&(start, _)| start < end);
+        if let Some(last) = self.spans.last_mut() {
+            last.1 = last.1.min(end);
+        }
+    }
+
+    /// For the `len` positions from stream position `from` (a window): each position's
+    /// document start within the window (a document begun before `from` restarts at 0: a piece
+    /// of a long document), appended to `starts`; and `-1` written to the `targets` of positions
+    /// whose target is not their document's own.
+    pub fn mark(&self, from: usize, len: usize, starts: &mut Vec<i64>, targets: &mut [i64]) {
+        let mut k = self.spans.partition_point(|&(start, _)| start <= from).saturating_sub(1);
+        for (p, target) in targets.iter_mut().enumerate().take(len) {
+            let at = from + p;
+            while k + 1 < self.spans.len() && self.spans[k + 1].0 <= at {
+                k += 1;
+            }
+            let (start, targets_end) = self.spans.get(k).copied().unwrap_or((0, 0));
+            starts.push((start.max(from) - from) as i64);
+            if at >= targets_end || at < start {
+                *target = -1;
+            }
+        }
     }
 }
 

@@ -24,31 +24,31 @@ pub(crate) fn attention_parts<B: TrainBackend>(
     let backward = |o: Tensor<B, 4>| drop(o.sum().backward());
     let queries = (
         "queries (W_q, RoPE)",
-        sw.time_with(x, |x| drop(nsa.queries(x).sum().backward())),
-        sw.held(|| nsa.queries(x())),
+        sw.time_with(x, |x| drop(nsa.queries(x, None).sum().backward())),
+        sw.held(|| nsa.queries(x(), None)),
     );
     let compressed = (
         "compressed branch (K/V, phi, attention)",
-        sw.time_with(|| (q(), x()), |(q, x)| backward(nsa.compressed_branch(q, x).0)),
-        sw.held(|| nsa.compressed_branch(q(), x())),
+        sw.time_with(|| (q(), x()), |(q, x)| backward(nsa.compressed_branch(q, x, None).0)),
+        sw.held(|| nsa.compressed_branch(q(), x(), None)),
     );
     let q_fixed = q().detach();
-    let (_, p_cmp) = nsa.compressed_branch(q_fixed.clone(), x().detach());
+    let (_, p_cmp) = nsa.compressed_branch(q_fixed.clone(), x().detach(), None);
     let selection = (
         "selection (scores, top-n, lists; forward only)",
-        sw.time_with(|| (p_cmp.clone(), x()), |(p, x)| drop(nsa.select(q_fixed.clone(), p, &x).sum())),
+        sw.time_with(|| (p_cmp.clone(), x()), |(p, x)| drop(nsa.select(q_fixed.clone(), p, &x, None).sum())),
         None,
     );
-    let blocks = nsa.select(q_fixed, p_cmp, &x());
+    let blocks = nsa.select(q_fixed, p_cmp, &x(), None);
     let selected = (
         "selected branch (K/V, kernels)",
-        sw.time_with(|| (q(), x()), |(q, x)| backward(nsa.selected_branch(q, x, blocks.clone()))),
-        sw.held(|| nsa.selected_branch(q(), x(), blocks.clone())),
+        sw.time_with(|| (q(), x()), |(q, x)| backward(nsa.selected_branch(q, x, blocks.clone(), None))),
+        sw.held(|| nsa.selected_branch(q(), x(), blocks.clone(), None)),
     );
     let window = (
         "window branch (K/V, kernels)",
-        sw.time_with(|| (q(), x()), |(q, x)| backward(nsa.window_branch(q, x))),
-        sw.held(|| nsa.window_branch(q(), x())),
+        sw.time_with(|| (q(), x()), |(q, x)| backward(nsa.window_branch(q, x, None))),
+        sw.held(|| nsa.window_branch(q(), x(), None)),
     );
     let outputs = || [0; 3].map(|_| heads(c.d_v));
     let mix = (

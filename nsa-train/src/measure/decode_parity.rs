@@ -54,7 +54,7 @@ pub fn decode_parity<B: DecodeAttentionBackend>(
         Some(dtype) => cast_params(model, dtype),
         None => model,
     };
-    let (logits, aux) = model.forward_with_aux(row(&tokens));
+    let (logits, aux) = model.forward_with_aux(row(&tokens), None);
     let want = logits_of(logits);
     let want_blocks: Vec<Vec<i64>> = aux.into_iter().map(|a| ints(a.blocks)).collect();
     let per_position = want.len() / len;

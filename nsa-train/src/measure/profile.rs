@@ -94,8 +94,10 @@ pub fn profile<B: TrainBackend>(
     // optimiser step between, makes Burn's fusion re-plan its op stream on every run, so it would
     // not measure what a training step spends.
     let forward_backward = step - data - optimiser;
-    let (inputs, targets) = batch.to_device::<B>(device);
-    let activations = sw.held(|| lm_loss(forward_model.forward(inputs), targets.clone()));
+    let on_device = batch.to_device::<B>(device);
+    let (inputs, targets, documents) = (on_device.inputs, on_device.targets, on_device.documents);
+    let activations =
+        sw.held(|| lm_loss(forward_model.forward_with_aux(inputs, documents.as_ref()).0, targets.clone()));
     let mut phases = vec![
         Phase::new("whole step", step, None),
         Phase::new("data (batch assembly + upload)", data, None),

@@ -139,11 +139,11 @@ impl<B: TrainBackend> Replica<B> {
             panic!("injected failure (test hook)");
         }
         for (micro, batch) in micro_batches.into_iter().enumerate() {
-            let (inputs, targets) = batch.to_device::<B>(&self.device);
+            let batch = batch.to_device::<B>(&self.device);
             // The gradients are read off the tensors the forward ran on (the compute copy's under
             // mixed precision), keyed by the parameter ids it shares with the master weights.
             let model = self.training_model();
-            let (logits, aux) = model.forward_with_aux(inputs);
+            let (logits, aux) = model.forward_with_aux(batch.inputs, batch.documents.as_ref());
             // The statistics are read off the inner tensors, and the autodiff ones dropped before
             // the backward: autodiff tensors left over from a step are freed in a random order
             // later, which changes the op stream Burn's fusion sees, and it re-plans the whole
@@ -153,7 +153,7 @@ impl<B: TrainBackend> Replica<B> {
             } else {
                 drop(aux);
             }
-            let mut loss = lm_loss(logits, targets).div_scalar(micros as f64);
+            let mut loss = lm_loss(logits, batch.targets).div_scalar(micros as f64);
             if fault == Some(FaultKind::NonFinite) {
                 loss = loss.mul_scalar(f64::NAN);
             }

@@ -148,8 +148,9 @@ impl<B: TrainBackend> Trainer<B> {
         let mut total = 0.0;
         let mut count = 0;
         for chunk in (0..n).collect::<Vec<_>>().chunks(t.batch_size).take(t.valid_batches) {
-            let (inputs, targets) = batch::<B::InnerBackend>(&self.valid, chunk, &self.replica.device);
-            let loss: f64 = lm_loss(model.forward(inputs), targets).into_scalar().elem::<f64>();
+            let batch = batch::<B::InnerBackend>(&self.valid, chunk, &self.replica.device);
+            let logits = model.forward_with_aux(batch.inputs, batch.documents.as_ref()).0;
+            let loss: f64 = lm_loss(logits, batch.targets).into_scalar().elem::<f64>();
             total += loss;
             count += 1;
         }

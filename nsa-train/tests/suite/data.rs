@@ -4,7 +4,8 @@ use crate::common;
 
 use std::sync::Arc;
 
-use nsa_train::data::corpus::{is_validation, BatchOrder, DataCursor, PackedSplit};
+use nsa_train::data::batch::HostBatch;
+use nsa_train::data::corpus::{is_validation, BatchOrder, DataCursor, PackedSplit, Packing};
 use nsa_train::data::sources::{read_documents, read_file};
 use nsa_train::data::tokenizer::{Tokenizer, BYTE_EOD};
 use parquet::data_type::{ByteArray, ByteArrayType, Int32Type};
@@ -86,6 +87,39 @@ fn packing_puts_an_end_of_document_token_after_each_document() {
     let want = [b'a' as u32, b'b' as u32, BYTE_EOD, b'c' as u32, b'd' as u32, BYTE_EOD];
     assert_eq!(split.num_windows(), 1);
     assert_eq!(split.window(0), &want[..4]);
+}
+
+#[test]
+fn packed_documents_start_aligned_and_leave_other_documents_targets_out() {
+    // Documents of 5, 2 and 13 bytes, aligned to 4, in windows of 8: "abcde" EOD pad pad |
+    // "fg" EOD pad | "hijklmnopqrst" EOD.
+    let split =
+        PackedSplit::pack_as(["abcde", "fg", "hijklmnopqrst"], &Tokenizer::Bytes, 8, Packing::Documents, 4).unwrap();
+    assert_eq!(split.num_tokens(), 8 + 4 + 14);
+    assert_eq!(split.num_windows(), 3);
+    let batch = HostBatch::of_windows(&split, &[0, 1, 2]);
+    let starts = batch.starts.clone().expect("packed documents carry their starts");
+    // Window 0: the first document and its padding. Window 1: the second, then the third from
+    // position 4. Window 2: the rest of the third, a piece restarting at 0.
+    let mut want = vec![0; 24];
+    want[12..16].fill(4);
+    assert_eq!(starts, want);
+    let kept: Vec<bool> = batch.targets.iter().map(|&t| t >= 0).collect();
+    // Each document's own targets count (its end-of-document id included); the end-of-document
+    // position and the padding, whose targets are padding or the next document, do not.
+    let want = [
+        [true, true, true, true, true, false, false, false],
+        [true, true, false, false, true, true, true, true],
+        [true, true, true, true, true, true, true, true],
+    ]
+    .concat();
+    assert_eq!(kept, want);
+    assert_eq!(batch.targets[4], i64::from(BYTE_EOD), "a document's last target is its end-of-document id");
+    assert_eq!(batch.inputs[12], i64::from(b'h'), "the third document starts at a multiple of 4");
+    assert_eq!(split.documents().unwrap().targets(), 5 + 2 + 13);
+    // Streamed, nothing is padded or left out.
+    let stream = HostBatch::of_windows(&PackedSplit::pack(["abcde", "fg"], &Tokenizer::Bytes, 4).unwrap(), &[0]);
+    assert!(stream.starts.is_none() && stream.targets.iter().all(|&t| t >= 0));
 }
 
 #[test]

@@ -6,6 +6,7 @@ use burn::backend::NdArray;
 use burn::tensor::ElementConversion;
 use nsa_core::{lm_loss, NsaConfig, NsaLm, NsaLmConfig};
 use nsa_train::data::batch::batch;
+use nsa_train::data::corpus::Packing;
 use nsa_train::data::tokenizer::Tokenizer;
 use nsa_train::evaluate::{evaluate, EvalText};
 use nsa_train::needle::{haystack, needle_in_a_haystack, table, NeedleOptions};
@@ -38,7 +39,7 @@ fn eval_scores_every_window_once_whatever_the_batch() {
     let docs = ["the quick brown fox jumps over the lazy dog. ".repeat(3), "naïve café ".repeat(8), "z".repeat(50)];
     std::fs::write(dir.join("held-out.txt"), docs.join("\n\n\n")).unwrap();
     let tokenizer = Tokenizer::from_spec("bytes").unwrap();
-    let text = EvalText::read(&[dir.join("held-out.txt")], &tokenizer, 32).unwrap();
+    let text = EvalText::read(&[dir.join("held-out.txt")], &tokenizer, 32, Packing::Stream, 1).unwrap();
     let windows = text.split.num_windows();
     assert!(windows >= 7, "{windows} windows");
     let model = model(2, 32);
@@ -47,8 +48,8 @@ fn eval_scores_every_window_once_whatever_the_batch() {
     // Each window alone, by hand.
     let per_window: Vec<f64> = (0..windows)
         .map(|w| {
-            let (inputs, targets) = batch::<Cpu>(&text.split, &[w], &device);
-            lm_loss(model.forward(inputs), targets).into_scalar().elem()
+            let batch = batch::<Cpu>(&text.split, &[w], &device);
+            lm_loss(model.forward(batch.inputs), batch.targets).into_scalar().elem()
         })
         .collect();
     let want = per_window.iter().sum::<f64>() / windows as f64;
@@ -73,7 +74,9 @@ fn eval_scores_every_window_once_whatever_the_batch() {
     assert!((first.loss - want3).abs() <= 1e-5 * want3);
 
     std::fs::write(dir.join("short.txt"), "too short").unwrap();
-    let err = EvalText::read(&[dir.join("short.txt")], &tokenizer, 32).err().expect("a short text is refused");
+    let err = EvalText::read(&[dir.join("short.txt")], &tokenizer, 32, Packing::Stream, 1)
+        .err()
+        .expect("a short text is refused");
     assert!(err.0.contains("fewer than one window"), "{}", err.0);
 }
 

@@ -9,7 +9,7 @@ use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Int, Tensor, TensorData};
 use nsa_core::{NsaLm, Phi};
 use nsa_train::checkpoint::{self, CheckpointRecorder};
-use nsa_train::config::{RunConfig, TrainConfig};
+use nsa_train::config::{DataConfig, Packing, RunConfig, TrainConfig};
 use nsa_train::dashboard::{Collect, Reporter};
 use nsa_train::metrics::StepMetrics;
 use nsa_train::parallel::Fault;
@@ -50,6 +50,34 @@ fn copy_task_loss_falls_below_half_its_start() {
     let l = losses(&mut t, 160);
     let (start, end) = (l[0], l[l.len() - 5..].iter().sum::<f64>() / 5.0);
     assert!(end < start / 2.0, "loss {start:.3} -> {end:.3}: not below half");
+}
+
+#[test]
+fn packed_documents_train_validate_and_refuse_what_they_cannot_pack() {
+    let dir = common::scratch("documents");
+    let text = dir.join("docs.txt");
+    let docs: Vec<String> = (0..80)
+        .map(|i| format!("document {i}: {}", "the quick brown fox jumps over the lazy dog. ".repeat(1 + i % 4)))
+        .collect();
+    std::fs::write(&text, docs.join("\n\n\n")).unwrap();
+    let cfg = common::tiny_run(&dir, 40);
+    let data = DataConfig::new().with_pack(Packing::Documents).with_valid_permille(100);
+    let cfg = cfg.clone().with_data(data).with_train(cfg.train.with_valid_batches(1));
+    cfg.validate().unwrap();
+    let (train, valid, _) = load_splits(&cfg, &[text]).unwrap();
+    let mut t = Trainer::<B>::new(cfg.clone(), train, valid, Default::default(), false).unwrap();
+    let l = losses(&mut t, 40);
+    let end = l[l.len() - 5..].iter().sum::<f64>() / 5.0;
+    assert!(l.iter().all(|x| x.is_finite()) && end < l[0] * 0.7, "loss {:.3} -> {end:.3}", l[0]);
+    let valid = t.validate().expect("held-out documents");
+    assert!(valid.is_finite(), "validation loss {valid}");
+
+    let synthetic = cfg.clone().with_data(cfg.data.clone().with_synthetic("copy".into()));
+    let misaligned = cfg.clone().with_model(cfg.model.clone().with_seq_len(60));
+    for bad in [synthetic, misaligned] {
+        let err = bad.validate().expect_err("refused").to_string();
+        assert!(err.contains("data.pack") && !err.contains('\n'), "{err}");
+    }
 }
 
 #[test]

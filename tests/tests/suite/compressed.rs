@@ -12,10 +12,11 @@
 
 use burn::backend::wgpu::{CubeBackend, WgpuDevice, WgpuRuntime};
 use burn::backend::Autodiff;
-use burn::tensor::{backend::AutodiffBackend, Tensor, TensorData};
+use burn::tensor::{backend::AutodiffBackend, Int, Tensor, TensorData};
 use nsa_kernels::{sparse_attention, Keys, SparseAttentionBackend};
 use nsa_tests::{fresh_rng, max_rel_err, normal, to_vec, A64};
 use rand::rngs::StdRng;
+use rand::Rng;
 
 type Wgpu = Autodiff<CubeBackend<WgpuRuntime, f32, i32, u32>>;
 type WgpuFusion = Autodiff<burn::backend::Wgpu>;
@@ -28,6 +29,8 @@ struct Case {
     k: Vec<f64>,
     v: Vec<f64>,
     grad_out: Vec<f64>,
+    /// Packed rows: each position's document start `[B, T]` (empty: one document per row).
+    starts: Vec<i64>,
 }
 
 impl Case {
@@ -41,7 +44,27 @@ impl Case {
             k: normal(rng, b * n * h_kv * d_k, 1.0),
             v: normal(rng, b * n * h_kv * d_v, 1.0),
             grad_out: normal(rng, b * t * h_q * d_v, 1.0),
+            starts: Vec::new(),
         }
+    }
+
+    /// The case on packed rows: documents starting at random multiples of the stride (as
+    /// packing aligns them), some shorter than a block.
+    fn packed(mut self, rng: &mut StdRng) -> Self {
+        let [b, t, ..] = self.dims;
+        let stride = self.geometry[1];
+        let mut starts = Vec::with_capacity(b * t);
+        for _ in 0..b {
+            let mut start = 0;
+            for pos in 0..t {
+                if pos > 0 && pos % stride == 0 && rng.random_bool(0.3) {
+                    start = pos as i64;
+                }
+                starts.push(start);
+            }
+        }
+        self.starts = starts;
+        self
     }
 
     fn blocks(t: usize, [l, d, _]: [usize; 3]) -> usize {
@@ -59,13 +82,19 @@ impl Case {
         let q = tensor(&self.q, [b, t, h_q, d_k]);
         let k = tensor(&self.k, [b, n, h_kv, d_k]);
         let v = tensor(&self.v, [b, n, h_kv, d_v]);
-        let (out, lse) = sparse_attention(q.clone(), k.clone(), v.clone(), &Keys::Compressed { length: l, stride: d });
+        let documents = (!self.starts.is_empty()).then(|| {
+            Tensor::<B, 2, Int>::from_data(TensorData::new(self.starts.clone(), [b, t]), device).into_primitive()
+        });
+        let keys = Keys::Compressed { length: l, stride: d, documents };
+        let (out, lse) = sparse_attention(q.clone(), k.clone(), v.clone(), &keys);
         let grad_out = Tensor::<B, 4>::from_data(TensorData::new(self.grad_out.clone(), [b, t, h_q, d_v]), device);
         let grads = (out.clone() * grad_out).sum().backward();
         let grad = |x: &Tensor<B, 4>| to_vec(x.grad(&grads).expect("input has a gradient"));
-        // Rows before the first block carry a log-sum-exp of -1e30, which would swamp the
-        // relative error: they are checked through their zero output and gradients instead.
-        let lse = to_vec(lse.narrow(1, l - 1, t + 1 - l));
+        // Rows before the first block (of their document) carry a log-sum-exp of -1e30, which
+        // would swamp the relative error: they are checked through their zero output and
+        // gradients instead.
+        let lse =
+            to_vec(lse.narrow(1, l - 1, t + 1 - l)).into_iter().map(|x| if x < -1e29 { 0.0 } else { x }).collect();
         [to_vec(out), lse, grad(&q), grad(&k), grad(&v)]
     }
 
@@ -114,6 +143,15 @@ fn compressed_kernels_through_fusion_match_the_reference() {
     Case::new(&mut rng, [2, 45, 6, 1, 16, 8], [8, 4, 8]).check::<WgpuFusion>(&WgpuDevice::default(), 1e-5);
 }
 
+/// Packed rows: each row sees only the blocks of its document, on the kernels and through fusion.
+#[test]
+fn compressed_kernels_keep_to_each_document() {
+    let mut rng = fresh_rng("compressed_kernels_keep_to_each_document");
+    let case = Case::new(&mut rng, [2, 45, 6, 1, 16, 8], [8, 4, 8]).packed(&mut rng);
+    case.check::<Wgpu>(&WgpuDevice::default(), 1e-5);
+    case.check::<WgpuFusion>(&WgpuDevice::default(), 1e-5);
+}
+
 /// A sequence shorter than one block (`T < l`): no row sees a key, so the output is zero, the
 /// log-sum-exp `-1e30` and every gradient zero, whatever keys the caller passes.
 #[test]
@@ -127,7 +165,7 @@ fn a_sequence_shorter_than_a_block_sees_no_key() {
     };
     let (q, k, v) = (tensor([b, t, h_q, d_k]), tensor([b, 1, h_kv, d_k]), tensor([b, 1, h_kv, d_v]));
     let grad_out = tensor([b, t, h_q, d_v]);
-    let (out, lse) = sparse_attention(q.clone(), k.clone(), v.clone(), &Keys::Compressed { length: l, stride: 4 });
+    let (out, lse) = sparse_attention(q.clone(), k.clone(), v.clone(), &Keys::compressed(l, 4, None));
     let grads = (out.clone() * grad_out.detach()).sum().backward();
     assert!(to_vec(out).iter().all(|&x| x == 0.0), "output");
     assert!(to_vec(lse).iter().all(|&x| x <= -1e29), "log-sum-exp");

@@ -37,7 +37,7 @@ fn full_forward<B: DecodeAttentionBackend>(
     tokens: &[i64],
     device: &B::Device,
 ) -> (Vec<Vec<f64>>, Vec<Vec<Vec<i64>>>) {
-    let (logits, aux) = model.forward_with_aux(row(tokens, device));
+    let (logits, aux) = model.forward_with_aux(row(tokens, device), None);
     let vocab = logits.dims()[2];
     let logits = to_vec(logits).chunks(vocab).map(<[f64]>::to_vec).collect();
     let blocks = aux

@@ -65,6 +65,8 @@ struct Case {
     v: Vec<f64>,
     grad_out: Vec<f64>,
     blocks: Vec<i64>,
+    /// Packed rows: each position's document start `[B, T]` (empty: one document per row).
+    starts: Vec<i64>,
 }
 
 impl Case {
@@ -82,13 +84,35 @@ impl Case {
             v: normal(rng, b * t * h_kv * d_v, 1.0),
             grad_out: normal(rng, b * t * h_q * d_v, 1.0),
             blocks,
+            starts: Vec::new(),
         }
+    }
+
+    /// The case on packed rows: documents of random lengths (about 16 on average, some past
+    /// the window), each row's first at 0.
+    fn packed(mut self, rng: &mut StdRng) -> Self {
+        let Dims { b, t, .. } = self.dims;
+        let mut starts = Vec::with_capacity(b * t);
+        for _ in 0..b {
+            let mut start = 0;
+            for pos in 0..t {
+                if pos > 0 && rng.random_bool(1.0 / 16.0) {
+                    start = pos as i64;
+                }
+                starts.push(start);
+            }
+        }
+        self.starts = starts;
+        self
     }
 
     fn expected(&self) -> AttentionResult {
         let d = self.dims;
         attention(d, &self.q, &self.k, &self.v, &self.grad_out, |b, t, hk| match self.spec {
-            Spec::Window { w } => window_keys(t, w),
+            Spec::Window { w } => {
+                let start = self.starts.get(b * d.t + t).map_or(0, |&s| s as usize);
+                window_keys(t, w).into_iter().filter(|&s| s >= start).collect()
+            }
             Spec::Selected { l_sel, n } => {
                 let at = ((b * d.t + t) * d.h_kv + hk) * n;
                 block_keys(t, &self.blocks[at..at + n], l_sel)
@@ -116,7 +140,13 @@ impl Case {
         let k = tensor(&self.k, [b, t, h_kv, d_k]);
         let v = tensor(&self.v, [b, t, h_kv, d_v]);
         let keys = match self.spec {
-            Spec::Window { w } => Keys::Window { w },
+            Spec::Window { w } => Keys::Window {
+                w,
+                documents: (!self.starts.is_empty()).then(|| {
+                    Tensor::<B, 2, Int>::from_data(TensorData::new(self.starts.clone(), [b, t]), device)
+                        .into_primitive()
+                }),
+            },
             Spec::Selected { l_sel, n } => {
                 let list = |blocks: &[i64]| {
                     let data = TensorData::new(blocks.to_vec(), [b, t, h_kv, n]);
@@ -152,7 +182,7 @@ impl Case {
         let blocks = Tensor::<Plain, 4, Int>::from_data(TensorData::new(list, [b, t, h_kv, n]), device);
         let blocks = blocks.into_primitive();
         let keys: TokenKeys<'_, Plain> = match self.spec {
-            Spec::Window { w } => TokenKeys::Window { w },
+            Spec::Window { w } => TokenKeys::Window { w, documents: None },
             Spec::Selected { l_sel, .. } => TokenKeys::Selected { blocks: &blocks, block_size: l_sel, index: None },
         };
         let problem = problem(&q, &k, &v, keys);
@@ -265,6 +295,22 @@ fn wgpu_unrolled_portable_kernels_match_float64_loops() {
     ];
     for case in cases {
         case.check_result(&case.run_portable(&WgpuDevice::default(), &gpu), 1e-5);
+    }
+}
+
+/// Packed rows: a window stops at each row's document start, on the reference path, on the
+/// kernels (the portable plans: the tensor-core ones do not take document starts) and through
+/// fusion.
+#[test]
+fn wgpu_window_kernels_keep_to_each_document() {
+    let mut rng = fresh_rng("wgpu_window_kernels_keep_to_each_document");
+    for case in [
+        Case::new(&mut rng, dims(2, 37, 6, 1, 16, 8), Spec::Window { w: 8 }).packed(&mut rng),
+        Case::new(&mut rng, dims(1, 70, 6, 1, 16, 8), Spec::Window { w: 24 }).packed(&mut rng),
+    ] {
+        case.check::<A64>(&Default::default(), 1e-10);
+        case.check::<Wgpu>(&WgpuDevice::default(), 1e-5);
+        case.check::<WgpuFusion>(&WgpuDevice::default(), 1e-5);
     }
 }
 

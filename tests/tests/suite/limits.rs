@@ -35,7 +35,7 @@ fn assert_equals_dense(name: &str, cfg: NsaConfig, t: usize, branch: Branch) {
         force_gate(randomized(NsaAttentionConfig::new(cfg.clone(), t).init::<B64>(&device), &mut rng, 0.4), branch);
     let (x, _) = random_input::<B64>(&mut rng, 2, t, cfg.dim, &device);
     let nsa = to_vec(layer.forward(x.clone()));
-    let dense = to_vec(dense_twin(&layer, branch).forward(x));
+    let dense = to_vec(dense_twin(&layer, branch).forward(x, None));
     let err = max_rel_err(&nsa, &dense);
     assert!(err <= 1e-9, "{name}: NSA differs from dense causal attention by {err:e}");
 }

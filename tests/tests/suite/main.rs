@@ -12,6 +12,7 @@ mod constants;
 mod decode;
 mod decode_kernel;
 mod decode_write;
+mod documents;
 mod embedding;
 mod gemm;
 mod gradients;

@@ -19,7 +19,7 @@ fn check(name: &str, cfg: NsaConfig, batch: usize, t: usize) -> usize {
     let mut rng = fresh_rng(name);
     let layer = randomized(NsaAttentionConfig::new(cfg.clone(), t).init::<B64>(&device), &mut rng, 0.4);
     let (x, rows) = random_input::<B64>(&mut rng, batch, t, cfg.dim, &device);
-    let (out, aux) = layer.forward_with_aux(x);
+    let (out, aux) = layer.forward_with_aux(x, None);
     let expected = nsa_reference(&cfg, &weights_of(&layer), &rows, t);
 
     let err = max_rel_err(&to_vec(out), &expected.output.concat());

@@ -30,8 +30,8 @@ fn linear_phi_at_initialisation_equals_avg() {
     let (linear, avg) = (with_phi(Phi::Linear), with_phi(Phi::Avg));
     let (x, _) = random_input::<B64>(&mut rng, 2, t, cfg.dim, &device);
 
-    let (out_linear, aux_linear) = linear.forward_with_aux(x.clone());
-    let (out_avg, aux_avg) = avg.forward_with_aux(x.clone());
+    let (out_linear, aux_linear) = linear.forward_with_aux(x.clone(), None);
+    let (out_avg, aux_avg) = avg.forward_with_aux(x.clone(), None);
     let err = max_rel_err(&to_vec(out_linear), &to_vec(out_avg.clone()));
     assert!(err <= 1e-12, "linear phi at init differs from avg by {err:e}");
     assert_eq!(aux_linear.blocks.into_data(), aux_avg.blocks.into_data());

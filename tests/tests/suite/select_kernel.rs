@@ -148,7 +148,7 @@ impl Case {
         let q = tensor(&self.q, [b, t_len, h_q, d_k]);
         let k = tensor(&self.k, [b, keys, h_kv, d_k]);
         let lse_tensor = Tensor::<B, 3>::from_data(TensorData::new(lse.clone(), [b, t_len, h_q]), device);
-        let list = select_blocks(q, k, lse_tensor, self.selection).expect("the backend has the kernel");
+        let list = select_blocks(q, k, lse_tensor, self.selection, None).expect("the backend has the kernel");
         let got = selection_sets(list);
         assert_eq!((got.len(), got[0].len(), got[0][0].len()), (b, h_kv, t_len));
         let mut skipped = 0;

@@ -28,7 +28,7 @@ fn selection_depends_only_on_the_group_sum() {
     let t = 80;
     let layer: NsaAttention<B64> = randomized(NsaAttentionConfig::new(cfg.clone(), t).init(&device), &mut rng, 0.4);
     let (x, _) = random_input::<B64>(&mut rng, 1, t, cfg.dim, &device);
-    let (_, before) = layer.forward_with_aux(x.clone());
+    let (_, before) = layer.forward_with_aux(x.clone(), None);
 
     let (g, dk) = (cfg.group_size(), cfg.d_k);
     let w = layer.query.weight.val();
@@ -46,7 +46,7 @@ fn selection_depends_only_on_the_group_sum() {
     }
     let mut permuted = layer.clone();
     permuted.query.weight = Param::from_tensor(Tensor::from_data(TensorData::new(new, [rows, cols]), &device));
-    let (_, after) = permuted.forward_with_aux(x);
+    let (_, after) = permuted.forward_with_aux(x, None);
     assert_eq!(selection_sets(before.blocks), selection_sets(after.blocks));
 }
 
@@ -58,7 +58,7 @@ fn forced_blocks_always_selected_and_counts_are_exact() {
     let t = 90;
     let layer: NsaAttention<B64> = randomized(NsaAttentionConfig::new(cfg.clone(), t).init(&device), &mut rng, 0.4);
     let (x, _) = random_input::<B64>(&mut rng, 2, t, cfg.dim, &device);
-    let (_, aux) = layer.forward_with_aux(x);
+    let (_, aux) = layer.forward_with_aux(x, None);
     for (row, blocks) in selection_sets(aux.blocks).concat().concat().iter().enumerate() {
         let q = row % t;
         let current = q / cfg.l_sel;
@@ -78,7 +78,7 @@ fn ties_go_to_the_lower_block_index_deterministically() {
     let device = Default::default();
     let (t, nb, l_sel, n) = (100, 10, 10, 6);
     let scores = Tensor::<B64, 4>::ones([1, 1, t, nb], &device);
-    let first = mask_sets(select_top_n(scores.clone(), l_sel, n));
+    let first = mask_sets(select_top_n(scores.clone(), l_sel, n, None));
     for (q, blocks) in first.iter().enumerate() {
         let current = q / l_sel;
         let mut want: Vec<usize> = vec![0];
@@ -89,7 +89,7 @@ fn ties_go_to_the_lower_block_index_deterministically() {
         assert_eq!(blocks, &want, "query {q}");
     }
     for _ in 0..3 {
-        assert_eq!(mask_sets(select_top_n(scores.clone(), l_sel, n)), first);
+        assert_eq!(mask_sets(select_top_n(scores.clone(), l_sel, n, None)), first);
     }
 }
 
@@ -102,7 +102,7 @@ fn top_n_matches_the_reference_on_random_scores_with_ties() {
     // Values on a coarse grid, so many scores tie exactly.
     let values: Vec<f64> = normal(&mut rng, t * nb, 1.0).iter().map(|v| (v * 2.0).round()).collect();
     let scores = Tensor::<B64, 4>::from_data(TensorData::new(values.clone(), [1, 1, t, nb]), &device);
-    let got = mask_sets(select_top_n(scores, l_sel, n));
+    let got = mask_sets(select_top_n(scores, l_sel, n, None));
     for q in 0..t {
         assert_eq!(got[q], select_blocks(q, &values[q * nb..(q + 1) * nb], l_sel, n), "query {q}");
     }

@@ -159,7 +159,7 @@ fn take_top_n(
     let mut best_block = SharedMemory::<u32>::new(comptime!(planes * LANES));
     let at = UNIT_POS_Y as usize * LANES;
     if lead {
-        let count = force_blocks(scores, chosen, current, 0, lane, blocks, n);
+        let count = force_blocks(scores, chosen, 0usize, current, 0, lane, blocks, n);
         if lane == 0 {
             taken[0] = count as u32;
         }
@@ -167,7 +167,7 @@ fn take_top_n(
     sync_cube();
     // Block 0 is always forced, so at most `n - 1` blocks are chosen by score.
     for _round in 0..comptime!(n - 1) {
-        let (best, best_j) = lane_best(scores, 0, current, lane);
+        let (best, best_j) = lane_best(scores, 0, 0usize, current, lane);
         best_score[at + lane] = best;
         best_block[at + lane] = best_j;
         merge_best(&mut best_score, &mut best_block, at, lane, 16usize);

@@ -14,7 +14,8 @@ use cubecl::prelude::*;
 use crate::kernel::primitives::key_cube::{BlockLists, KeyCube};
 use crate::kernel::primitives::query_cube::QueryCube;
 use crate::kernel::primitives::rows::{
-    add_shared, attends, chunk_dots, dot_shared, dot_slices, load_slice, offset3, store_slice, zero_slice,
+    add_shared, attends, chunk_dots, document_start, dot_shared, dot_slices, load_slice, offset3, store_slice,
+    zero_slice,
 };
 use crate::kernel::primitives::staging::{stage_listed_rows, stage_rows};
 
@@ -25,6 +26,7 @@ pub fn attention_backward_query<F: Float, I: Int>(
     k: &Tensor<F>,
     v: &Tensor<F>,
     blocks: &Tensor<I>,
+    starts: &Tensor<I>,
     out: &Tensor<F>,
     grad_out: &Tensor<F>,
     lse: &Tensor<f32>,
@@ -33,6 +35,7 @@ pub fn attention_backward_query<F: Float, I: Int>(
     scale: f32,
     span: u32,
     #[comptime] window: bool,
+    #[comptime] documents: bool,
     #[comptime] d_k: usize,
     #[comptime] d_v: usize,
     #[comptime] parts: usize,
@@ -47,6 +50,8 @@ pub fn attention_backward_query<F: Float, I: Int>(
     }
     let (b, hk, t, h, part, row) = (cube.b, cube.hk, cube.t, cube.h, cube.part, cube.row);
     let span = span as usize;
+    let row_start = document_start::<I>(starts, b, t, documents);
+    let tile_start = document_start::<I>(starts, b, cube.t0, documents);
 
     let q_slice = load_slice::<F>(q, offset3::<F>(q, b, t, h), part, scale, d_k, parts, unroll);
     let do_slice = load_slice::<F>(grad_out, offset3::<F>(grad_out, b, t, h), part, 1.0f32, d_v, parts, unroll);
@@ -75,7 +80,7 @@ pub fn attention_backward_query<F: Float, I: Int>(
 
     for r in 0..cube.range_count::<I>(blocks, window) {
         let (start, end) = cube.key_range::<I>(blocks, r, span, window);
-        let mut first = start;
+        let mut first = max(start, tile_start);
         while first < end {
             let count = min(end - first, chunk);
             stage_rows::<F, f32>(k, &mut k_tile, 0usize, b, first, count, hk, chunk, d_k, d_k);
@@ -99,7 +104,7 @@ pub fn attention_backward_query<F: Float, I: Int>(
 
             #[unroll(unroll)]
             for key in 0..chunk {
-                if key < count && cube.attends(first + key, span, window) {
+                if key < count && cube.attends(first + key, span, window) && first + key >= row_start {
                     let p = (scores[key] - row_lse).exp();
                     let ds = p * (dps[key] - row_delta);
                     add_shared(&mut acc, ds, &k_tile, key * d_k, part, d_k, parts, unroll);
@@ -117,9 +122,10 @@ pub fn attention_backward_query<F: Float, I: Int>(
 /// Key cubes: `dk` and `dv` of `keys` consecutive key rows of one KV head, summed over the
 /// query rows (every head of the group) that attend them. For a selection a cube covers (part
 /// of) one block, whose list in `lists` ([`BlockLists`]) holds the queries that picked it.
-/// Cube `keys * parts` units.
+/// Cube `keys * parts` units. With `documents`, a walked row `t` skips keys before its
+/// document's start in `starts [B, T]`.
 #[cube(launch)]
-pub fn attention_backward_key<F: Float>(
+pub fn attention_backward_key<F: Float, I: Int>(
     q: &Tensor<F>,
     k: &Tensor<F>,
     v: &Tensor<F>,
@@ -127,6 +133,7 @@ pub fn attention_backward_key<F: Float>(
     lse: &Tensor<f32>,
     delta: &Tensor<f32>,
     lists: &BlockLists,
+    starts: &Tensor<I>,
     grad_k: &mut Tensor<F>,
     grad_v: &mut Tensor<F>,
     partial: &mut Tensor<f32>,
@@ -134,6 +141,7 @@ pub fn attention_backward_key<F: Float>(
     span: u32,
     segment: u32,
     #[comptime] window: bool,
+    #[comptime] documents: bool,
     #[comptime] d_k: usize,
     #[comptime] d_v: usize,
     #[comptime] parts: usize,
@@ -141,7 +149,7 @@ pub fn attention_backward_key<F: Float>(
     #[comptime] chunk: usize,
     #[comptime] unroll: bool,
     #[comptime] g: usize,
-    #[define(F)] _dtype: StorageType,
+    #[define(F, I)] _dtypes: [StorageType; 2],
 ) {
     let span = span as usize;
     let cube = KeyCube::new::<F>(q, k, lists, span, segment as usize, window, keys, g);
@@ -165,6 +173,7 @@ pub fn attention_backward_key<F: Float>(
     let mut lse_tile = SharedMemory::<f32>::new(chunk);
     let mut delta_tile = SharedMemory::<f32>::new(chunk);
     let mut t_tile = SharedMemory::<u32>::new(chunk);
+    let mut start_tile = SharedMemory::<u32>::new(chunk);
     let mut score_partials = SharedMemory::<f32>::new(comptime!(if parts > 1 { keys * chunk * parts } else { 1usize }));
     let mut dp_partials = SharedMemory::<f32>::new(comptime!(if parts > 1 { keys * chunk * parts } else { 1usize }));
     let key_row = unit / parts;
@@ -176,16 +185,19 @@ pub fn attention_backward_key<F: Float>(
         let mut i = UNIT_POS as usize;
         while i < chunk {
             let mut t = 0usize;
+            let mut start = 0usize;
             let mut stat_lse = 0.0f32;
             let mut stat_delta = 0.0f32;
             if i < count {
                 let at = row_first + i;
                 t = cube.query_of(&lists.entries, at, window);
                 let h = cube.head_of(at);
+                start = document_start::<I>(starts, b, t, documents);
                 stat_lse = lse[offset3::<f32>(lse, b, t, h)];
                 stat_delta = delta[offset3::<f32>(delta, b, t, h)];
             }
             t_tile[i] = t as u32;
+            start_tile[i] = start as u32;
             lse_tile[i] = stat_lse;
             delta_tile[i] = stat_delta;
             i += CUBE_DIM as usize;
@@ -241,7 +253,8 @@ pub fn attention_backward_key<F: Float>(
 
         #[unroll(unroll)]
         for r in 0..chunk {
-            if r < count && key_active && attends(t_tile[r] as usize, s, span, window) {
+            let own = s >= start_tile[r] as usize;
+            if r < count && key_active && own && attends(t_tile[r] as usize, s, span, window) {
                 let p = (scores[r] - lse_tile[r]).exp();
                 let ds = p * (dps[r] - delta_tile[r]);
                 add_shared(&mut dv, p, &do_tile, r * d_v, part, d_v, parts, unroll);

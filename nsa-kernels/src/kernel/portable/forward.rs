@@ -11,12 +11,13 @@ use cubecl::prelude::*;
 use crate::kernel::primitives::layout::MASKED;
 use crate::kernel::primitives::query_cube::QueryCube;
 use crate::kernel::primitives::rows::{
-    add_shared, chunk_dots, load_slice, offset3, store_row_result, zero_slice, NEG_LARGE,
+    add_shared, chunk_dots, document_start, load_slice, offset3, store_row_result, zero_slice, NEG_LARGE,
 };
 use crate::kernel::primitives::staging::stage_rows;
 
 /// `q [B, T, H_q, d_k]`, `k [B, T, H_kv, d_k]`, `v [B, T, H_kv, d_v]`, `blocks [B, T, H_kv, n]`
-/// (ignored for a window) -> `out [B, T, H_q, d_v]`, `lse [B, T, H_q]` (f32).
+/// (ignored for a window) -> `out [B, T, H_q, d_v]`, `lse [B, T, H_q]` (f32). With `documents`,
+/// a window row attends no key before its document's start in `starts [B, T]`.
 /// `span` is the window `w` or the block size `l_sel`; inputs' last axes are contiguous.
 /// Cube `rows * parts` units; one cube per `(b, hk, query tile)`.
 #[cube(launch)]
@@ -25,11 +26,13 @@ pub fn attention_forward<F: Float, I: Int>(
     k: &Tensor<F>,
     v: &Tensor<F>,
     blocks: &Tensor<I>,
+    starts: &Tensor<I>,
     out: &mut Tensor<F>,
     lse: &mut Tensor<f32>,
     scale: f32,
     span: u32,
     #[comptime] window: bool,
+    #[comptime] documents: bool,
     #[comptime] d_k: usize,
     #[comptime] d_v: usize,
     #[comptime] parts: usize,
@@ -44,6 +47,9 @@ pub fn attention_forward<F: Float, I: Int>(
     }
     let (b, hk, t, h, part, row) = (cube.b, cube.hk, cube.t, cube.h, cube.part, cube.row);
     let span = span as usize;
+    // The first key of this row's document, and of the tile's first row's (the earliest).
+    let row_start = document_start::<I>(starts, b, t, documents);
+    let tile_start = document_start::<I>(starts, b, cube.t0, documents);
 
     let q_slice = load_slice::<F>(q, offset3::<F>(q, b, t, h), part, scale, d_k, parts, unroll);
     let mut acc = zero_slice(d_v, parts, unroll);
@@ -57,7 +63,7 @@ pub fn attention_forward<F: Float, I: Int>(
 
     for r in 0..cube.range_count::<I>(blocks, window) {
         let (start, end) = cube.key_range::<I>(blocks, r, span, window);
-        let mut first = start;
+        let mut first = max(start, tile_start);
         while first < end {
             let count = min(end - first, chunk);
             stage_rows::<F, f32>(k, &mut k_tile, 0usize, b, first, count, hk, chunk, d_k, d_k);
@@ -70,7 +76,7 @@ pub fn attention_forward<F: Float, I: Int>(
             let mut chunk_max = f32::new(NEG_LARGE);
             #[unroll(unroll)]
             for key in 0..chunk {
-                let valid = key < count && cube.attends(first + key, span, window);
+                let valid = key < count && cube.attends(first + key, span, window) && first + key >= row_start;
                 scores[key] = select(valid, scores[key], f32::new(NEG_LARGE));
                 chunk_max = max(chunk_max, scores[key]);
             }

@@ -53,6 +53,17 @@ pub fn attends(t: usize, s: usize, span: usize, #[comptime] window: bool) -> boo
     ok
 }
 
+/// The first key query `t` of batch row `b` may attend: its document's start in `starts`
+/// (`[B, T]`, [`crate::Documents`]), or 0 without documents (`starts` is then never read).
+#[cube]
+pub fn document_start<I: Int>(starts: &Tensor<I>, b: usize, t: usize, #[comptime] documents: bool) -> usize {
+    let mut first = 0usize;
+    if documents {
+        first = u32::cast_from(starts[b * starts.stride(0) + t * starts.stride(1)]) as usize;
+    }
+    first
+}
+
 /// The slice of row `base..base + len` of `src` owned by `part`, widened to f32 and scaled.
 #[cube]
 pub fn load_slice<F: Float>(

@@ -27,10 +27,10 @@ pub fn take_best_in_plane(
     #[comptime] n: usize,
 ) {
     let row = r * blocks;
-    let mut count = force_blocks(scores, chosen, current, r, lane, blocks, n);
+    let mut count = force_blocks(scores, chosen, 0usize, current, r, lane, blocks, n);
     // Block 0 is always forced, so at most `n - 1` blocks are chosen by score.
     for _round in 0..comptime!(n - 1) {
-        let (lane_score, lane_block) = lane_best(scores, row, current, lane);
+        let (lane_score, lane_block) = lane_best(scores, row, 0usize, current, lane);
         let mut best = lane_score;
         let mut best_j = lane_block;
         // Butterfly: after the five exchanges every lane holds the plane's best.

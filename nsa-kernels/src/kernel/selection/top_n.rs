@@ -24,7 +24,7 @@ use cubecl::prelude::*;
 use super::block_scores::{add_chunk_mass, group_mass, key_stride, stage_keys, stage_queries};
 use super::selection_cube::SelectionCube;
 use crate::kernel::compression::visible::visible_blocks;
-use crate::kernel::primitives::rows::offset3;
+use crate::kernel::primitives::rows::{document_start, offset3};
 use crate::tile_sizes::{SELECTION_CHUNK as CHUNK, SELECTION_KEYS_PER_LANE as KEYS_PER_LANE, SELECTION_LANES as LANES};
 
 /// A taken block's score (real scores are sums of probabilities, never negative).
@@ -33,7 +33,9 @@ pub(crate) const TAKEN: f32 = -1.0;
 /// `q [B, T, H_q, d_k]`, compressed keys `k [B, N, H_kv, d_k]` (block `i` covering raw
 /// tokens `[i * stride, i * stride + length)`), the compressed branch's `lse [B, T, H_q]` (f32)
 /// -> `list [B, T, H_kv, n]`: the blocks of `block_size` tokens query `t` attends, ascending,
-/// `-1` in unused slots. Cube `(LANES, rows)`; `blocks >= ceil(T / block_size)`. The staged
+/// `-1` in unused slots. With `documents`, query `t` weighs and takes only blocks of its
+/// document (`starts [B, T]`, a multiple of `block_size`): its first block is forced in block
+/// 0's place. Cube `(LANES, rows)`; `blocks >= ceil(T / block_size)`. The staged
 /// query and key rows are read `vector` f32 at a time (`vector` divides `d_k`): the products
 /// are bound by shared-memory loads, each query element serving [`KEYS_PER_LANE`] keys.
 #[cube(launch)]
@@ -42,8 +44,10 @@ pub fn select_top_n<F: Float, I: Int, V: Size>(
     q: &Tensor<F>,
     k: &Tensor<F>,
     lse: &Tensor<f32>,
+    starts: &Tensor<I>,
     list: &mut Tensor<I>,
     scale: f32,
+    #[comptime] documents: bool,
     #[comptime] length: usize,
     #[comptime] stride: usize,
     #[comptime] block_size: usize,
@@ -87,6 +91,9 @@ pub fn select_top_n<F: Float, I: Int, V: Size>(
     let n_keys = k.shape(1);
     let visible = visible_blocks(t, n_keys, length, stride);
     let walk_end = visible_blocks(cube.t_last, n_keys, length, stride);
+    // The first compressed and selection blocks of the query's document.
+    let start = document_start::<I>(starts, b, t, documents);
+    let first_key = start.div_ceil(stride);
     let mut first = 0usize;
     while first < walk_end {
         let count = min(walk_end - first, CHUNK);
@@ -96,7 +103,8 @@ pub fn select_top_n<F: Float, I: Int, V: Size>(
         #[unroll]
         for m in 0..KEYS_PER_LANE {
             let key = lane + m * LANES;
-            mass[r * CHUNK + key] = select(first + key < visible, p[m], 0.0f32);
+            let own = first + key < visible && first + key >= first_key;
+            mass[r * CHUNK + key] = select(own, p[m], 0.0f32);
         }
         sync_cube();
         add_chunk_mass(&mass, &mut scores, r, lane, first, count, length, stride, block_size, blocks);
@@ -114,6 +122,7 @@ pub fn select_top_n<F: Float, I: Int, V: Size>(
         &mut taken,
         &mut best_score,
         &mut best_block,
+        start / block_size,
         t / block_size,
         r,
         lane,
@@ -126,9 +135,9 @@ pub fn select_top_n<F: Float, I: Int, V: Size>(
 }
 
 /// Query row `r`'s selection into `chosen[r * n..]` (unordered, `taken[r]` of them): the forced
-/// blocks 0, `current - 1` and `current`, then up to `n` in all of the eligible blocks
-/// (`j <= current`) with the highest scores, ties to the lower index, one per round. Called by
-/// every unit of the cube (it synchronises).
+/// blocks `first` (its document's first, else 0), `current - 1` and `current`, then up to `n`
+/// in all of the eligible blocks (`first <= j <= current`) with the highest scores, ties to the
+/// lower index, one per round. Called by every unit of the cube (it synchronises).
 #[cube]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn take_best(
@@ -137,6 +146,7 @@ pub(crate) fn take_best(
     taken: &mut SharedMemory<u32>,
     best_score: &mut SharedMemory<f32>,
     best_block: &mut SharedMemory<u32>,
+    first: usize,
     current: usize,
     r: usize,
     lane: usize,
@@ -144,15 +154,15 @@ pub(crate) fn take_best(
     #[comptime] n: usize,
 ) {
     let row = r * blocks;
-    let count = force_blocks(scores, chosen, current, r, lane, blocks, n);
+    let count = force_blocks(scores, chosen, first, current, r, lane, blocks, n);
     if lane == 0 {
         taken[r] = count as u32;
     }
     sync_cube();
     let at = r * LANES;
-    // Block 0 is always forced, so at most `n - 1` blocks are chosen by score.
+    // The first block is always forced, so at most `n - 1` blocks are chosen by score.
     for _round in 0..comptime!(n - 1) {
-        let (best, best_j) = lane_best(scores, row, current, lane);
+        let (best, best_j) = lane_best(scores, row, first, current, lane);
         best_score[at + lane] = best;
         best_block[at + lane] = best_j;
         // Halvings of the plane: `LANES` is 32.
@@ -176,17 +186,23 @@ pub(crate) fn take_best(
 }
 
 /// The best block of query row `r` (scores from `row`) among those lane `lane` scans
-/// (`lane, lane + LANES, ..` up to `current`) and none taken: its score and index, `TAKEN` and 0
-/// when none is left.
+/// (`lane, lane + LANES, ..` from `first` up to `current`) and none taken: its score and index,
+/// `TAKEN` and 0 when none is left.
 #[cube]
-pub(crate) fn lane_best(scores: &SharedMemory<f32>, row: usize, current: usize, lane: usize) -> (f32, u32) {
+pub(crate) fn lane_best(
+    scores: &SharedMemory<f32>,
+    row: usize,
+    first: usize,
+    current: usize,
+    lane: usize,
+) -> (f32, u32) {
     let mut best = f32::new(TAKEN);
     let mut best_j = 0u32;
     let mut j = lane;
     while j <= current {
         let s = scores[row + j];
         // Ascending `j`: a strict comparison keeps the lower index of a tie.
-        if s > best {
+        if s > best && j >= first {
             best = s;
             best_j = j as u32;
         }
@@ -195,15 +211,17 @@ pub(crate) fn lane_best(scores: &SharedMemory<f32>, row: usize, current: usize, 
     (best, best_j)
 }
 
-/// Puts the forced blocks 0, `current` and `current - 1` (those that exist) first in query row
-/// `r`'s list `chosen[r * n..]` and marks them taken in its scores: lane 0 writes the list, and
-/// the lane that scans a block (`j % LANES`) marks it, so a plane that synchronises only itself
-/// sees its own marks. Returns how many were forced, the same on every lane.
+/// Puts the forced blocks `first` (the document's first, else 0), `current` and `current - 1`
+/// (those after `first`) first in query row `r`'s list `chosen[r * n..]` and marks them taken
+/// in its scores: lane 0 writes the list, and the lane that scans a block (`j % LANES`) marks
+/// it, so a plane that synchronises only itself sees its own marks. Returns how many were
+/// forced, the same on every lane.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn force_blocks(
     scores: &mut SharedMemory<f32>,
     chosen: &mut SharedMemory<u32>,
+    first: usize,
     current: usize,
     r: usize,
     lane: usize,
@@ -213,10 +231,12 @@ pub(crate) fn force_blocks(
     let row = r * blocks;
     let mut count = 1usize;
     if lane == 0 {
-        chosen[r * n] = 0u32;
-        scores[row] = TAKEN;
+        chosen[r * n] = first as u32;
     }
-    if current >= 1 {
+    if lane == first % LANES {
+        scores[row + first] = TAKEN;
+    }
+    if current >= first + 1 {
         if lane == 0 {
             chosen[r * n + count] = current as u32;
         }
@@ -225,7 +245,7 @@ pub(crate) fn force_blocks(
         }
         count += 1;
     }
-    if current >= 2 {
+    if current >= first + 2 {
         if lane == 0 {
             chosen[r * n + count] = (current - 1) as u32;
         }

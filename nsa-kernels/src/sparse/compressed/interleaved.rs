@@ -10,7 +10,8 @@
 //! or backward; the moves cost a few copies of `q`-sized tensors, and the keys' gradients are
 //! the sums of their `stride` copies'.
 
-use burn::tensor::Shape;
+use burn::tensor::backend::Backend;
+use burn::tensor::{Int, Shape, Tensor};
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::ops::reshape;
@@ -47,14 +48,16 @@ impl Interleaved {
     }
 
     /// Output `[B, T, H_q, d_v]` and log-sum-exp `[B, T, H_q]`: zero rows and `NEG_LARGE`
-    /// before the first block.
+    /// before the first block (of each row's document, with document `starts` `[B, T]`).
     pub fn forward<F: FloatElement, I: IntElement, BT: BoolElement, R: CubeRuntime>(
         &self,
         q: CubeTensor<R>,
         k: CubeTensor<R>,
         v: CubeTensor<R>,
+        starts: Option<&CubeTensor<R>>,
     ) -> (CubeTensor<R>, CubeTensor<R>) {
-        let keys: TokenKeys<'_, CubeBackend<R, F, I, BT>> = TokenKeys::Window { w: self.n };
+        let first = starts.map(|starts| self.first_blocks::<CubeBackend<R, F, I, BT>, R>(starts));
+        let keys: TokenKeys<'_, CubeBackend<R, F, I, BT>> = TokenKeys::Window { w: self.n, documents: first.as_ref() };
         let (q, k, v) = (self.interleave(&q, 0.0), self.repeat(&k), self.repeat(&v));
         let plan = ForwardPlan::choose(&problem(&q, &k, &v, keys), &capabilities(&q.client));
         let (out, lse) = forward_with(q, k, v, keys, &plan);
@@ -73,8 +76,10 @@ impl Interleaved {
         out: CubeTensor<R>,
         lse: CubeTensor<R>,
         grad_out: CubeTensor<R>,
+        starts: Option<&CubeTensor<R>>,
     ) -> [CubeTensor<R>; 3] {
-        let keys: TokenKeys<'_, CubeBackend<R, F, I, BT>> = TokenKeys::Window { w: self.n };
+        let first = starts.map(|starts| self.first_blocks::<CubeBackend<R, F, I, BT>, R>(starts));
+        let keys: TokenKeys<'_, CubeBackend<R, F, I, BT>> = TokenKeys::Window { w: self.n, documents: first.as_ref() };
         let (q, out, grad_out) =
             (self.interleave(&q, 0.0), self.interleave(&out, 0.0), self.interleave(&grad_out, 0.0));
         let lse = self.interleave_rows(&lse, 0.0);
@@ -82,6 +87,27 @@ impl Interleaved {
         let plan = BackwardPlan::choose(&problem(&q, &k, &v, keys), &capabilities(&q.client));
         let grads = backward_with(q, k, v, out, lse, grad_out, keys, &plan);
         [self.deinterleave(&grads.q, 0.0), self.sum_copies(&grads.k), self.sum_copies(&grads.v)]
+    }
+
+    /// Each interleaved row's first key, `[B * stride, N]`: the first compressed block of its
+    /// query's document, `ceil(start / stride)` of document `starts` `[B, T]` (what the window
+    /// kernels take as a row's document start). The tail past `T` repeats the last query's.
+    fn first_blocks<B: Backend<IntTensorPrimitive = CubeTensor<R>>, R: CubeRuntime>(
+        &self,
+        starts: &CubeTensor<R>,
+    ) -> CubeTensor<R> {
+        let Interleaved { b, t, n, length, stride } = *self;
+        let queries = Tensor::<B, 2, Int>::from_primitive(starts.clone()).slice([0..b, length - 1..t]);
+        let len = t - (length - 1);
+        let padded = match n * stride - len {
+            0 => queries,
+            tail => {
+                let last = queries.clone().slice([0..b, len - 1..len]).repeat_dim(1, tail);
+                Tensor::cat(vec![queries, last], 1)
+            }
+        };
+        let rows = padded.reshape([b, n, stride]).swap_dims(1, 2).reshape([b * stride, n]);
+        rows.add_scalar(stride as i64 - 1).div_scalar(stride as i64).into_primitive()
     }
 
     /// `x [B, T, H, d]` -> `[B * stride, N, H, d]`.

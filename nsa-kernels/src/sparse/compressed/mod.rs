@@ -16,16 +16,18 @@ pub use interleaved::Interleaved;
 
 use crate::kernel::primitives::rows::NEG_LARGE;
 
-/// Output `[B, T, H_q, d_v]` and log-sum-exp `[B, T, H_q]` (f32).
+/// Output `[B, T, H_q, d_v]` and log-sum-exp `[B, T, H_q]` (f32); with document `starts`
+/// `[B, T]`, each row sees only its document's blocks.
 pub fn forward<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement>(
     q: CubeTensor<R>,
     k: CubeTensor<R>,
     v: CubeTensor<R>,
     length: usize,
     stride: usize,
+    starts: Option<&CubeTensor<R>>,
 ) -> (CubeTensor<R>, CubeTensor<R>) {
     match layout(&q, &k, length, stride) {
-        Some(layout) => layout.forward::<F, I, BT, R>(q, k, v),
+        Some(layout) => layout.forward::<F, I, BT, R>(q, k, v, starts),
         None => {
             let [b, t, h_q, _] = q.meta.shape().dims::<4>();
             let out = zeros::<R>(q.device.clone(), Shape::new([b, t, h_q, v.meta.shape()[3]]), q.dtype);
@@ -52,9 +54,10 @@ pub fn backward<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement>
     grad_out: CubeTensor<R>,
     length: usize,
     stride: usize,
+    starts: Option<&CubeTensor<R>>,
 ) -> [CubeTensor<R>; 3] {
     match layout(&q, &k, length, stride) {
-        Some(layout) => layout.backward::<F, I, BT, R>(q, k, v, out, lse, grad_out),
+        Some(layout) => layout.backward::<F, I, BT, R>(q, k, v, out, lse, grad_out, starts),
         None => [&q, &k, &v].map(|x| zeros::<R>(x.device.clone(), x.meta.shape().clone(), x.dtype)),
     }
 }

@@ -113,6 +113,7 @@ fn portable_query<R: CubeRuntime>(ops: &Operands<R>, tiling: &QueryTiling, saved
         ops.k.clone().into_tensor_arg(),
         ops.v.clone().into_tensor_arg(),
         ops.blocks.clone().into_tensor_arg(),
+        ops.starts.clone().into_tensor_arg(),
         saved.out.clone().into_tensor_arg(),
         saved.grad_out.clone().into_tensor_arg(),
         saved.lse.clone().into_tensor_arg(),
@@ -121,6 +122,7 @@ fn portable_query<R: CubeRuntime>(ops: &Operands<R>, tiling: &QueryTiling, saved
         ops.scale,
         ops.span,
         ops.window,
+        ops.documents,
         ops.d_k,
         ops.d_v,
         tiling.parts,
@@ -151,6 +153,7 @@ fn portable_keys<R: CubeRuntime>(
         saved.lse.clone().into_tensor_arg(),
         grads.delta.clone().into_tensor_arg(),
         index.lists(),
+        ops.starts.clone().into_tensor_arg(),
         grads.grad_k.clone().into_tensor_arg(),
         grads.grad_v.clone().into_tensor_arg(),
         grads.partial.clone().into_tensor_arg(),
@@ -158,6 +161,7 @@ fn portable_keys<R: CubeRuntime>(
         ops.span,
         SEGMENT_QUERIES as u32,
         ops.window,
+        ops.documents,
         ops.d_k,
         ops.d_v,
         tiling.parts,
@@ -165,7 +169,7 @@ fn portable_keys<R: CubeRuntime>(
         tiling.chunk,
         tiling.unroll,
         ops.group(),
-        ops.q.dtype.into(),
+        [ops.q.dtype.into(), ops.starts.dtype.into()],
     );
 }
 

@@ -71,11 +71,11 @@ pub fn problem<R: CubeRuntime, B: burn::tensor::backend::Backend>(
     let [_, _, heads_q, d_k] = q.meta.shape().dims::<4>();
     let heads_kv = k.meta.shape()[2];
     let d_v = v.meta.shape()[3];
-    let keys = match keys {
-        TokenKeys::Window { w } => KeyKind::Window { w },
-        TokenKeys::Selected { block_size, .. } => KeyKind::Selected { block_size },
+    let (keys, documents) = match keys {
+        TokenKeys::Window { w, documents } => (KeyKind::Window { w }, documents.is_some()),
+        TokenKeys::Selected { block_size, .. } => (KeyKind::Selected { block_size }, false),
     };
-    Problem { heads_q, heads_kv, d_k, d_v, dtype: q.dtype, keys }
+    Problem { heads_q, heads_kv, d_k, d_v, dtype: q.dtype, keys, documents }
 }
 
 /// What this device offers the plans.
@@ -124,6 +124,9 @@ pub(crate) struct Operands<R: CubeRuntime> {
     pub blocks: CubeTensor<R>,
     /// The inverted index the key set carries, if any.
     pub index: Option<InvertedIndex<R>>,
+    /// A window's document starts `[B, T]` (packed rows), or a 1-element placeholder.
+    pub starts: CubeTensor<R>,
+    pub documents: bool,
     pub window: bool,
     /// The window's width or the selection's block size.
     pub span: u32,
@@ -144,25 +147,23 @@ impl<R: CubeRuntime> Operands<R> {
         let (q, k, v) = (into_contiguous(q), into_contiguous(k), into_contiguous(v));
         let d_k = q.meta.shape()[3];
         let d_v = v.meta.shape()[3];
-        let (blocks, index, window, span) = match keys {
-            TokenKeys::Window { w } => {
-                // Never read (the kernels' window branch is compile-time), so not filled: a fill
-                // is a launch of its own.
-                let placeholder = empty_device_contiguous_dtype::<R>(
-                    q.client.clone(),
-                    q.device.clone(),
-                    Shape::new([1, 1, 1, 1]),
-                    int_dtype,
-                );
-                (placeholder, None, true, w)
-            }
+        // Never read (what they stand for is compile-time in the kernels), so not filled: a fill
+        // is a launch of its own.
+        let placeholder =
+            |shape: Shape| empty_device_contiguous_dtype::<R>(q.client.clone(), q.device.clone(), shape, int_dtype);
+        let (blocks, index, window, span, documents) = match keys {
+            TokenKeys::Window { w, documents } => (placeholder(Shape::new([1, 1, 1, 1])), None, true, w, documents),
             TokenKeys::Selected { blocks, block_size, index } => {
                 let index = index.map(|index| InvertedIndex::from_tensors(index.tensors.clone()));
-                (into_contiguous(blocks.clone()), index, false, block_size)
+                (into_contiguous(blocks.clone()), index, false, block_size, None)
             }
         };
+        let starts =
+            documents.map_or_else(|| placeholder(Shape::new([1, 1])), |starts| into_contiguous(starts.clone()));
         let span = u32::try_from(span).expect("window or block size fits in u32");
-        Operands { q, k, v, blocks, index, window, span, scale: 1.0 / (d_k as f32).sqrt(), d_k, d_v }
+        let documents = documents.is_some();
+        let scale = 1.0 / (d_k as f32).sqrt();
+        Operands { q, k, v, blocks, index, starts, documents, window, span, scale, d_k, d_v }
     }
 
     pub fn client(&self) -> ComputeClient<R> {

@@ -116,9 +116,10 @@ impl KeyTiling {
         self.keys * self.parts
     }
 
-    /// Shared memory the kernel declares (see `kernel::portable::backward`).
+    /// Shared memory the kernel declares (see `kernel::portable::backward`): per staged row its
+    /// q and dO, statistics, position and document start.
     pub fn shared_floats(&self, d_k: usize, d_v: usize) -> usize {
-        let rows = self.chunk * (d_k + d_v + 3);
+        let rows = self.chunk * (d_k + d_v + 4);
         let partials = if self.parts > 1 { 2 * self.keys * self.chunk * self.parts } else { 0 };
         rows + partials
     }

@@ -92,7 +92,14 @@ pub(crate) fn eval(args: EvalArgs) -> Result<(), String> {
     }
     let loaded = Loaded::open(args.checkpoint.as_deref().expect("clap requires it"), &args.run_on)?;
     let cfg = &loaded.cfg;
-    let text = EvalText::read(&args.data, &loaded.tokenizer()?, cfg.model.seq_len).map_err(|e| e.to_string())?;
+    let text = EvalText::read(
+        &args.data,
+        &loaded.tokenizer()?,
+        cfg.model.seq_len,
+        cfg.data.pack,
+        cfg.model.document_alignment(),
+    )
+    .map_err(|e| e.to_string())?;
     let job = Job {
         loaded: &loaded,
         text: &text,
