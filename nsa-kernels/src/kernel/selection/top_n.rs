@@ -236,7 +236,7 @@ pub(crate) fn force_blocks(
     if lane == first % LANES {
         scores[row + first] = TAKEN;
     }
-    if current >= first + 1 {
+    if current > first {
         if lane == 0 {
             chosen[r * n + count] = current as u32;
         }
