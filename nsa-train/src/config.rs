@@ -329,7 +329,7 @@ impl RunConfig {
                 format!("`documents` packs text files, not `synthetic = \"{}\"`", self.data.synthetic)
             })?;
             let align = self.model.document_alignment();
-            ConfigError::ensure(self.model.seq_len % align == 0, "data.pack", || {
+            ConfigError::ensure(self.model.seq_len.is_multiple_of(align), "data.pack", || {
                 format!(
                     "`documents` starts each document at a multiple of {align}: needs model.seq_len a multiple of it"
                 )
