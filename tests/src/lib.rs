@@ -22,8 +22,6 @@ use reference::{Mat, NsaWeights, PhiWeights};
 pub type B64 = NdArray<f64>;
 /// Float64 with autodiff, for gradient checks.
 pub type A64 = Autodiff<NdArray<f64>>;
-/// The default f32 CPU backend.
-pub type B32 = NdArray<f32>;
 
 /// The small shape most tests start from: dim 24, 4 query heads on 2 KV heads, `d_k = d_v = 8`,
 /// `l = 8, d = 4, l_sel = 8, n = 4, w = 16`.
@@ -50,6 +48,22 @@ pub fn fresh_rng(test: &str) -> StdRng {
 
 pub fn rng_from(seed: u64) -> StdRng {
     StdRng::seed_from_u64(seed)
+}
+
+/// Random document starts for `b` rows of `t` positions (`[b * t]`, each position's start): a
+/// new document may begin at any multiple of `step` after 0, with probability `p`.
+pub fn random_starts(rng: &mut StdRng, b: usize, t: usize, step: usize, p: f64) -> Vec<i64> {
+    let mut starts = Vec::with_capacity(b * t);
+    for _ in 0..b {
+        let mut start = 0;
+        for pos in 0..t {
+            if pos > 0 && pos % step == 0 && rng.random_bool(p) {
+                start = pos as i64;
+            }
+            starts.push(start);
+        }
+    }
+    starts
 }
 
 /// Standard normal draws.

@@ -31,7 +31,7 @@ pub fn run(args: Vec<String>) -> ExitCode {
     let cargo_test = |extra: &[&str]| {
         let mut cmd = Command::new(cargo());
         cmd.args(["test", "--workspace", "--features", &features.join(",")]).args(extra);
-        vulkan::private_runtime_dir(&mut cmd);
+        vulkan::test_environment(&mut cmd);
         cmd
     };
     if !args.is_empty() {
@@ -93,7 +93,7 @@ fn suite_of(message: serde_json::Value) -> Option<Suite> {
 fn spawn_side(suite: Suite) -> Result<Child, ExitCode> {
     let mut side = Command::new(&suite.binary);
     side.args(SIDE_TESTS).arg("--exact").current_dir(&suite.dir);
-    vulkan::private_runtime_dir(&mut side);
+    vulkan::test_environment(&mut side);
     eprintln!("+ {side:?} (beside the next)");
     side.spawn().map_err(|e| {
         eprintln!("error: cannot run {}: {e}", suite.binary.display());

@@ -61,10 +61,24 @@ fn driver_present() -> bool {
     loader && icd
 }
 
+/// The environment the WGPU tests run in: a usable `XDG_RUNTIME_DIR` ([`private_runtime_dir`])
+/// and, unless the caller chose otherwise, `GALLIVM_PERF=nopt`.
+///
+/// Without a GPU the tests' time is lavapipe compiling each kernel with LLVM (coroutine lowering
+/// at every barrier, then code generation). `nopt` skips LLVM's optimisation passes over the
+/// kernels, about 30% of that time; the tests' kernels run on small shapes, where slower code
+/// costs nothing that shows. Other Vulkan drivers ignore the variable.
+pub fn test_environment(cmd: &mut Command) {
+    private_runtime_dir(cmd);
+    if std::env::var_os("GALLIVM_PERF").is_none() {
+        cmd.env("GALLIVM_PERF", "nopt");
+    }
+}
+
 /// Gives the tests a private `XDG_RUNTIME_DIR` when the environment has none usable: Mesa's
 /// Vulkan drivers print "error: XDG_RUNTIME_DIR is invalid" otherwise, which reads like a test
 /// failure and is not one.
-pub fn private_runtime_dir(cmd: &mut Command) {
+fn private_runtime_dir(cmd: &mut Command) {
     let usable = std::env::var_os("XDG_RUNTIME_DIR").is_some_and(|dir| Path::new(&dir).is_dir());
     if usable || !cfg!(unix) {
         return;

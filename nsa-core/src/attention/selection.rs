@@ -38,8 +38,8 @@ pub fn select_top_n<B: Backend>(
             top_n_masks::<B>(query(), Tensor::zeros([1, t, 1], &device), nb, l_sel, n)
         }),
         Some(documents) => {
-            let b = documents.starts.dims()[0];
-            let first = documents.starts.clone().div_scalar(l_sel as i64).reshape([b, t, 1]);
+            let b = documents.starts().dims()[0];
+            let first = documents.starts().div_scalar(l_sel as i64).reshape([b, t, 1]);
             top_n_masks::<B>(query().expand([b, t, 1]), first, nb, l_sel, n)
         }
     };

@@ -13,14 +13,25 @@ use burn::tensor::{backend::Backend, Int, Tensor, TensorData};
 /// and one block grid serves every document ([`Documents::check`]).
 #[derive(Clone, Debug)]
 pub struct Documents<B: Backend> {
-    pub starts: Tensor<B, 2, Int>,
+    starts: Tensor<B, 2, Int>,
+    /// `t - starts[b, t]`, made once: every layer's RoPE reads it for its queries and keys.
+    positions: Tensor<B, 2, Int>,
 }
 
 impl<B: Backend> Documents<B> {
+    /// The documents of per-position starts `[B, T]` on the device (unchecked: see
+    /// [`Documents::from_starts`]).
+    pub fn new(starts: Tensor<B, 2, Int>) -> Self {
+        let [b, t] = starts.dims();
+        let index = Tensor::<B, 1, Int>::arange(0..t as i64, &starts.device()).reshape([1, t]).expand([b, t]);
+        let positions = index - starts.clone();
+        Self { starts, positions }
+    }
+
     /// Per-position starts `[B, T]` from the host, row-major, checked by [`Documents::check`].
     pub fn from_starts(starts: Vec<i64>, shape: [usize; 2], align: usize, device: &B::Device) -> Result<Self, String> {
         Self::check(&starts, shape, align)?;
-        Ok(Self { starts: Tensor::from_data(TensorData::new(starts, shape), device) })
+        Ok(Self::new(Tensor::from_data(TensorData::new(starts, shape), device)))
     }
 
     /// Whether `starts` (`[B, T]`, row-major) are valid: each `starts[b, t] <= t`, a multiple of
@@ -53,10 +64,13 @@ impl<B: Backend> Documents<B> {
         self.starts.clone().into_primitive()
     }
 
+    /// Each position's document start, `[B, T]`.
+    pub fn starts(&self) -> Tensor<B, 2, Int> {
+        self.starts.clone()
+    }
+
     /// Each position's place within its document, `[B, T]`.
     pub fn positions(&self) -> Tensor<B, 2, Int> {
-        let [b, t] = self.starts.dims();
-        let index = Tensor::<B, 1, Int>::arange(0..t as i64, &self.starts.device()).reshape([1, t]).expand([b, t]);
-        index - self.starts.clone()
+        self.positions.clone()
     }
 }

@@ -53,7 +53,7 @@ impl HostBatch {
             targets: Tensor::from_data(TensorData::new(self.targets, self.shape), device),
             documents: self
                 .starts
-                .map(|starts| Documents { starts: Tensor::from_data(TensorData::new(starts, self.shape), device) }),
+                .map(|starts| Documents::new(Tensor::from_data(TensorData::new(starts, self.shape), device))),
         }
     }
 

@@ -170,9 +170,10 @@ impl DocumentSpans {
             while k + 1 < self.spans.len() && self.spans[k + 1].0 <= at {
                 k += 1;
             }
-            let (start, targets_end) = self.spans.get(k).copied().unwrap_or((0, 0));
+            // The first document starts the stream, so every position lies in a span.
+            let (start, targets_end) = self.spans[k];
             starts.push((start.max(from) - from) as i64);
-            if at >= targets_end || at < start {
+            if at >= targets_end {
                 *target = -1;
             }
         }

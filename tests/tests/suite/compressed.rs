@@ -14,9 +14,8 @@ use burn::backend::wgpu::{CubeBackend, WgpuDevice, WgpuRuntime};
 use burn::backend::Autodiff;
 use burn::tensor::{backend::AutodiffBackend, Int, Tensor, TensorData};
 use nsa_kernels::{sparse_attention, Keys, SparseAttentionBackend};
-use nsa_tests::{fresh_rng, max_rel_err, normal, to_vec, A64};
+use nsa_tests::{fresh_rng, max_rel_err, normal, random_starts, to_vec, A64};
 use rand::rngs::StdRng;
-use rand::Rng;
 
 type Wgpu = Autodiff<CubeBackend<WgpuRuntime, f32, i32, u32>>;
 type WgpuFusion = Autodiff<burn::backend::Wgpu>;
@@ -52,18 +51,7 @@ impl Case {
     /// packing aligns them), some shorter than a block.
     fn packed(mut self, rng: &mut StdRng) -> Self {
         let [b, t, ..] = self.dims;
-        let stride = self.geometry[1];
-        let mut starts = Vec::with_capacity(b * t);
-        for _ in 0..b {
-            let mut start = 0;
-            for pos in 0..t {
-                if pos > 0 && pos % stride == 0 && rng.random_bool(0.3) {
-                    start = pos as i64;
-                }
-                starts.push(start);
-            }
-        }
-        self.starts = starts;
+        self.starts = random_starts(rng, b, t, self.geometry[1], 0.3);
         self
     }
 

@@ -5,7 +5,6 @@
 //! (WGPU, Mesa lavapipe in CI) against that reference path.
 
 use burn::backend::wgpu::{CubeBackend, WgpuDevice, WgpuRuntime};
-use burn::backend::Autodiff;
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::{backend::AutodiffBackend, Int, Tensor, TensorData};
 use nsa_core::{
@@ -180,34 +179,31 @@ fn a_packed_model_gives_each_document_its_own_logits_and_loss() {
     }
 }
 
-/// The fused kernels on packed rows (the window's and the compressed branch's, the selection's,
-/// through autodiff) against the reference path on the same device: outputs, selected blocks
-/// and the input's gradient.
+/// The fused kernels on packed rows (the window's and the compressed branch's, the selection's)
+/// against the reference path on the same device: outputs and selected blocks. The kernels'
+/// gradients on packed rows, through autodiff and fusion, are checked kernel by kernel against
+/// float64 loops (`kernels.rs`, `compressed.rs`); this checks that the layer hands every kernel
+/// its documents. It runs at `small_config`'s head shape, whose other kernels the suite's
+/// unpacked layer test compiles already (on lavapipe each new kernel costs seconds to minutes).
 #[test]
 fn the_wgpu_kernels_keep_to_each_document() {
-    type Wgpu = Autodiff<CubeBackend<WgpuRuntime, f32, i32, u32>>;
-    let (cfg, device) = (layer_config(), WgpuDevice::default());
+    type Wgpu = CubeBackend<WgpuRuntime, f32, i32, u32>;
+    let (cfg, device) = (small_config(), WgpuDevice::default());
     let mut rng = fresh_rng("wgpu_kernels_keep_to_each_document");
     let fused: NsaAttention<Wgpu> = randomized(NsaAttentionConfig::new(cfg.clone(), T).init(&device), &mut rng, 0.4);
     let mut reference = fused.clone();
     reference.config.fused_kernels = false;
-    let (_, rows) = random_input::<Wgpu>(&mut rng, ROWS.len(), T, cfg.dim, &device);
-    let seed = normal(&mut rng, ROWS.len() * T * cfg.dim, 1.0);
+    let (x, _) = random_input::<Wgpu>(&mut rng, ROWS.len(), T, cfg.dim, &device);
     let documents = packed(cfg.document_alignment(), &device);
     let run = |layer: &NsaAttention<Wgpu>| {
-        let shape = [ROWS.len(), T, cfg.dim];
-        let x = Tensor::<Wgpu, 3>::from_data(TensorData::new(rows.concat(), shape), &device).require_grad();
         let (out, aux) = layer.forward_with_aux(x.clone(), Some(&documents));
-        let grads = (out.clone() * Tensor::from_data(TensorData::new(seed.clone(), shape), &device)).sum().backward();
-        (to_vec(out), selection_sets(aux.blocks), to_vec(x.grad(&grads).unwrap()))
+        (to_vec(out), selection_sets(aux.blocks))
     };
-    let (out, blocks, dx) = run(&fused);
-    let (want_out, want_blocks, want_dx) = run(&reference);
+    let (out, blocks) = run(&fused);
+    let (want_out, want_blocks) = run(&reference);
     assert_eq!(blocks, want_blocks, "selected blocks");
     let err = max_rel_err(&out, &want_out);
     assert!(err <= 1e-5, "outputs differ from the reference path by {err:e}");
-    let err = max_rel_err(&dx, &want_dx);
-    assert!(err <= 1e-4, "input gradients differ from the reference path by {err:e}");
 }
 
 #[test]

@@ -15,7 +15,7 @@ use nsa_kernels::sparse::launch::{backward_with, forward_with, problem};
 use nsa_kernels::sparse::plan::{BackwardPlan, Capabilities, ForwardPlan};
 use nsa_kernels::{sparse_attention, Keys, SparseAttentionBackend, TokenKeys};
 use nsa_tests::attention::{attention, block_keys, window_keys, AttentionResult, Dims};
-use nsa_tests::{fresh_rng, max_rel_err, normal, random_input, randomized, small_config, to_vec, A64};
+use nsa_tests::{fresh_rng, max_rel_err, normal, random_input, random_starts, randomized, small_config, to_vec, A64};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::Rng;
@@ -92,17 +92,7 @@ impl Case {
     /// the window), each row's first at 0.
     fn packed(mut self, rng: &mut StdRng) -> Self {
         let Dims { b, t, .. } = self.dims;
-        let mut starts = Vec::with_capacity(b * t);
-        for _ in 0..b {
-            let mut start = 0;
-            for pos in 0..t {
-                if pos > 0 && rng.random_bool(1.0 / 16.0) {
-                    start = pos as i64;
-                }
-                starts.push(start);
-            }
-        }
-        self.starts = starts;
+        self.starts = random_starts(rng, b, t, 1, 1.0 / 16.0);
         self
     }
 

@@ -1,9 +1,8 @@
 //! The cross-crate tests, as one binary: each test file is a module, so Burn's generic code is
-//! compiled once for all of them instead of once per file (most of a cold test build).
-//! Binaries of their own: `tensor_core_expand` (it installs a process-wide panic hook), and `model` and
-//! `precision`, which run `NdArray<f32>`: Burn keys a device's default float dtype by device
-//! type, so the first of `NdArray<f32>` and `NdArray<f64>` to touch the CPU in a process fixes it
-//! for both, and every other test here runs in f64.
+//! compiled once for all of them instead of once per file (most of a cold test build). Every
+//! CPU test here runs in f64: Burn keys a device's default float dtype by device type, so the
+//! first of `NdArray<f32>` and `NdArray<f64>` to touch the CPU in a process fixes it for both.
+//! `tensor_core_expand` has a binary of its own: it installs a process-wide panic hook.
 
 mod activation;
 mod compressed;
@@ -23,9 +22,11 @@ mod limits;
 #[cfg(feature = "cuda")]
 mod manual_mma;
 mod mix;
+mod model;
 mod norm;
 mod optimizer;
 mod parity;
 mod phi;
+mod precision;
 mod select_kernel;
 mod selection;

@@ -2,7 +2,7 @@
 
 use burn::tensor::{Int, Tensor, TensorData};
 use nsa_core::{AttentionKind, MlpKind, NsaLm, NsaLmConfig};
-use nsa_tests::{fresh_rng, small_config, to_vec, B32};
+use nsa_tests::{fresh_rng, small_config, to_vec, B64};
 use rand::Rng;
 
 fn tiny(attention: AttentionKind, mlp: MlpKind) -> NsaLmConfig {
@@ -19,11 +19,11 @@ fn assert_causal(name: &str, cfg: NsaLmConfig) {
     cfg.validate().unwrap();
     let device = Default::default();
     let mut rng = fresh_rng(name);
-    let model: NsaLm<B32> = cfg.init(&device);
+    let model: NsaLm<B64> = cfg.init(&device);
     let (b, t) = (2, cfg.seq_len);
     let tokens: Vec<i64> = (0..b * t).map(|_| rng.random_range(0..cfg.vocab_size as i64)).collect();
     let logits = |tokens: &[i64]| {
-        let input = Tensor::<B32, 2, Int>::from_data(TensorData::new(tokens.to_vec(), [b, t]), &device);
+        let input = Tensor::<B64, 2, Int>::from_data(TensorData::new(tokens.to_vec(), [b, t]), &device);
         let out = model.forward(input);
         assert_eq!(out.dims(), [b, t, cfg.vocab_size]);
         to_vec(out)
@@ -67,8 +67,8 @@ fn initial_loss_is_near_uniform() {
     // Scaled init: the untrained model predicts close to uniform, cross-entropy ~ ln(vocab).
     let cfg = tiny(AttentionKind::Nsa, MlpKind::Silu);
     let device = Default::default();
-    let model: NsaLm<B32> = cfg.init(&device);
-    let tokens = Tensor::<B32, 2, Int>::from_data(
+    let model: NsaLm<B64> = cfg.init(&device);
+    let tokens = Tensor::<B64, 2, Int>::from_data(
         TensorData::new((0..48i64).map(|i| (i * 7) % 64).collect::<Vec<_>>(), [1, 48]),
         &device,
     );
