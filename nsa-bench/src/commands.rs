@@ -126,7 +126,7 @@ pub fn profile(args: ProfileArgs) -> Result<(), String> {
 }
 
 pub fn selection(args: SelectionArgs) -> Result<(), String> {
-    let SelectionArgs { backend, lengths, check_len, iters, out } = args;
+    let SelectionArgs { backend, lengths, check_len, iters, document_len, out } = args;
     let kind = resolve(backend.unwrap_or(BackendKind::Auto))?;
     if kind == BackendKind::Cpu {
         return Err("the selection kernel runs on the cuda or wgpu backend, not the CPU".into());
@@ -134,10 +134,20 @@ pub fn selection(args: SelectionArgs) -> Result<(), String> {
     if lengths.iter().any(|&t| t < 32) {
         return Err("sequence lengths must be at least one compressed block (32 tokens)".into());
     }
+    if let Some(len) = document_len.filter(|&len| len == 0 || len % selection::BLOCK != 0) {
+        return Err(format!("--document-len {len} must be a positive multiple of {}", selection::BLOCK));
+    }
     eprintln!("checking and timing the block selection on {}", kind.name());
     let bf16 = kind == BackendKind::Cuda;
     let rows = with_backend!(kind, false, &[0], |B, devices, _memory| {
-        Ok::<_, String>(selection::bench_selection::<B>(&devices[0], &lengths, check_len, iters.max(1), bf16))
+        Ok::<_, String>(selection::bench_selection::<B>(
+            &devices[0],
+            &lengths,
+            check_len,
+            iters.max(1),
+            bf16,
+            document_len,
+        ))
     })?;
     write_json(&out.out, "selection.json", &rows)?;
     match rows.iter().all(|r| r.ok()) {

@@ -101,6 +101,10 @@ struct SelectionArgs {
     /// Timed runs per length (the median of synced runs).
     #[arg(long, default_value_t = 10)]
     iters: usize,
+    /// Packed documents of this many tokens (a multiple of the selection block, 64) instead of
+    /// one document per row: each query's blocks then come from its document.
+    #[arg(long)]
+    document_len: Option<usize>,
     #[command(flatten)]
     out: Out,
 }

@@ -15,6 +15,8 @@ pub struct PlanCase<'a> {
     pub inputs: &'a [TensorData; 4],
     /// A selection's block lists `[1, T, H_kv, n]`; `None` for a window of `window` keys.
     pub blocks: Option<&'a TensorData>,
+    /// A window's document starts `[1, T]` (packed documents), or `None`.
+    pub starts: Option<&'a TensorData>,
     pub window: usize,
     pub block_size: usize,
     pub dtype: DType,
@@ -52,8 +54,9 @@ pub fn check<R: burn_cubecl::CubeRuntime>(device: &R::Device, case: &PlanCase) -
     };
     let [q, k, v, grad_out] = [0, 1, 2, 3].map(|i| load(&case.inputs[i]));
     let blocks = case.blocks.map(|b| Tensor::<C<R>, 4, Int>::from_data(b.clone(), device).into_primitive());
+    let starts = case.starts.map(|s| Tensor::<C<R>, 2, Int>::from_data(s.clone(), device).into_primitive());
     let keys: TokenKeys<'_, C<R>> = match &blocks {
-        None => TokenKeys::Window { w: case.window, documents: None },
+        None => TokenKeys::Window { w: case.window, documents: starts.as_ref() },
         Some(blocks) => TokenKeys::Selected { blocks, block_size: case.block_size, index: None },
     };
     let problem = problem(&q, &k, &v, keys);

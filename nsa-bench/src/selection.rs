@@ -12,7 +12,7 @@
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Distribution, Int, Tensor};
-use nsa_kernels::{select_blocks, sparse_attention, Keys, Selection, SparseAttentionBackend};
+use nsa_kernels::{select_blocks, sparse_attention, Documents, Keys, Selection, SparseAttentionBackend};
 use serde::Serialize;
 
 use crate::timing::median_ms;
@@ -22,6 +22,8 @@ const H_Q: usize = 12;
 const H_KV: usize = 2;
 const D: usize = 64;
 const SELECTION: Selection = Selection { length: 32, stride: 16, block_size: 64, n: 16 };
+/// The selection block, which packed documents start on a multiple of.
+pub const BLOCK: usize = SELECTION.block_size;
 /// Relative score gap under which f32 may rank two blocks either way.
 const NEAR_TIE: f64 = 1e-5;
 /// The same for the bf16 path, whose products accumulate in the tensor cores' order.
@@ -59,9 +61,10 @@ fn inputs<B: Backend + SparseAttentionBackend>(
     q: &Tensor<B, 4>,
     k: &Tensor<B, 4>,
     dtype: DType,
+    documents: Option<&Documents<B>>,
 ) -> (Tensor<B, 4>, Tensor<B, 4>, Tensor<B, 3>) {
     let (q, k) = (q.clone().cast(dtype), k.clone().cast(dtype));
-    let keys = Keys::compressed(SELECTION.length, SELECTION.stride, None);
+    let keys = Keys::compressed(SELECTION.length, SELECTION.stride, documents);
     let (_, lse) = sparse_attention(q.clone(), k.clone(), k.clone(), &keys);
     (q, k, lse)
 }
@@ -70,8 +73,15 @@ fn lists<B: Backend + SparseAttentionBackend>(
     q: &Tensor<B, 4>,
     k: &Tensor<B, 4>,
     lse: &Tensor<B, 3>,
+    documents: Option<&Documents<B>>,
 ) -> Tensor<B, 4, Int> {
-    select_blocks(q.clone(), k.clone(), lse.clone(), SELECTION, None).expect("the backend has the selection kernel")
+    select_blocks(q.clone(), k.clone(), lse.clone(), SELECTION, documents)
+        .expect("the backend has the selection kernel")
+}
+
+/// Each position's document start for documents of `len` tokens.
+fn starts(t: usize, len: usize) -> Vec<i64> {
+    (0..t).map(|pos| (pos / len * len) as i64).collect()
 }
 
 fn host_ints<B: Backend>(t: Tensor<B, 4, Int>) -> Vec<i64> {
@@ -84,6 +94,7 @@ pub fn bench_selection<B: Backend + SparseAttentionBackend>(
     check_len: usize,
     iters: usize,
     bf16: bool,
+    document_len: Option<usize>,
 ) -> Vec<SelectionRow> {
     lengths
         .iter()
@@ -91,11 +102,18 @@ pub fn bench_selection<B: Backend + SparseAttentionBackend>(
             let n_keys = (t.max(SELECTION.length) - SELECTION.length) / SELECTION.stride + 1;
             let q = Tensor::<B, 4>::random([1, t, H_Q, D], Distribution::Normal(0.0, 1.0), device);
             let k = Tensor::<B, 4>::random([1, n_keys, H_KV, D], Distribution::Normal(0.0, 1.0), device);
-            let (q32, k32, lse32) = inputs(&q, &k, DType::F32);
-            let f32_lists = lists(&q32, &k32, &lse32);
-            let f32_ms = median_ms::<B>(device, iters, || drop(lists(&q32, &k32, &lse32)));
+            let starts = document_len.map(|len| starts(t, len));
+            let documents = starts.clone().map(|starts| {
+                Documents::from_starts(starts, [1, t], BLOCK, device).expect("starts on block multiples")
+            });
+            let docs = documents.as_ref();
+            let (q32, k32, lse32) = inputs(&q, &k, DType::F32, docs);
+            let f32_lists = lists(&q32, &k32, &lse32, docs);
+            let f32_ms = median_ms::<B>(device, iters, || drop(lists(&q32, &k32, &lse32, docs)));
             let got = host_ints(f32_lists);
-            let check = (t <= check_len).then(|| check_against_f64(&q32, &k32, &lse32, &got, NEAR_TIE)).flatten();
+            let check = (t <= check_len)
+                .then(|| check_against_f64(&q32, &k32, &lse32, &got, NEAR_TIE, starts.as_deref()))
+                .flatten();
             let (checked, mismatches, near_ties) = (check.map(|c| c.0), check.map(|c| c.1), check.map(|c| c.2));
             let mut row = SelectionRow {
                 t,
@@ -111,13 +129,14 @@ pub fn bench_selection<B: Backend + SparseAttentionBackend>(
                 bf16_near_ties: None,
             };
             if bf16 {
-                let (qb, kb, lseb) = inputs(&q, &k, DType::BF16);
-                let bf16_got = host_ints(lists(&qb, &kb, &lseb));
+                let (qb, kb, lseb) = inputs(&q, &k, DType::BF16, docs);
+                let bf16_got = host_ints(lists(&qb, &kb, &lseb, docs));
                 let flips = bf16_got.chunks(SELECTION.n).zip(got.chunks(SELECTION.n)).filter(|(a, b)| a != b).count();
                 row.bf16_flips = Some(flips);
-                row.bf16_ms = Some(median_ms::<B>(device, iters, || drop(lists(&qb, &kb, &lseb))));
-                let check =
-                    (t <= check_len).then(|| check_against_f64(&qb, &kb, &lseb, &bf16_got, NEAR_TIE_BF16)).flatten();
+                row.bf16_ms = Some(median_ms::<B>(device, iters, || drop(lists(&qb, &kb, &lseb, docs))));
+                let check = (t <= check_len)
+                    .then(|| check_against_f64(&qb, &kb, &lseb, &bf16_got, NEAR_TIE_BF16, starts.as_deref()))
+                    .flatten();
                 row.bf16_checked = check.map(|c| c.0);
                 row.bf16_mismatches = check.map(|c| c.1);
                 row.bf16_near_ties = check.map(|c| c.2);
@@ -129,8 +148,8 @@ pub fn bench_selection<B: Backend + SparseAttentionBackend>(
 }
 
 /// The kernel's lists `got` (`[1, T, H_kv, n]` flat) against the f64 reference on the CPU fed the
-/// same values: `(rows compared, rows that differ, near-tie rows skipped)`; `None` without the
-/// `cpu` feature.
+/// same values (and document `starts`): `(rows compared, rows that differ, near-tie rows
+/// skipped)`; `None` without the `cpu` feature.
 #[cfg(not(feature = "cpu"))]
 fn check_against_f64<B: Backend>(
     _: &Tensor<B, 4>,
@@ -138,6 +157,7 @@ fn check_against_f64<B: Backend>(
     _: &Tensor<B, 3>,
     _: &[i64],
     _: f64,
+    _: Option<&[i64]>,
 ) -> Option<(usize, usize, usize)> {
     None
 }
@@ -149,23 +169,29 @@ fn check_against_f64<B: Backend>(
     lse: &Tensor<B, 3>,
     got: &[i64],
     near: f64,
+    starts: Option<&[i64]>,
 ) -> Option<(usize, usize, usize)> {
     use nsa_core::attention::selection::{select_top_n, selected_list};
     type Cpu = burn::backend::NdArray<f64>;
     let cpu = Default::default();
     let to_cpu4 = |x: &Tensor<B, 4>| Tensor::<Cpu, 4>::from_data(x.to_data().convert::<f64>(), &cpu);
     let lse = Tensor::<Cpu, 3>::from_data(lse.to_data().convert::<f64>(), &cpu);
+    let t_len = q.dims()[1];
+    let documents = starts.map(|starts| {
+        Documents::<Cpu>::from_starts(starts.to_vec(), [1, t_len], BLOCK, &cpu).expect("starts on block multiples")
+    });
     let s = SELECTION;
-    let scores = nsa_kernels::sparse::reference::block_scores(to_cpu4(q), to_cpu4(k), lse, s, None);
+    let scores = nsa_kernels::sparse::reference::block_scores(to_cpu4(q), to_cpu4(k), lse, s, documents.as_ref());
     let [_, h_kv, t_len, nb] = scores.dims();
     let values = scores.to_data().convert::<f64>().to_vec::<f64>().expect("float data");
-    let want = host_ints(selected_list(select_top_n(scores, s.block_size, s.n, None), s.n));
+    let want = host_ints(selected_list(select_top_n(scores, s.block_size, s.n, documents.as_ref()), s.n));
     let (mut checked, mut mismatches, mut near_ties) = (0, 0, 0);
     for hk in 0..h_kv {
         for t in 0..t_len {
             let at = (t * h_kv + hk) * s.n;
             let row = &values[(hk * t_len + t) * nb..][..nb];
-            if near_tie(t, row, &want[at..at + s.n], near) {
+            let first = starts.map_or(0, |starts| starts[t] as usize / BLOCK);
+            if near_tie(t, first, row, &want[at..at + s.n], near) {
                 near_ties += 1;
                 continue;
             }
@@ -178,13 +204,14 @@ fn check_against_f64<B: Backend>(
 
 #[cfg(feature = "cpu")]
 /// Whether the lowest score taken on merit and the highest left out are within `near` of the
-/// row's top score.
-fn near_tie(t: usize, scores: &[f64], chosen: &[i64], near: f64) -> bool {
+/// row's top score (blocks from the document's `first` on).
+fn near_tie(t: usize, first: usize, scores: &[f64], chosen: &[i64], near: f64) -> bool {
     let current = t / SELECTION.block_size;
-    let merit = |j: usize| j != 0 && j != current && j + 1 != current;
+    let merit = |j: usize| j != first && j != current && j + 1 != current;
     let taken = |j: usize| chosen.contains(&(j as i64));
-    let low = (1..=current).filter(|&j| merit(j) && taken(j)).map(|j| scores[j]).fold(f64::INFINITY, f64::min);
-    let high = (1..=current).filter(|&j| merit(j) && !taken(j)).map(|j| scores[j]).fold(f64::NEG_INFINITY, f64::max);
+    let eligible = first + 1..=current;
+    let low = eligible.clone().filter(|&j| merit(j) && taken(j)).map(|j| scores[j]).fold(f64::INFINITY, f64::min);
+    let high = eligible.filter(|&j| merit(j) && !taken(j)).map(|j| scores[j]).fold(f64::NEG_INFINITY, f64::max);
     let top = scores.iter().cloned().fold(0.0, f64::max);
     (low - high).abs() <= near * top
 }

@@ -83,9 +83,11 @@ fn tensor_core_plans_expand() {
     // q, dO: 2 heads; k, v: 1 head; d = 64, T = 64; blocks of 64 keys, block 0 listed.
     let (q, kv) = (|| half([1, 64, 2, 64], &device), || half([1, 64, 1, 64], &device));
     let blocks = Tensor::<B, 4, Int>::zeros([1, 64, 1, 2], &device).into_primitive();
+    let starts = Tensor::<B, 2, Int>::zeros([1, 64], &device).into_primitive();
     let window: TokenKeys<'_, B> = TokenKeys::Window { w: 16, documents: None };
+    let packed: TokenKeys<'_, B> = TokenKeys::Window { w: 16, documents: Some(&starts) };
     let selection = TokenKeys::Selected { blocks: &blocks, block_size: 64, index: None };
-    let key_sets = [("window", window), ("selection", selection)];
+    let key_sets = [("window", window), ("packed window", packed), ("selection", selection)];
     let mut forced = 0;
     for (name, keys) in key_sets {
         let problem = problem(&q(), &kv(), &kv(), keys);
@@ -111,6 +113,7 @@ fn tensor_core_plans_expand() {
             forced += 1;
         }
     }
-    // Window and selection: one forward and two backward plans each (dQ folded or not).
-    assert_eq!(forced, 6);
+    // Window (with and without documents) and selection: one forward and two backward plans
+    // each (dQ folded or not).
+    assert_eq!(forced, 9);
 }

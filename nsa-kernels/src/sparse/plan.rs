@@ -41,9 +41,6 @@ pub struct Problem {
     pub d_v: usize,
     pub dtype: DType,
     pub keys: KeyKind,
-    /// The rows are packed documents (a window stops at each row's document start), which only
-    /// the portable kernels take so far.
-    pub documents: bool,
 }
 
 impl Problem {
@@ -101,7 +98,7 @@ impl Capabilities {
             DType::BF16 => self.tensor_cores_bf16,
             _ => false,
         };
-        device && !problem.documents && problem.d_k.is_multiple_of(MMA_TILE) && problem.d_v.is_multiple_of(MMA_TILE)
+        device && problem.d_k.is_multiple_of(MMA_TILE) && problem.d_v.is_multiple_of(MMA_TILE)
     }
 
     fn atomics(&self) -> bool {
@@ -287,7 +284,7 @@ mod tests {
 
     fn problem(shape: (&str, usize, usize, usize, usize), keys: KeyKind, dtype: DType) -> Problem {
         let (_, heads_q, heads_kv, d_k, d_v) = shape;
-        Problem { heads_q, heads_kv, d_k, d_v, dtype, keys, documents: false }
+        Problem { heads_q, heads_kv, d_k, d_v, dtype, keys }
     }
 
     const WINDOW: KeyKind = KeyKind::Window { w: 512 };

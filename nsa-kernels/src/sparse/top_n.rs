@@ -19,18 +19,17 @@ use crate::sparse::tiling::{SelectionTiling, SELECTION_LANES};
 
 /// The plan the selection of `q` against `h_kv` KV heads runs; a shape no plan can run panics
 /// with the plan table's one line (the layer's config rules such shapes out first).
-fn plan_of<R: CubeRuntime>(q: &CubeTensor<R>, h_kv: usize, selection: &Selection, documents: bool) -> SelectionPlan {
+fn plan_of<R: CubeRuntime>(q: &CubeTensor<R>, h_kv: usize, selection: &Selection) -> SelectionPlan {
     let [_, t, heads_q, d_k] = q.meta.shape().dims::<4>();
     let keys = KeyKind::Selected { block_size: selection.block_size };
-    let problem = Problem { heads_q, heads_kv: h_kv, d_k, d_v: d_k, dtype: q.dtype, keys, documents };
+    let problem = Problem { heads_q, heads_kv: h_kv, d_k, d_v: d_k, dtype: q.dtype, keys };
     SelectionPlan::choose(&problem, &capabilities(&q.client), t, selection.block_size, selection.n)
         .unwrap_or_else(|message| panic!("{message}"))
 }
 
 /// `q [B, T, H_q, d_k]`, compressed keys `k [B, N, H_kv, d_k]` and the compressed branch's
 /// `lse [B, T, H_q]` -> the block lists `[B, T, H_kv, n]` of the backend's int dtype `int`;
-/// with document `starts` `[B, T]`, each query's blocks come from its document (the portable
-/// kernel: the tensor-core one does not take document starts).
+/// with document `starts` `[B, T]`, each query's blocks come from its document.
 ///
 /// Panics with one line when the sequence has more selection blocks than a cube's shared
 /// memory holds scores for (over a million tokens at the production shape on an H100).
@@ -51,7 +50,7 @@ pub fn select_blocks<R: CubeRuntime>(
     let h_kv = k.meta.shape()[2];
     let g = h_q / h_kv;
     let client = q.client.clone();
-    let plan = plan_of(&q, h_kv, &selection, starts.is_some());
+    let plan = plan_of(&q, h_kv, &selection);
     let documents = starts.is_some();
     // Never read without documents (the kernel's choice is compile-time), so not filled.
     let starts = starts.map_or_else(
@@ -81,8 +80,10 @@ pub fn select_blocks<R: CubeRuntime>(
             q.into_tensor_arg(),
             k.into_tensor_arg(),
             lse.into_tensor_arg(),
+            starts.into_tensor_arg(),
             list.clone().into_tensor_arg(),
             scale,
+            documents,
             length,
             stride,
             block_size,

@@ -77,7 +77,7 @@ pub fn decode_select<F: Float, I: Int>(
     let lane = UNIT_POS_X as usize;
     if plane_exchange {
         if UNIT_POS_Y == 0 {
-            take_best_in_plane(&mut block_scores, &mut chosen, &mut taken, current, 0, lane, blocks, n);
+            take_best_in_plane(&mut block_scores, &mut chosen, &mut taken, 0usize, current, 0, lane, blocks, n);
         }
     } else {
         take_top_n(&mut block_scores, &mut chosen, &mut taken, current, blocks, n, planes);

@@ -9,7 +9,7 @@ use crate::kernel::primitives::fragments::{
     MMA_K, MMA_M, MMA_N,
 };
 use crate::kernel::primitives::key_cube::{KeyCube, ListedRows};
-use crate::kernel::primitives::rows::attends;
+use crate::kernel::primitives::rows::{attends, RowStarts};
 use crate::tile_sizes::storage_stride;
 
 /// One staged chunk's share of dK, dV (and, with `fold_dq`, its `ds^T` tiles in `ds_tile`), 16
@@ -21,7 +21,7 @@ use crate::tile_sizes::storage_stride;
 /// branch). Wide heads keep the loop: their dK and dV accumulators leave no registers for it.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-pub fn chunk_gradients<F: Float, N: Size>(
+pub fn chunk_gradients<F: Float, I: Int, N: Size>(
     def: MmaDefinition<F, F, f32>,
     k_frags: &Array<Pair<F>>,
     v_frags: &Array<Pair<F>>,
@@ -29,6 +29,7 @@ pub fn chunk_gradients<F: Float, N: Size>(
     ds_tile: &mut SharedMemory<Pair<F>>,
     positions: &SharedMemory<u32>,
     stats: &SharedMemory<f32>,
+    row_starts: &RowStarts<I>,
     dk: &mut Array<Pair<f32>>,
     dv: &mut Array<Pair<f32>>,
     at: usize,
@@ -55,8 +56,9 @@ pub fn chunk_gradients<F: Float, N: Size>(
     for group in 0..comptime!(q_rows / MMA_K) {
         let first = group * MMA_K;
         let mut p = products_with_rows::<F, N>(def, k_frags, staged, at + first * ks, lane, d_k, ks, MMA_K);
-        key_probabilities(
-            &mut p, positions, stats, slot, first, key, real, count, span, scale, lane, masked, window, q_rows,
+        key_probabilities::<I>(
+            &mut p, positions, stats, row_starts, slot, first, key, real, count, span, scale, lane, masked, window,
+            q_rows,
         );
         let do_rows = do_at + first * vs;
         accumulate_with_rows::<F, N>(def, &p, staged, do_rows, lane, dv, d_v, vs, MMA_K);
@@ -71,16 +73,17 @@ pub fn chunk_gradients<F: Float, N: Size>(
 
 /// Scores `s^T` (keys as rows, the chunk's walked rows `first..first + 16` as columns) become
 /// `p^T = exp(s^T scale - lse)` in place; with `masked`, 0 where the column is past
-/// `count`, its query does not attend the key (causal; and in the window for a window), or the
-/// key is past the cube's end. Chunks in the middle of the walk attend every key of the cube and
+/// `count`, its query does not attend the key (causal; in the window for a window; not before
+/// its document's start, `row_starts`), or the key is past the cube's end. Chunks in the middle of the walk attend every key of the cube and
 /// skip the mask (keys past a ragged end then hold garbage rows of dK, dV, which are never
 /// written; their staged K rows are zero, so a folded dQ gets nothing from them).
 #[cube]
 #[allow(clippy::too_many_arguments)]
-pub fn key_probabilities(
+pub fn key_probabilities<I: Int>(
     s: &mut Array<Pair<f32>>,
     positions: &SharedMemory<u32>,
     stats: &SharedMemory<f32>,
+    row_starts: &RowStarts<I>,
     slot: usize,
     first: usize,
     key: &Array<usize>,
@@ -102,10 +105,12 @@ pub fn key_probabilities(
             let row_lse = stats[slot * comptime!(2 * q_rows) + col];
             if masked {
                 let t = positions[slot * q_rows + col] as usize;
+                let first_key = row_starts.of(t);
                 #[unroll]
                 for half in 0..2usize {
                     let mut x = s[2 * j + half];
-                    let valid = col < count && real[half] && attends(t, key[half], span, window);
+                    let valid =
+                        col < count && real[half] && attends(t, key[half], span, window) && key[half] >= first_key;
                     x[e] = select(valid, (x[e] * scale - row_lse).exp(), 0.0f32);
                     s[2 * j + half] = x;
                 }

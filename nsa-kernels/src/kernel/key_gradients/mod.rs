@@ -27,7 +27,7 @@ use crate::kernel::primitives::chunk_copies::GradientRows;
 use crate::kernel::primitives::fragments::{mma, row_fragments, store_tiles, zero_pairs, Pair, MMA_M, MMA_N};
 use crate::kernel::primitives::key_cube::{BlockLists, KeyCube};
 use crate::kernel::primitives::layout::{max_usize, VECTOR};
-use crate::kernel::primitives::rows::offset3;
+use crate::kernel::primitives::rows::{offset3, RowStarts};
 use crate::kernel::primitives::staging::stage_vector_rows;
 use crate::kernel::primitives::walk::{walk_pipelined, ChunkCompute};
 use crate::tile_sizes::storage_stride;
@@ -40,7 +40,7 @@ use crate::tile_sizes::storage_stride;
 #[cube(launch, launch_unchecked, fast_math = FastMath::all())]
 // `clone()` of a handle: see `chunk_copies`.
 #[allow(clippy::too_many_arguments, clippy::clone_on_copy)]
-pub fn attention_key_flash<F: Float, N: Size, A: Size>(
+pub fn attention_key_flash<F: Float, I: Int, N: Size, A: Size>(
     q: &Tensor<Vector<F, N>>,
     k: &Tensor<Vector<F, N>>,
     v: &Tensor<Vector<F, N>>,
@@ -48,6 +48,7 @@ pub fn attention_key_flash<F: Float, N: Size, A: Size>(
     lse: &Tensor<f32>,
     delta: &Tensor<f32>,
     lists: &BlockLists,
+    starts: &Tensor<I>,
     grad_k: &mut Tensor<F>,
     grad_v: &mut Tensor<F>,
     partial: &mut Tensor<f32>,
@@ -56,6 +57,7 @@ pub fn attention_key_flash<F: Float, N: Size, A: Size>(
     span: u32,
     segment: u32,
     #[comptime] window: bool,
+    #[comptime] documents: bool,
     #[comptime] d_k: usize,
     #[comptime] d_v: usize,
     #[comptime] planes: usize,
@@ -63,7 +65,7 @@ pub fn attention_key_flash<F: Float, N: Size, A: Size>(
     #[comptime] fold_dq: bool,
     #[comptime] atomic_width: usize,
     #[comptime] g: usize,
-    #[define(F)] _dtype: StorageType,
+    #[define(F, I)] _dtypes: [StorageType; 2],
 ) {
     let keys = comptime!(planes * MMA_M);
     let span = span as usize;
@@ -157,11 +159,12 @@ pub fn attention_key_flash<F: Float, N: Size, A: Size>(
         d_v,
         planes,
     );
-    let mut grads = KeyChunkGradients::<F, N, A> {
+    let mut grads = KeyChunkGradients::<F, I, N, A> {
         staged,
         ds_tile,
         positions,
         stats,
+        row_starts: RowStarts::<I>::new(starts, b, documents),
         grad_q: grad_q.clone(),
         cube: cube.clone(),
         def,
@@ -176,6 +179,7 @@ pub fn attention_key_flash<F: Float, N: Size, A: Size>(
         plane,
         lane,
         window,
+        documents,
         fold_dq,
         q_rows,
         d_k,
@@ -184,7 +188,7 @@ pub fn attention_key_flash<F: Float, N: Size, A: Size>(
         keys,
         base,
     };
-    walk_pipelined::<GradientRows<F, N>, KeyChunkGradients<F, N, A>>(
+    walk_pipelined::<GradientRows<F, N>, KeyChunkGradients<F, I, N, A>>(
         &mut rows,
         &mut grads,
         0usize,
@@ -227,11 +231,12 @@ pub fn attention_key_flash<F: Float, N: Size, A: Size>(
 /// The key cube's compute per chunk of walked rows: the chunk's share of dK and dV, and at
 /// narrow heads its dQ folded in.
 #[derive(CubeType)]
-struct KeyChunkGradients<F: Float, N: Size, A: Size> {
+struct KeyChunkGradients<F: Float, I: Int, N: Size, A: Size> {
     staged: SharedMemory<Vector<F, N>>,
     ds_tile: SharedMemory<Pair<F>>,
     positions: SharedMemory<u32>,
     stats: SharedMemory<f32>,
+    row_starts: RowStarts<I>,
     grad_q: Tensor<Atomic<Vector<f32, A>>>,
     cube: KeyCube,
     def: MmaDefinition<F, F, f32>,
@@ -248,6 +253,8 @@ struct KeyChunkGradients<F: Float, N: Size, A: Size> {
     lane: usize,
     #[cube(comptime)]
     window: bool,
+    #[cube(comptime)]
+    documents: bool,
     #[cube(comptime)]
     fold_dq: bool,
     #[cube(comptime)]
@@ -266,9 +273,10 @@ struct KeyChunkGradients<F: Float, N: Size, A: Size> {
 }
 
 #[cube]
-impl<F: Float, N: Size, A: Size> ChunkCompute for KeyChunkGradients<F, N, A> {
+impl<F: Float, I: Int, N: Size, A: Size> ChunkCompute for KeyChunkGradients<F, I, N, A> {
     fn compute(this: &mut Self, first: usize, count: usize, slot: usize) {
         let (window, fold_dq, q_rows, keys) = comptime!((this.window, this.fold_dq, this.q_rows, this.keys));
+        let documents = comptime!(this.documents);
         let (d_k, d_v, g) = comptime!((this.d_k, this.d_v, this.cube.g));
         let chunk = comptime!(q_rows * (storage_stride(d_k) + storage_stride(d_v)));
         let at = comptime!(this.base) + slot * chunk;
@@ -277,16 +285,18 @@ impl<F: Float, N: Size, A: Size> ChunkCompute for KeyChunkGradients<F, N, A> {
 
         // A window's chunk attends every key of the cube unless the chunk is partial, starts
         // before the cube's last key, or ends past its first key's window. A selection's rows
-        // come in any order: always masked.
+        // come in any order, and packed documents' rows may start after the cube's first key:
+        // always masked.
         let mut needs_mask = true;
-        if window {
+        let bounded = comptime!(window && !documents);
+        if bounded {
             let (t_first, t_last) = (s0 + first / g, s0 + (first + count - 1) / g);
             needs_mask = count < q_rows || t_first + 1 < s_end || t_last >= s0 + span;
         }
         // The mask is decided per chunk, outside the row groups, so each group's body has no
         // branch (a branch per score pair kept the compiler from scheduling across them).
         if needs_mask {
-            chunk_gradients::<F, N>(
+            chunk_gradients::<F, I, N>(
                 def,
                 &this.k_frags,
                 &this.v_frags,
@@ -294,6 +304,7 @@ impl<F: Float, N: Size, A: Size> ChunkCompute for KeyChunkGradients<F, N, A> {
                 &mut this.ds_tile,
                 &this.positions,
                 &this.stats,
+                &this.row_starts,
                 &mut this.dk,
                 &mut this.dv,
                 at,
@@ -313,7 +324,7 @@ impl<F: Float, N: Size, A: Size> ChunkCompute for KeyChunkGradients<F, N, A> {
                 d_v,
             );
         } else if comptime!(window) {
-            chunk_gradients::<F, N>(
+            chunk_gradients::<F, I, N>(
                 def,
                 &this.k_frags,
                 &this.v_frags,
@@ -321,6 +332,7 @@ impl<F: Float, N: Size, A: Size> ChunkCompute for KeyChunkGradients<F, N, A> {
                 &mut this.ds_tile,
                 &this.positions,
                 &this.stats,
+                &this.row_starts,
                 &mut this.dk,
                 &mut this.dv,
                 at,

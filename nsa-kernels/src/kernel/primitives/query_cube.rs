@@ -8,7 +8,7 @@
 use cubecl::prelude::*;
 
 use super::fragments::MMA_M;
-use super::rows::{attends, block_range, offset3, range_count};
+use super::rows::{attends, block_range, document_start, offset3, range_count};
 
 #[derive(CubeType, Clone)]
 pub struct QueryCube {
@@ -104,21 +104,29 @@ pub struct LaneRows {
     pub h: Array<usize>,
     /// The row is a real query.
     pub active: Array<bool>,
+    /// The row's first key: its document's start (0 without documents).
+    pub start: Array<usize>,
 }
 
 #[cube]
 impl LaneRows {
-    pub fn new(
+    /// The lane's rows; with `documents`, their starts from `starts` (`[B, T]`, never read
+    /// without).
+    #[allow(clippy::too_many_arguments)]
+    pub fn new<I: Int>(
         cube: &QueryCube,
         plane: usize,
         lane: usize,
         g: usize,
         #[comptime] rows: usize,
         t_len: usize,
+        starts: &Tensor<I>,
+        #[comptime] documents: bool,
     ) -> LaneRows {
         let mut t = Array::<usize>::new(2usize);
         let mut h = Array::<usize>::new(2usize);
         let mut active = Array::<bool>::new(2usize);
+        let mut start = Array::<usize>::new(2usize);
         #[unroll]
         for half in 0..2usize {
             let row = plane * MMA_M + lane / 4 + 8 * half;
@@ -127,17 +135,28 @@ impl LaneRows {
             t[half] = select(real, pos, t_len - 1);
             h[half] = cube.hk * g + row % g;
             active[half] = real;
+            start[half] = document_start::<I>(starts, cube.b, t[half], documents);
         }
-        LaneRows { t, h, active }
+        LaneRows { t, h, active, start }
     }
 }
 
-/// The first key of a query cube's walk: the start of its first query's window.
+/// Where a query cube's keys begin: `(first, last_start)`, the first key of its walk (the start
+/// of its first query's window, or of that query's document when later) and the document
+/// start of its last query (0 without documents; [`crate::kernel::primitives::softmax::tile_needs_mask`]
+/// masks every tile before it).
 #[cube]
-pub fn walk_start(cube: &QueryCube, span: usize) -> usize {
+pub fn walk_start<I: Int>(
+    cube: &QueryCube,
+    span: usize,
+    starts: &Tensor<I>,
+    #[comptime] documents: bool,
+) -> (usize, usize) {
     let mut first = 0usize;
     if cube.t0 + 1 > span {
         first = cube.t0 + 1 - span;
     }
-    first
+    let first_start = document_start::<I>(starts, cube.b, cube.t0, documents);
+    let last_start = document_start::<I>(starts, cube.b, cube.t_end - 1, documents);
+    (max(first, first_start), last_start)
 }

@@ -64,6 +64,29 @@ pub fn document_start<I: Int>(starts: &Tensor<I>, b: usize, t: usize, #[comptime
     first
 }
 
+/// The document starts of one batch row, for kernels that look up the start of many queries
+/// (a key cube's walked rows): [`document_start`] with the tensor, row and flag held.
+#[derive(CubeType, Clone)]
+pub struct RowStarts<I: Int> {
+    starts: Tensor<I>,
+    b: usize,
+    #[cube(comptime)]
+    documents: bool,
+}
+
+#[cube]
+impl<I: Int> RowStarts<I> {
+    pub fn new(starts: &Tensor<I>, b: usize, #[comptime] documents: bool) -> RowStarts<I> {
+        RowStarts::<I> { starts: starts.clone(), b, documents }
+    }
+
+    /// The first key query `t` may attend (0 without documents).
+    pub fn of(&self, t: usize) -> usize {
+        let documents = comptime!(self.documents);
+        document_start::<I>(&self.starts, self.b, t, documents)
+    }
+}
+
 /// The slice of row `base..base + len` of `src` owned by `part`, widened to f32 and scaled.
 #[cube]
 pub fn load_slice<F: Float>(

@@ -79,10 +79,11 @@ impl RowStats {
     }
 }
 
-/// Masks keys past the tile's `count` or outside a row's window (keys `first..first + count` of
-/// the tile; the lane holds keys `8j + 2 (l % 4) + e`) to `NEG_LARGE`, leaving the others as
-/// they are. Padding rows (zero queries, never written) need no mask. Only tiles at the walk's
-/// ends mask anything ([`tile_needs_mask`]).
+/// Masks keys past the tile's `count`, outside a row's window or before its document's start
+/// (keys `first..first + count` of the tile; the lane holds keys `8j + 2 (l % 4) + e`) to
+/// `NEG_LARGE`, leaving the others as they are. Padding rows (zero queries, never written) need
+/// no mask. Only tiles at the walk's ends, or before a document start, mask anything
+/// ([`tile_needs_mask`]).
 #[cube]
 #[allow(clippy::too_many_arguments)]
 pub fn mask_scores(
@@ -103,7 +104,8 @@ pub fn mask_scores(
             #[unroll]
             for e in 0..2usize {
                 let key = j * MMA_N + column + e;
-                let valid = key < count && attends(lanes.t[half], first + key, span, true);
+                let valid =
+                    key < count && attends(lanes.t[half], first + key, span, true) && first + key >= lanes.start[half];
                 s[e] = select(valid, s[e], f32::new(NEG_LARGE));
             }
             scores[2 * j + half] = s;
@@ -136,8 +138,10 @@ pub fn mask_and_scale(
 }
 
 /// Whether the key tile `first..first + count` (of `key_tile`) holds a key that some query of
-/// `t0..t_end` does not attend: a partial tile, a key past `t0`, or a key before the last
-/// query's window. The same for the whole cube, so the branch does not diverge.
+/// `t0..t_end` does not attend: a partial tile, a key past `t0`, a key before the last query's
+/// window, or one before the last query's document start `last_start` (0 without documents:
+/// starts never decrease along a row, so the last query's is the cube's latest). The same for
+/// the whole cube, so the branch does not diverge.
 #[cube]
 pub fn tile_needs_mask(
     first: usize,
@@ -145,7 +149,8 @@ pub fn tile_needs_mask(
     t0: usize,
     t_end: usize,
     span: usize,
+    last_start: usize,
     #[comptime] key_tile: usize,
 ) -> bool {
-    count < key_tile || first + key_tile > t0 + 1 || first + span < t_end
+    count < key_tile || first + key_tile > t0 + 1 || first + span < t_end || first < last_start
 }

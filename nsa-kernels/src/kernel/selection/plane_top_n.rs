@@ -9,9 +9,9 @@ use super::top_n::{force_blocks, lane_best, TAKEN};
 use crate::tile_sizes::SELECTION_LANES as LANES;
 
 /// Query row `r`'s selection into `chosen[r * n..]` (unordered, `taken[r]` of them), as
-/// `super::top_n::take_best`: the forced blocks 0, `current - 1` and `current`, then up to `n`
-/// in all of the eligible blocks (`j <= current`) with the highest scores, ties to the lower
-/// index. Lane `lane` scans and marks blocks `lane, lane + LANES, ..` only, and every lane
+/// `super::top_n::take_best`: the forced blocks `first` (its document's first, else 0),
+/// `current - 1` and `current`, then up to `n` in all of the eligible blocks
+/// (`first <= j <= current`) with the highest scores, ties to the lower index. Lane `lane` scans and marks blocks `lane, lane + LANES, ..` only, and every lane
 /// ends each round with the same winner, so the plane needs no barrier until lane 0's list is
 /// read ([`sync_plane`] before [`super::top_n::write_list`]).
 #[cube]
@@ -20,6 +20,7 @@ pub fn take_best_in_plane(
     scores: &mut SharedMemory<f32>,
     chosen: &mut SharedMemory<u32>,
     taken: &mut SharedMemory<u32>,
+    first: usize,
     current: usize,
     r: usize,
     lane: usize,
@@ -27,10 +28,10 @@ pub fn take_best_in_plane(
     #[comptime] n: usize,
 ) {
     let row = r * blocks;
-    let mut count = force_blocks(scores, chosen, 0usize, current, r, lane, blocks, n);
-    // Block 0 is always forced, so at most `n - 1` blocks are chosen by score.
+    let mut count = force_blocks(scores, chosen, first, current, r, lane, blocks, n);
+    // The first block is always forced, so at most `n - 1` blocks are chosen by score.
     for _round in 0..comptime!(n - 1) {
-        let (lane_score, lane_block) = lane_best(scores, row, 0usize, current, lane);
+        let (lane_score, lane_block) = lane_best(scores, row, first, current, lane);
         let mut best = lane_score;
         let mut best_j = lane_block;
         // Butterfly: after the five exchanges every lane holds the plane's best.

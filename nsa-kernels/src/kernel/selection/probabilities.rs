@@ -60,7 +60,7 @@ pub fn chunk_probabilities<F: Float, N: Size>(
 
 /// `mass[r][c] = sum_h probs[r g + h][c]` (heads in ascending order) for query row `r`'s keys
 /// `c`, this lane's pairs `lane, lane + LANES, ..`; 0 where key `first + c` is not among the
-/// query's `visible` ones.
+/// query's `visible` ones or lies before `first_key` (its document's first compressed block).
 #[cube]
 #[allow(clippy::too_many_arguments)]
 pub fn group_sums(
@@ -70,6 +70,7 @@ pub fn group_sums(
     lane: usize,
     first: usize,
     visible: usize,
+    first_key: usize,
     #[comptime] g: usize,
 ) {
     #[unroll]
@@ -83,7 +84,8 @@ pub fn group_sums(
         #[unroll]
         for e in 0..2usize {
             let key = 2 * pair + e;
-            mass[r * CHUNK + key] = select(first + key < visible, sum[e], 0.0f32);
+            let own = first + key < visible && first + key >= first_key;
+            mass[r * CHUNK + key] = select(own, sum[e], 0.0f32);
         }
     }
 }

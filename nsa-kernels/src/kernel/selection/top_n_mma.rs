@@ -26,12 +26,12 @@ use super::top_n::write_list;
 use crate::kernel::compression::visible::visible_blocks;
 use crate::kernel::primitives::fragments::{mma, Pair, MMA_M};
 use crate::kernel::primitives::layout::VECTOR;
-use crate::kernel::primitives::rows::offset3;
+use crate::kernel::primitives::rows::{document_start, offset3};
 use crate::kernel::primitives::staging::{stage_query_rows, stage_vector_rows};
 use crate::tile_sizes::{storage_stride, SELECTION_CHUNK as CHUNK, SELECTION_PROB_STRIDE};
 
-/// [`super::top_n::select_top_n`]'s inputs and output, `q` and `k` as vectors of [`VECTOR`]
-/// 16-bit elements (`d_k` a multiple of 16). Cube `(LANES, rows)`, `rows` dividing the chunk's
+/// [`super::top_n::select_top_n`]'s inputs and output (document `starts` with `documents`),
+/// `q` and `k` as vectors of [`VECTOR`] 16-bit elements (`d_k` a multiple of 16). Cube `(LANES, rows)`, `rows` dividing the chunk's
 /// 16-key groups; `blocks >= ceil(T / block_size)`.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
@@ -39,8 +39,10 @@ pub fn select_top_n_mma<F: Float, I: Int, N: Size>(
     q: &Tensor<Vector<F, N>>,
     k: &Tensor<Vector<F, N>>,
     lse: &Tensor<f32>,
+    starts: &Tensor<I>,
     list: &mut Tensor<I>,
     scale: f32,
+    #[comptime] documents: bool,
     #[comptime] length: usize,
     #[comptime] stride: usize,
     #[comptime] block_size: usize,
@@ -73,6 +75,9 @@ pub fn select_top_n_mma<F: Float, I: Int, N: Size>(
     let n_keys = k.shape(1);
     let visible = visible_blocks(t, n_keys, length, stride);
     let walk_end = visible_blocks(cube.t_last, n_keys, length, stride);
+    // The first compressed and selection blocks of the query's document.
+    let start = document_start::<I>(starts, b, t, documents);
+    let first_key = start.div_ceil(stride);
     let mut first = 0usize;
     while first < walk_end {
         let count = min(walk_end - first, CHUNK);
@@ -95,7 +100,7 @@ pub fn select_top_n_mma<F: Float, I: Int, N: Size>(
         sync_cube();
         chunk_probabilities::<F, N>(def, &queries, &keys, &stats, &mut probs, r, lane, scale, rows, row_tiles, d_k);
         sync_cube();
-        group_sums(&probs, &mut mass, r, lane, first, visible, g);
+        group_sums(&probs, &mut mass, r, lane, first, visible, first_key, g);
         sync_cube();
         // The next chunk's staging and products touch neither `mass` nor `scores`, and
         // `group_sums` rewrites `mass` only after two more barriers.
@@ -106,7 +111,7 @@ pub fn select_top_n_mma<F: Float, I: Int, N: Size>(
 
     let mut chosen = SharedMemory::<u32>::new(rows * n);
     let mut taken = SharedMemory::<u32>::new(rows);
-    take_best_in_plane(&mut scores, &mut chosen, &mut taken, t / block_size, r, lane, blocks, n);
+    take_best_in_plane(&mut scores, &mut chosen, &mut taken, start / block_size, t / block_size, r, lane, blocks, n);
     if cube.active {
         write_list::<I>(list, &chosen, &taken, offset3::<I>(list, b, t, hk), r, lane, n);
     }

@@ -24,13 +24,15 @@ use crate::kernel::primitives::walk::{walk_pipelined, ChunkCompute};
 use crate::tile_sizes::storage_stride;
 
 /// `q`, `k`, `v`, `dO` as the forward's inputs and output, `lse` and `delta` `[B, T, H_q]`
-/// (f32) -> `grad_q`. Cube `(32, planes)` units, `rows <= 16 * planes` real rows.
+/// (f32) -> `grad_q`, with the forward's document `starts` (`documents`). Cube `(32, planes)`
+/// units, `rows <= 16 * planes` real rows.
 #[cube(launch, launch_unchecked, fast_math = FastMath::all())]
 #[allow(clippy::too_many_arguments)]
-pub fn window_dq_flash<F: Float, N: Size>(
+pub fn window_dq_flash<F: Float, I: Int, N: Size>(
     q: &Tensor<Vector<F, N>>,
     k: &Tensor<Vector<F, N>>,
     v: &Tensor<Vector<F, N>>,
+    starts: &Tensor<I>,
     grad_out: &Tensor<Vector<F, N>>,
     lse: &Tensor<f32>,
     delta: &Tensor<f32>,
@@ -42,7 +44,8 @@ pub fn window_dq_flash<F: Float, N: Size>(
     #[comptime] rows: usize,
     #[comptime] planes: usize,
     #[comptime] key_tile: usize,
-    #[define(F)] _dtype: StorageType,
+    #[comptime] documents: bool,
+    #[define(F, I)] _dtypes: [StorageType; 2],
 ) {
     let cube = QueryCube::new::<Vector<F, N>>(q, k, rows, 1usize);
     if !cube.exists {
@@ -53,7 +56,8 @@ pub fn window_dq_flash<F: Float, N: Size>(
     let lane = UNIT_POS_X as usize;
     let plane = UNIT_POS_Y as usize;
     let g = q.shape(2) / k.shape(2);
-    let lanes = LaneRows::new(&cube, plane, lane, g, rows, q.shape(1));
+    let lanes = LaneRows::new::<I>(&cube, plane, lane, g, rows, q.shape(1), starts, documents);
+    let (walk_first, last_start) = walk_start::<I>(&cube, span, starts, documents);
     let mut row_lse = Array::<f32>::new(2usize);
     let mut row_delta = Array::<f32>::new(2usize);
     #[unroll]
@@ -93,6 +97,7 @@ pub fn window_dq_flash<F: Float, N: Size>(
         dq: zero_pairs(comptime!(2 * d_k / MMA_N)),
         t0: cube.t0,
         t_end: cube.t_end,
+        last_start,
         scale,
         span,
         lane,
@@ -103,7 +108,7 @@ pub fn window_dq_flash<F: Float, N: Size>(
     walk_pipelined::<KeyTiles<F, N>, QueryGradients<F, N>>(
         &mut tiles,
         &mut gradients,
-        walk_start(&cube, span),
+        walk_first,
         cube.t_end,
         key_tile,
     );
@@ -128,6 +133,8 @@ struct QueryGradients<F: Float, N: Size> {
     dq: Array<Pair<f32>>,
     t0: usize,
     t_end: usize,
+    /// The document start of the cube's last query (0 without documents).
+    last_start: usize,
     scale: f32,
     span: usize,
     lane: usize,
@@ -150,7 +157,7 @@ impl<F: Float, N: Size> ChunkCompute for QueryGradients<F, N> {
         let mut ds = products_with_rows::<F, N>(def, &this.q_frags, &this.staged, at, lane, d_k, ks, key_tile);
         let v_at = at + comptime!(key_tile * ks);
         let dp = products_with_rows::<F, N>(def, &this.do_frags, &this.staged, v_at, lane, d_v, vs, key_tile);
-        let needs_mask = tile_needs_mask(first, count, this.t0, this.t_end, span, key_tile);
+        let needs_mask = tile_needs_mask(first, count, this.t0, this.t_end, span, this.last_start, key_tile);
         mask_and_scale(&mut ds, &this.lanes, first, count, span, this.scale, lane, needs_mask, key_tile);
         score_gradients(&mut ds, &dp, &this.row_lse, &this.row_delta, key_tile);
         accumulate_with_rows::<F, N>(def, &ds, &this.staged, at, lane, &mut this.dq, d_k, ks, key_tile);

@@ -26,13 +26,15 @@ use crate::tile_sizes::storage_stride;
 
 /// `q [B, T, H_q, d_k]`, `k [B, T, H_kv, d_k]`, `v [B, T, H_kv, d_v]` -> `out [B, T, H_q, d_v]`,
 /// `lse [B, T, H_q]` (f32) for a causal window of `span` keys, as
-/// [`crate::kernel::portable::forward::attention_forward`]. Cube `(32, planes)` units; `rows <= 16 * planes`
-/// real rows; `d_k`, `d_v` and `key_tile` multiples of 16.
+/// [`crate::kernel::portable::forward::attention_forward`]; with `documents`, each query's keys
+/// start no earlier than its document (`starts [B, T]`, never read without). Cube `(32, planes)`
+/// units; `rows <= 16 * planes` real rows; `d_k`, `d_v` and `key_tile` multiples of 16.
 #[cube(launch, launch_unchecked, fast_math = FastMath::all())]
-pub fn window_forward_flash<F: Float, N: Size>(
+pub fn window_forward_flash<F: Float, I: Int, N: Size>(
     q: &Tensor<Vector<F, N>>,
     k: &Tensor<Vector<F, N>>,
     v: &Tensor<Vector<F, N>>,
+    starts: &Tensor<I>,
     out: &mut Tensor<Vector<F, N>>,
     lse: &mut Tensor<f32>,
     scale: f32,
@@ -42,7 +44,8 @@ pub fn window_forward_flash<F: Float, N: Size>(
     #[comptime] rows: usize,
     #[comptime] planes: usize,
     #[comptime] key_tile: usize,
-    #[define(F)] _dtype: StorageType,
+    #[comptime] documents: bool,
+    #[define(F, I)] _dtypes: [StorageType; 2],
 ) {
     let cube = QueryCube::new::<Vector<F, N>>(q, k, rows, 1usize);
     if !cube.exists {
@@ -53,7 +56,8 @@ pub fn window_forward_flash<F: Float, N: Size>(
     let lane = UNIT_POS_X as usize;
     let plane = UNIT_POS_Y as usize;
     let g = q.shape(2) / k.shape(2);
-    let lanes = LaneRows::new(&cube, plane, lane, g, rows, q.shape(1));
+    let lanes = LaneRows::new::<I>(&cube, plane, lane, g, rows, q.shape(1), starts, documents);
+    let (walk_first, last_start) = walk_start::<I>(&cube, span, starts, documents);
 
     // The query rows while their fragments load, then two buffers of K and V tiles: the next
     // tile's copies fly while the current one is computed.
@@ -80,6 +84,7 @@ pub fn window_forward_flash<F: Float, N: Size>(
         stats: RowStats::new(),
         t0: cube.t0,
         t_end: cube.t_end,
+        last_start,
         scale,
         span,
         lane,
@@ -87,13 +92,7 @@ pub fn window_forward_flash<F: Float, N: Size>(
         d_v,
         key_tile,
     };
-    walk_pipelined::<KeyTiles<F, N>, OnlineSoftmax<F, N>>(
-        &mut tiles,
-        &mut softmax,
-        walk_start(&cube, span),
-        cube.t_end,
-        key_tile,
-    );
+    walk_pipelined::<KeyTiles<F, N>, OnlineSoftmax<F, N>>(&mut tiles, &mut softmax, walk_first, cube.t_end, key_tile);
     store_rows::<F, N>(out, lse, &softmax.lanes, &mut softmax.acc, &softmax.stats, cube.b, lane, d_v);
 }
 
@@ -109,6 +108,8 @@ struct OnlineSoftmax<F: Float, N: Size> {
     stats: RowStats,
     t0: usize,
     t_end: usize,
+    /// The document start of the cube's last query (0 without documents).
+    last_start: usize,
     scale: f32,
     span: usize,
     lane: usize,
@@ -129,7 +130,7 @@ impl<F: Float, N: Size> ChunkCompute for OnlineSoftmax<F, N> {
         let at = slot * comptime!(key_tile * (ks + vs));
         let (def, lane, span) = (this.def, this.lane, this.span);
         let mut scores = products_with_rows::<F, N>(def, &this.q_frags, &this.staged, at, lane, d_k, ks, key_tile);
-        let needs_mask = tile_needs_mask(first, count, this.t0, this.t_end, span, key_tile);
+        let needs_mask = tile_needs_mask(first, count, this.t0, this.t_end, span, this.last_start, key_tile);
         if needs_mask {
             mask_scores(&mut scores, &this.lanes, first, count, span, lane, key_tile);
         }

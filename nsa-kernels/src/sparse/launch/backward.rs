@@ -207,6 +207,7 @@ fn window_dq<R: CubeRuntime>(ops: &Operands<R>, tiling: &FlashTiling, saved: &Sa
             ops.q.clone().into_tensor_arg(),
             ops.k.clone().into_tensor_arg(),
             ops.v.clone().into_tensor_arg(),
+            ops.starts.clone().into_tensor_arg(),
             saved.grad_out.clone().into_tensor_arg(),
             saved.lse.clone().into_tensor_arg(),
             grads.delta.clone().into_tensor_arg(),
@@ -218,7 +219,8 @@ fn window_dq<R: CubeRuntime>(ops: &Operands<R>, tiling: &FlashTiling, saved: &Sa
             tiling.rows,
             tiling.planes(),
             tiling.key_tile,
-            ops.q.dtype.into(),
+            ops.documents,
+            [ops.q.dtype.into(), ops.starts.dtype.into()],
         );
     }
 }
@@ -288,6 +290,7 @@ fn tensor_core_keys<R: CubeRuntime>(
             saved.lse.clone().into_tensor_arg(),
             grads.delta.clone().into_tensor_arg(),
             index.lists(),
+            ops.starts.clone().into_tensor_arg(),
             grads.grad_k.clone().into_tensor_arg(),
             grads.grad_v.clone().into_tensor_arg(),
             grads.partial.clone().into_tensor_arg(),
@@ -296,6 +299,7 @@ fn tensor_core_keys<R: CubeRuntime>(
             ops.span,
             SEGMENT_QUERIES as u32,
             ops.window,
+            ops.documents,
             ops.d_k,
             ops.d_v,
             tiling.planes,
@@ -303,7 +307,7 @@ fn tensor_core_keys<R: CubeRuntime>(
             tiling.fold_dq,
             atomic_width,
             ops.group(),
-            ops.q.dtype.into(),
+            [ops.q.dtype.into(), ops.starts.dtype.into()],
         );
     }
 }

@@ -73,6 +73,7 @@ fn window<R: CubeRuntime>(ops: &Operands<R>, tiling: &FlashTiling, outputs: &Out
             ops.q.clone().into_tensor_arg(),
             ops.k.clone().into_tensor_arg(),
             ops.v.clone().into_tensor_arg(),
+            ops.starts.clone().into_tensor_arg(),
             outputs.out.clone().into_tensor_arg(),
             outputs.lse.clone().into_tensor_arg(),
             ops.scale,
@@ -82,7 +83,8 @@ fn window<R: CubeRuntime>(ops: &Operands<R>, tiling: &FlashTiling, outputs: &Out
             tiling.rows,
             tiling.planes(),
             tiling.key_tile,
-            ops.q.dtype.into(),
+            ops.documents,
+            [ops.q.dtype.into(), ops.starts.dtype.into()],
         );
     }
 }

@@ -71,11 +71,11 @@ pub fn problem<R: CubeRuntime, B: burn::tensor::backend::Backend>(
     let [_, _, heads_q, d_k] = q.meta.shape().dims::<4>();
     let heads_kv = k.meta.shape()[2];
     let d_v = v.meta.shape()[3];
-    let (keys, documents) = match keys {
-        TokenKeys::Window { w, documents } => (KeyKind::Window { w }, documents.is_some()),
-        TokenKeys::Selected { block_size, .. } => (KeyKind::Selected { block_size }, false),
+    let keys = match keys {
+        TokenKeys::Window { w, .. } => KeyKind::Window { w },
+        TokenKeys::Selected { block_size, .. } => KeyKind::Selected { block_size },
     };
-    Problem { heads_q, heads_kv, d_k, d_v, dtype: q.dtype, keys, documents }
+    Problem { heads_q, heads_kv, d_k, d_v, dtype: q.dtype, keys }
 }
 
 /// What this device offers the plans.
