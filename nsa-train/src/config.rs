@@ -116,11 +116,12 @@ pub struct DataConfig {
     /// run's tokenizer) mixed among the text's: retrieval taught beside language. 0 for none.
     #[config(default = 0.0)]
     pub passkey_share: f64,
-    /// How documents fill the windows: `"stream"` (one token stream cut into windows; a query
-    /// attends across document boundaries) or `"documents"` (every document attends only itself,
-    /// from a position of its own; each starts at a multiple of the layer's `lcm(d, l_sel)`,
-    /// the gap before it padded and left out of the loss).
-    #[config(default = "Packing::Stream")]
+    /// How documents fill the windows: `"documents"` (every document attends only itself, from
+    /// a position of its own; each starts at a multiple of the layer's `lcm(d, l_sel)`, the gap
+    /// before it padded and left out of the loss) or `"stream"` (one token stream cut into
+    /// windows; a query attends across document boundaries). Text only: a synthetic window is
+    /// one document either way.
+    #[config(default = "Packing::Documents")]
     pub pack: Packing,
 }
 
@@ -324,14 +325,12 @@ impl RunConfig {
                 format!("`passkey` puts a haystack and its answer in each window: needs model.seq_len >= {shortest}")
             })?;
         }
-        if self.data.pack == Packing::Documents {
-            ConfigError::ensure(self.data.synthetic == "none", "data.pack", || {
-                format!("`documents` packs text files, not `synthetic = \"{}\"`", self.data.synthetic)
-            })?;
+        if self.data.pack == Packing::Documents && self.data.synthetic == "none" {
             let align = self.model.document_alignment();
             ConfigError::ensure(self.model.seq_len.is_multiple_of(align), "data.pack", || {
                 format!(
-                    "`documents` starts each document at a multiple of {align}: needs model.seq_len a multiple of it"
+                    "`documents` starts each document at a multiple of {align}: needs model.seq_len a multiple of \
+                     it (or pack = \"stream\")"
                 )
             })?;
         }

@@ -72,12 +72,15 @@ fn packed_documents_train_validate_and_refuse_what_they_cannot_pack() {
     let valid = t.validate().expect("held-out documents");
     assert!(valid.is_finite(), "validation loss {valid}");
 
+    // A synthetic window is one document whatever `pack` says; a length the documents' starts
+    // cannot tile is refused in one line.
     let synthetic = cfg.clone().with_data(cfg.data.clone().with_synthetic("copy".into()));
+    synthetic.validate().expect("synthetic windows need no packing");
     let misaligned = cfg.clone().with_model(cfg.model.clone().with_seq_len(60));
-    for bad in [synthetic, misaligned] {
-        let err = bad.validate().expect_err("refused").to_string();
-        assert!(err.contains("data.pack") && !err.contains('\n'), "{err}");
-    }
+    let err = misaligned.validate().expect_err("refused").to_string();
+    assert!(err.contains("data.pack") && err.contains("stream") && !err.contains('\n'), "{err}");
+    let streamed = misaligned.clone().with_data(misaligned.data.clone().with_pack(Packing::Stream));
+    streamed.validate().expect("a stream cuts windows at any length");
 }
 
 #[test]

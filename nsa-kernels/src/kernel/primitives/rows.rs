@@ -76,6 +76,8 @@ pub struct RowStarts<I: Int> {
 
 #[cube]
 impl<I: Int> RowStarts<I> {
+    // `clone()` of a handle: see `chunk_copies`.
+    #[allow(clippy::clone_on_copy)]
     pub fn new(starts: &Tensor<I>, b: usize, #[comptime] documents: bool) -> RowStarts<I> {
         RowStarts::<I> { starts: starts.clone(), b, documents }
     }
