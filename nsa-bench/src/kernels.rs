@@ -15,6 +15,9 @@
 //!   mean over its runs would spread over them: the time per run is the difference between a
 //!   queue of `2 * iters` runs and one of `iters`, over `iters` ([`pipelined_ms`]).
 //!
+//! The parity check also runs the window and the compressed branch on packed documents (random
+//! document starts, [`BRANCHES`]), and every plan of the window on them.
+//!
 //! Timed backward passes are seeded with `dO = 1` ([`Seed::Ones`]); the parity check uses a
 //! random `dO`.
 //! Work is counted over attended keys only: forward `4 * keys * d * H_q` FLOPs (`q.k` and

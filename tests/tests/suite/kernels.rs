@@ -289,8 +289,8 @@ fn wgpu_unrolled_portable_kernels_match_float64_loops() {
 }
 
 /// Packed rows: a window stops at each row's document start, on the reference path, on the
-/// kernels (the portable plans: the tensor-core ones do not take document starts) and through
-/// fusion.
+/// kernels (WGPU runs the portable plans; the tensor-core ones are checked on CUDA by
+/// `nsa-bench kernels`) and through fusion.
 #[test]
 fn wgpu_window_kernels_keep_to_each_document() {
     let mut rng = fresh_rng("wgpu_window_kernels_keep_to_each_document");

@@ -72,11 +72,12 @@ pub fn chunk_gradients<F: Float, I: Int, N: Size>(
 }
 
 /// Scores `s^T` (keys as rows, the chunk's walked rows `first..first + 16` as columns) become
-/// `p^T = exp(s^T scale - lse)` in place; with `masked`, 0 where the column is past
-/// `count`, its query does not attend the key (causal; in the window for a window; not before
-/// its document's start, `row_starts`), or the key is past the cube's end. Chunks in the middle of the walk attend every key of the cube and
-/// skip the mask (keys past a ragged end then hold garbage rows of dK, dV, which are never
-/// written; their staged K rows are zero, so a folded dQ gets nothing from them).
+/// `p^T = exp(s^T scale - lse)` in place; with `masked`, 0 where the column is past `count`,
+/// its query does not attend the key (causal; in the window for a window; not before its
+/// document's start, `row_starts`), or the key is past the cube's end. Chunks in the middle of
+/// the walk attend every key of the cube and skip the mask (keys past a ragged end then hold
+/// garbage rows of dK, dV, which are never written; their staged K rows are zero, so a folded
+/// dQ gets nothing from them).
 #[cube]
 #[allow(clippy::too_many_arguments)]
 pub fn key_probabilities<I: Int>(

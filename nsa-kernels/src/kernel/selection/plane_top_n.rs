@@ -11,9 +11,10 @@ use crate::tile_sizes::SELECTION_LANES as LANES;
 /// Query row `r`'s selection into `chosen[r * n..]` (unordered, `taken[r]` of them), as
 /// `super::top_n::take_best`: the forced blocks `first` (its document's first, else 0),
 /// `current - 1` and `current`, then up to `n` in all of the eligible blocks
-/// (`first <= j <= current`) with the highest scores, ties to the lower index. Lane `lane` scans and marks blocks `lane, lane + LANES, ..` only, and every lane
-/// ends each round with the same winner, so the plane needs no barrier until lane 0's list is
-/// read ([`sync_plane`] before [`super::top_n::write_list`]).
+/// (`first <= j <= current`) with the highest scores, ties to the lower index. Lane `lane`
+/// scans and marks blocks `lane, lane + LANES, ..` only, and every lane ends each round with
+/// the same winner, so the plane needs no barrier until lane 0's list is read ([`sync_plane`]
+/// before [`super::top_n::write_list`]).
 #[cube]
 #[allow(clippy::too_many_arguments)]
 pub fn take_best_in_plane(

@@ -31,8 +31,8 @@ use crate::kernel::primitives::staging::{stage_query_rows, stage_vector_rows};
 use crate::tile_sizes::{storage_stride, SELECTION_CHUNK as CHUNK, SELECTION_PROB_STRIDE};
 
 /// [`super::top_n::select_top_n`]'s inputs and output (document `starts` with `documents`),
-/// `q` and `k` as vectors of [`VECTOR`] 16-bit elements (`d_k` a multiple of 16). Cube `(LANES, rows)`, `rows` dividing the chunk's
-/// 16-key groups; `blocks >= ceil(T / block_size)`.
+/// `q` and `k` as vectors of [`VECTOR`] 16-bit elements (`d_k` a multiple of 16). Cube
+/// `(LANES, rows)`, `rows` dividing the chunk's 16-key groups; `blocks >= ceil(T / block_size)`.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 pub fn select_top_n_mma<F: Float, I: Int, N: Size>(
