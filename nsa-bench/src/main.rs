@@ -13,6 +13,7 @@ use nsa_train::run_args::RunArgs;
 mod commands;
 mod gemm;
 mod kernels;
+mod parity;
 mod plans;
 mod selection;
 mod timing;
