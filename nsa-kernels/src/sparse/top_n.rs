@@ -52,7 +52,8 @@ pub fn select_blocks<R: CubeRuntime>(
     let client = q.client.clone();
     let plan = plan_of(&q, h_kv, &selection);
     let documents = starts.is_some();
-    // Never read without documents (the kernel's choice is compile-time), so not filled.
+    // Never read without documents (a compile-time choice in the tensor-core kernel, a run-time
+    // one in the portable kernel), so not filled.
     let starts = starts.map_or_else(
         || empty_device_contiguous_dtype::<R>(client.clone(), q.device.clone(), Shape::new([1, 1]), int),
         |starts| into_contiguous(starts.clone()),
@@ -107,7 +108,7 @@ pub fn select_blocks<R: CubeRuntime>(
                 starts.into_tensor_arg(),
                 list.clone().into_tensor_arg(),
                 scale,
-                documents,
+                u32::from(documents),
                 length,
                 stride,
                 block_size,

@@ -14,7 +14,7 @@ use cubecl::prelude::*;
 use crate::kernel::primitives::key_cube::{BlockLists, KeyCube};
 use crate::kernel::primitives::query_cube::QueryCube;
 use crate::kernel::primitives::rows::{
-    add_shared, attends, chunk_dots, document_start, dot_shared, dot_slices, load_slice, offset3, store_slice,
+    add_shared, attends, chunk_dots, document_start_if, dot_shared, dot_slices, load_slice, offset3, store_slice,
     zero_slice,
 };
 use crate::kernel::primitives::staging::{stage_listed_rows, stage_rows};
@@ -35,7 +35,7 @@ pub fn attention_backward_query<F: Float, I: Int>(
     scale: f32,
     span: u32,
     #[comptime] window: bool,
-    #[comptime] documents: bool,
+    documents: u32,
     #[comptime] d_k: usize,
     #[comptime] d_v: usize,
     #[comptime] parts: usize,
@@ -50,8 +50,8 @@ pub fn attention_backward_query<F: Float, I: Int>(
     }
     let (b, hk, t, h, part, row) = (cube.b, cube.hk, cube.t, cube.h, cube.part, cube.row);
     let span = span as usize;
-    let row_start = document_start::<I>(starts, b, t, documents);
-    let tile_start = document_start::<I>(starts, b, cube.t0, documents);
+    let row_start = document_start_if::<I>(starts, b, t, documents);
+    let tile_start = document_start_if::<I>(starts, b, cube.t0, documents);
 
     let q_slice = load_slice::<F>(q, offset3::<F>(q, b, t, h), part, scale, d_k, parts, unroll);
     let do_slice = load_slice::<F>(grad_out, offset3::<F>(grad_out, b, t, h), part, 1.0f32, d_v, parts, unroll);
@@ -122,7 +122,7 @@ pub fn attention_backward_query<F: Float, I: Int>(
 /// Key cubes: `dk` and `dv` of `keys` consecutive key rows of one KV head, summed over the
 /// query rows (every head of the group) that attend them. For a selection a cube covers (part
 /// of) one block, whose list in `lists` ([`BlockLists`]) holds the queries that picked it.
-/// Cube `keys * parts` units. With `documents`, a walked row `t` skips keys before its
+/// Cube `keys * parts` units. With `documents` nonzero, a walked row `t` skips keys before its
 /// document's start in `starts [B, T]`.
 #[cube(launch)]
 pub fn attention_backward_key<F: Float, I: Int>(
@@ -141,7 +141,7 @@ pub fn attention_backward_key<F: Float, I: Int>(
     span: u32,
     segment: u32,
     #[comptime] window: bool,
-    #[comptime] documents: bool,
+    documents: u32,
     #[comptime] d_k: usize,
     #[comptime] d_v: usize,
     #[comptime] parts: usize,
@@ -192,7 +192,7 @@ pub fn attention_backward_key<F: Float, I: Int>(
                 let at = row_first + i;
                 t = cube.query_of(&lists.entries, at, window);
                 let h = cube.head_of(at);
-                start = document_start::<I>(starts, b, t, documents);
+                start = document_start_if::<I>(starts, b, t, documents);
                 stat_lse = lse[offset3::<f32>(lse, b, t, h)];
                 stat_delta = delta[offset3::<f32>(delta, b, t, h)];
             }

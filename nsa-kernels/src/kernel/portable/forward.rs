@@ -11,12 +11,12 @@ use cubecl::prelude::*;
 use crate::kernel::primitives::layout::MASKED;
 use crate::kernel::primitives::query_cube::QueryCube;
 use crate::kernel::primitives::rows::{
-    add_shared, chunk_dots, document_start, load_slice, offset3, store_row_result, zero_slice, NEG_LARGE,
+    add_shared, chunk_dots, document_start_if, load_slice, offset3, store_row_result, zero_slice, NEG_LARGE,
 };
 use crate::kernel::primitives::staging::stage_rows;
 
 /// `q [B, T, H_q, d_k]`, `k [B, T, H_kv, d_k]`, `v [B, T, H_kv, d_v]`, `blocks [B, T, H_kv, n]`
-/// (ignored for a window) -> `out [B, T, H_q, d_v]`, `lse [B, T, H_q]` (f32). With `documents`,
+/// (ignored for a window) -> `out [B, T, H_q, d_v]`, `lse [B, T, H_q]` (f32). With `documents` nonzero,
 /// a window row attends no key before its document's start in `starts [B, T]`.
 /// `span` is the window `w` or the block size `l_sel`; inputs' last axes are contiguous.
 /// Cube `rows * parts` units; one cube per `(b, hk, query tile)`.
@@ -32,7 +32,7 @@ pub fn attention_forward<F: Float, I: Int>(
     scale: f32,
     span: u32,
     #[comptime] window: bool,
-    #[comptime] documents: bool,
+    documents: u32,
     #[comptime] d_k: usize,
     #[comptime] d_v: usize,
     #[comptime] parts: usize,
@@ -48,8 +48,8 @@ pub fn attention_forward<F: Float, I: Int>(
     let (b, hk, t, h, part, row) = (cube.b, cube.hk, cube.t, cube.h, cube.part, cube.row);
     let span = span as usize;
     // The first key of this row's document, and of the tile's first row's (the earliest).
-    let row_start = document_start::<I>(starts, b, t, documents);
-    let tile_start = document_start::<I>(starts, b, cube.t0, documents);
+    let row_start = document_start_if::<I>(starts, b, t, documents);
+    let tile_start = document_start_if::<I>(starts, b, cube.t0, documents);
 
     let q_slice = load_slice::<F>(q, offset3::<F>(q, b, t, h), part, scale, d_k, parts, unroll);
     let mut acc = zero_slice(d_v, parts, unroll);

@@ -64,6 +64,20 @@ pub fn document_start<I: Int>(starts: &Tensor<I>, b: usize, t: usize, #[comptime
     first
 }
 
+/// [`document_start`] behind a run-time flag (`documents` nonzero): one compile serves a kernel
+/// with and without documents, at the cost of a uniform branch. The portable kernels take this
+/// one, so a packed run on WGPU (lavapipe in CI compiles each kernel variant for seconds to
+/// minutes) reuses the kernels a stream run compiled; the tensor-core kernels keep the
+/// compile-time flag, since their unmasked path must stay free of document work.
+#[cube]
+pub fn document_start_if<I: Int>(starts: &Tensor<I>, b: usize, t: usize, documents: u32) -> usize {
+    let mut first = 0usize;
+    if documents != 0 {
+        first = u32::cast_from(starts[b * starts.stride(0) + t * starts.stride(1)]) as usize;
+    }
+    first
+}
+
 /// The document starts of one batch row, for kernels that look up the start of many queries
 /// (a key cube's walked rows): [`document_start`] with the tensor, row and flag held.
 #[derive(CubeType, Clone)]

@@ -24,7 +24,7 @@ use cubecl::prelude::*;
 use super::block_scores::{add_chunk_mass, group_mass, key_stride, stage_keys, stage_queries};
 use super::selection_cube::SelectionCube;
 use crate::kernel::compression::visible::visible_blocks;
-use crate::kernel::primitives::rows::{document_start, offset3};
+use crate::kernel::primitives::rows::{document_start_if, offset3};
 use crate::tile_sizes::{SELECTION_CHUNK as CHUNK, SELECTION_KEYS_PER_LANE as KEYS_PER_LANE, SELECTION_LANES as LANES};
 
 /// A taken block's score (real scores are sums of probabilities, never negative).
@@ -33,7 +33,7 @@ pub(crate) const TAKEN: f32 = -1.0;
 /// `q [B, T, H_q, d_k]`, compressed keys `k [B, N, H_kv, d_k]` (block `i` covering raw
 /// tokens `[i * stride, i * stride + length)`), the compressed branch's `lse [B, T, H_q]` (f32)
 /// -> `list [B, T, H_kv, n]`: the blocks of `block_size` tokens query `t` attends, ascending,
-/// `-1` in unused slots. With `documents`, query `t` weighs and takes only blocks of its
+/// `-1` in unused slots. With `documents` nonzero, query `t` weighs and takes only blocks of its
 /// document (`starts [B, T]`, a multiple of `block_size`): its first block is forced in block
 /// 0's place. Cube `(LANES, rows)`; `blocks >= ceil(T / block_size)`. The staged
 /// query and key rows are read `vector` f32 at a time (`vector` divides `d_k`): the products
@@ -47,7 +47,7 @@ pub fn select_top_n<F: Float, I: Int, V: Size>(
     starts: &Tensor<I>,
     list: &mut Tensor<I>,
     scale: f32,
-    #[comptime] documents: bool,
+    documents: u32,
     #[comptime] length: usize,
     #[comptime] stride: usize,
     #[comptime] block_size: usize,
@@ -92,7 +92,7 @@ pub fn select_top_n<F: Float, I: Int, V: Size>(
     let visible = visible_blocks(t, n_keys, length, stride);
     let walk_end = visible_blocks(cube.t_last, n_keys, length, stride);
     // The first compressed and selection blocks of the query's document.
-    let start = document_start::<I>(starts, b, t, documents);
+    let start = document_start_if::<I>(starts, b, t, documents);
     let first_key = start.div_ceil(stride);
     let mut first = 0usize;
     while first < walk_end {

@@ -50,7 +50,7 @@ fn portable<R: CubeRuntime>(ops: &Operands<R>, tiling: &QueryTiling, outputs: &O
         ops.scale,
         ops.span,
         ops.window,
-        ops.documents,
+        u32::from(ops.documents),
         ops.d_k,
         ops.d_v,
         tiling.parts,
