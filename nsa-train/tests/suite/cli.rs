@@ -253,9 +253,11 @@ fn a_batch_the_device_cannot_hold_is_one_error_line() {
         if let Some(status) = child.try_wait().unwrap() {
             break status;
         }
-        if start.elapsed().as_secs() > 600 {
+        // A guard against a hang, not a time limit: on lavapipe with a cold shader cache and
+        // `cargo xtask test`'s other processes beside it, compiling the step takes minutes.
+        if start.elapsed().as_secs() > 1200 {
             let _ = child.kill();
-            panic!("the run did not stop within 600 s");
+            panic!("the run did not stop within 1200 s");
         }
         std::thread::sleep(std::time::Duration::from_millis(200));
     };
