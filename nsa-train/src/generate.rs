@@ -9,6 +9,8 @@ use nsa_core::{DecodeAttentionBackend, DecodeCache, NsaLm};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+use crate::data::corpus::Packing;
+
 /// How tokens are drawn.
 #[derive(Clone, Debug)]
 pub struct SampleOptions {
@@ -38,22 +40,64 @@ pub struct Generation {
     pub hit_length: bool,
 }
 
-/// Continues each of `prompts` by up to `opts.max_tokens` tokens, stopping a sequence at `stop`
-/// (the end-of-text id); `on_token(row, token)` is called as each token is drawn. A prompt
-/// longer than the model's `seq_len` is an error: positions past it have no trained rotation.
+/// The tokenizer's end-of-text id, which ends every document of the training data, and how the
+/// model's training packed the documents.
+#[derive(Clone, Copy, Debug)]
+pub struct EndOfText {
+    pub id: u32,
+    pub packing: Packing,
+}
+
+/// What of `prompt` the model reads: with packed documents, the part after its last end-of-text
+/// (`None` when nothing follows it); otherwise all of it.
+///
+/// A model trained on packed documents attends nothing before a document's start, and its
+/// positions, compressed and selection blocks, forced blocks and window all restart there (spec,
+/// "Prefill, decode, varlen"): its next token is a function of the last document alone, the
+/// same function as a prefill of that document from position 0. So only that document is
+/// prefilled, and the cache holds nothing that a step would mask. A model trained on one stream
+/// attends across documents and reads the whole prompt.
+pub fn continued(prompt: &[u32], end_of_text: Option<EndOfText>) -> Option<&[u32]> {
+    match end_of_text {
+        Some(EndOfText { id, packing: Packing::Documents }) => {
+            let start = prompt.iter().rposition(|&t| t == id).map_or(0, |i| i + 1);
+            (start < prompt.len()).then(|| &prompt[start..])
+        }
+        _ => Some(prompt),
+    }
+}
+
+/// Continues each of `prompts` by up to `opts.max_tokens` tokens, stopping a sequence at the
+/// end-of-text id; `on_token(row, token)` is called as each token is drawn. A prompt may hold
+/// several documents, ended by end-of-text ids: a model trained on packed documents continues
+/// the last ([`continued`]). A prompt (for packed documents, its last document) longer than the
+/// model's `seq_len` is an error: positions past it have no trained rotation.
 pub fn generate<B: DecodeAttentionBackend>(
     model: &NsaLm<B>,
     prompts: &[Vec<u32>],
     opts: &SampleOptions,
-    stop: Option<u32>,
+    end_of_text: Option<EndOfText>,
     device: &B::Device,
     mut on_token: impl FnMut(usize, u32),
 ) -> Result<Generation, String> {
     let seq_len = model.seq_len();
-    let longest = prompts.iter().map(Vec::len).max().ok_or("no prompt given")?;
     if let Some(empty) = prompts.iter().position(Vec::is_empty) {
         return Err(format!("prompt {empty} has no tokens"));
     }
+    let prompts = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, prompt)| {
+            continued(prompt, end_of_text).ok_or_else(|| {
+                format!(
+                    "prompt {i} ends with the end-of-text token: a model trained on packed documents would begin a \
+                     new document there, with nothing to continue; end the prompt with the text to continue"
+                )
+            })
+        })
+        .collect::<Result<Vec<&[u32]>, String>>()?;
+    let longest = prompts.iter().map(|p| p.len()).max().ok_or("no prompt given")?;
+    let stop = end_of_text.map(|e| e.id);
     if longest > seq_len {
         return Err(format!(
             "the prompt is {longest} tokens, longer than the model's seq_len of {seq_len} (the longest context it was \
@@ -66,7 +110,7 @@ pub fn generate<B: DecodeAttentionBackend>(
     let mut done = vec![opts.max_tokens == 0; prompts.len()];
 
     let start = Instant::now();
-    let (mut cache, first) = prefill_all(model, prompts, max_len, device)?;
+    let (mut cache, first) = prefill_all(model, &prompts, max_len, device)?;
     let mut last: Vec<u32> = first.iter().map(|logits| pick(logits, opts, &mut rng)).collect();
     let prefill_secs = start.elapsed().as_secs_f64();
     let mut take = |row: usize, token: u32, out: &mut Vec<Vec<u32>>, done: &mut Vec<bool>| {
@@ -109,7 +153,7 @@ pub fn generate<B: DecodeAttentionBackend>(
     }
     Ok(Generation {
         tokens: out,
-        prefill_tokens: prompts.iter().map(Vec::len).sum(),
+        prefill_tokens: prompts.iter().map(|p| p.len()).sum(),
         prefill_secs,
         decode_tokens,
         decode_secs: start.elapsed().as_secs_f64(),
@@ -121,7 +165,7 @@ pub fn generate<B: DecodeAttentionBackend>(
 /// logits for the token after its prompt.
 fn prefill_all<B: DecodeAttentionBackend>(
     model: &NsaLm<B>,
-    prompts: &[Vec<u32>],
+    prompts: &[&[u32]],
     max_len: usize,
     device: &B::Device,
 ) -> Result<(DecodeCache<B>, Vec<Vec<f64>>), String> {

@@ -7,9 +7,10 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
+use crate::data::corpus::Packing;
 pub use crate::data::passkey::haystack;
 use crate::data::tokenizer::Tokenizer;
-use crate::generate::{generate, SampleOptions};
+use crate::generate::{generate, EndOfText, SampleOptions};
 use crate::plot::HeatMap;
 
 /// Tokens generated for the answer: a five-digit key and a space fit in eight with any tokenizer.
@@ -66,7 +67,10 @@ pub fn needle_in_a_haystack<B: DecodeAttentionBackend>(
             let keys: Vec<u32> = (0..opts.trials).map(|_| rng.random_range(10_000..100_000)).collect();
             let prompts =
                 keys.iter().map(|&key| haystack(tokenizer, length, depth, key)).collect::<Result<Vec<_>, _>>()?;
-            let done = generate(model, &prompts, &greedy, Some(tokenizer.eod()), device, |_, _| {})?;
+            // A haystack is one document (it holds no end-of-text), so packed and streamed
+            // models read all of it alike.
+            let end_of_text = EndOfText { id: tokenizer.eod(), packing: Packing::Stream };
+            let done = generate(model, &prompts, &greedy, Some(end_of_text), device, |_, _| {})?;
             let correct =
                 keys.iter().zip(&done.tokens).filter(|(key, answer)| answers(tokenizer, answer, **key)).count();
             let cell = NeedleCell { length, depth, correct, trials: opts.trials };

@@ -67,6 +67,16 @@ impl Tokenizer {
         }
     }
 
+    /// A prompt's ids: [`Self::encode`], keeping the end-of-text marker where the text has one
+    /// (byte 0x04 for bytes; a `tokenizer.json` maps its end-of-text token's text to its id in
+    /// both), so a prompt can hold several documents (`crate::generate::continued`).
+    pub fn encode_prompt(&self, text: &str) -> Result<Vec<u32>, DataError> {
+        match self {
+            Self::Bytes => Ok(text.bytes().map(u32::from).collect()),
+            Self::Hf { .. } => self.encode(text),
+        }
+    }
+
     /// Text for ids; invalid UTF-8 (a byte model can emit any byte) is replaced, not an error.
     pub fn decode(&self, ids: &[u32]) -> String {
         match self {

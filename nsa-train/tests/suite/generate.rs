@@ -1,12 +1,14 @@
 //! Generation with the decode cache: greedy tokens equal those of recomputing the whole context
 //! for every token (the training forward); sampling is reproducible from its seed; a prompt past
-//! the model's length is an error.
+//! the model's length is an error; a model trained on packed documents continues the last
+//! document of a prompt that holds several.
 
 use burn::backend::NdArray;
 use burn::module::{Module, ModuleMapper, Param};
 use burn::tensor::{Int, Tensor, TensorData};
 use nsa_core::{NsaLm, NsaLmConfig, Phi};
-use nsa_train::generate::{generate, SampleOptions, TextStream};
+use nsa_train::data::corpus::Packing;
+use nsa_train::generate::{generate, EndOfText, SampleOptions, TextStream};
 
 type Cpu = NdArray<f32>;
 
@@ -93,7 +95,7 @@ fn sampling_is_reproducible_and_stops_at_end_of_text() {
         &model,
         &prompts[..1],
         &SampleOptions { seed: 1, ..options(30, 1.0) },
-        Some(first),
+        Some(EndOfText { id: first, packing: Packing::Stream }),
         &Default::default(),
         |_, _| {},
     )
@@ -109,6 +111,39 @@ fn a_prompt_longer_than_the_model_is_an_error_and_the_length_stops_generation() 
     let done = generate(&model, &[vec![1; 60]], &options(10, 0.0), None, &Default::default(), |_, _| {}).unwrap();
     assert_eq!(done.tokens[0].len(), 5, "positions 60..63 hold tokens 1-4, the fifth is drawn from position 63");
     assert!(done.hit_length);
+}
+
+/// A prompt of three documents: a model trained on packed documents continues the last as if it
+/// were the whole prompt (the decode tests of `nsa-tests` hold that to the packed forward), one
+/// trained on a stream continues all of it; the documents before the last may together be
+/// longer than the model.
+#[test]
+fn a_packed_model_continues_the_last_document_of_its_prompt() {
+    const EOT: u32 = 39;
+    let model = model(Phi::Avg, true);
+    let last: Vec<u32> = vec![3, 17, 9, 1, 22];
+    let mut prompt: Vec<u32> = (0..70).map(|i| i % 30).collect();
+    prompt.insert(40, EOT);
+    prompt.push(EOT);
+    prompt.extend(&last);
+    let run = |prompt: &[u32], packing| {
+        let end_of_text = Some(EndOfText { id: EOT, packing });
+        generate(&model, &[prompt.to_vec()], &options(20, 0.0), end_of_text, &Default::default(), |_, _| {})
+    };
+    let packed = run(&prompt, Packing::Documents).unwrap();
+    assert_eq!(packed.tokens, run(&last, Packing::Documents).unwrap().tokens);
+    assert_eq!(packed.tokens[0], greedy_without_cache(&model, &last, packed.tokens[0].len()));
+    assert_eq!(packed.prefill_tokens, last.len(), "only the last document is prefilled");
+
+    let streamed = &prompt[prompt.len() - 30..];
+    let want = greedy_without_cache(&model, streamed, 20);
+    let want: Vec<u32> = want.into_iter().take_while(|&t| t != EOT).collect();
+    assert_eq!(run(streamed, Packing::Stream).unwrap().tokens[0], want, "a stream model reads across documents");
+    let err = run(&prompt, Packing::Stream).unwrap_err();
+    assert!(err.contains("longer than the model's seq_len"), "{err}");
+
+    let err = run(&prompt[..prompt.len() - last.len()], Packing::Documents).unwrap_err();
+    assert!(err.contains("ends with the end-of-text token"), "{err}");
 }
 
 #[test]

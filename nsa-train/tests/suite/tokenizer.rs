@@ -47,6 +47,9 @@ fn trained_bpe_round_trips_and_packs_training_windows() {
     assert!(ids.len() < text.len(), "BPE should merge: {} ids for {} bytes", ids.len(), text.len());
     assert_eq!(tokenizer.decode(&ids), text);
     assert!(!ids.contains(&tokenizer.eod()));
+    // A prompt of two documents keeps the end-of-text between them.
+    let two = tokenizer.encode_prompt("In the beginning.<|endoftext|>And God said").unwrap();
+    assert_eq!(two.iter().filter(|&&id| id == tokenizer.eod()).count(), 1, "{two:?}");
 
     // Through the run config: packing with it, and the vocabulary check against the model.
     let text_file = dir.join("docs.txt");

@@ -2,14 +2,14 @@
 //! decode, varlen"): a prefill of `T` tokens then `k` decode steps give the logits and the
 //! selected blocks of one forward over `T + k`, in float64 on the CPU and in f32 on WGPU; the
 //! cache a prefill fills equals the one token-by-token decoding fills; rows of different lengths
-//! decode in one batch.
+//! decode in one batch; a packed row's last document decodes as a prompt of its own.
 //!
 //! The small shape (`l = 8, d = 4, l_sel = 8, w = 16`) over 40 positions crosses compression
 //! emits, selection-block boundaries and the window's edge, and starts below `l`.
 
 use burn::tensor::{Int, Tensor, TensorData};
 use nsa_core::decode::{DecodeCache, LayerCache};
-use nsa_core::{AttentionKind, DecodeAttentionBackend, NsaConfig, NsaLm, NsaLmConfig, Phi};
+use nsa_core::{AttentionKind, DecodeAttentionBackend, Documents, NsaConfig, NsaLm, NsaLmConfig, Phi};
 use nsa_tests::{fresh_rng, max_rel_err, randomized, small_config, to_vec, B64};
 use rand::rngs::StdRng;
 use rand::Rng;
@@ -35,9 +35,10 @@ fn row<B: DecodeAttentionBackend>(tokens: &[i64], device: &B::Device) -> Tensor<
 fn full_forward<B: DecodeAttentionBackend>(
     model: &NsaLm<B>,
     tokens: &[i64],
+    documents: Option<&Documents<B>>,
     device: &B::Device,
 ) -> (Vec<Vec<f64>>, Vec<Vec<Vec<i64>>>) {
-    let (logits, aux) = model.forward_with_aux(row(tokens, device), None);
+    let (logits, aux) = model.forward_with_aux(row(tokens, device), documents);
     let vocab = logits.dims()[2];
     let logits = to_vec(logits).chunks(vocab).map(<[f64]>::to_vec).collect();
     let blocks = aux
@@ -62,7 +63,7 @@ fn check_decode<B: DecodeAttentionBackend>(
     device: &B::Device,
 ) {
     let mut cache = model.decode_cache(rows.len(), LEN, device);
-    let wants: Vec<_> = rows.iter().map(|r| full_forward(model, r, device)).collect();
+    let wants: Vec<_> = rows.iter().map(|r| full_forward(model, r, None, device)).collect();
     for (b, (tokens, &t)) in rows.iter().zip(prompt).enumerate() {
         let (logits, filled) = model.prefill(row(&tokens[..t], device), b, cache);
         cache = filled;
@@ -133,6 +134,47 @@ fn rows_of_different_lengths_decode_together() {
     let model = model::<B64>(&mut rng, small_config().with_phi(Phi::Linear), &device);
     let rows = [tokens(&mut rng, LEN), tokens(&mut rng, 30)];
     check_decode("ragged batch", &model, &rows, &[17, 5], 1e-9, &device);
+}
+
+/// The last document of a packed row decodes as a prompt of its own, from position 0 (how
+/// generation continues a prompt of several documents: `nsa_train::generate::continued`): a
+/// prefill of its first tokens and a decode step per token after them give the logits of one
+/// forward over the packed row, and its selected blocks counted from the document's first block.
+#[test]
+fn the_last_document_of_a_packed_row_decodes_as_its_own_prompt() {
+    let mut rng = fresh_rng("the_last_document_of_a_packed_row_decodes_as_its_own_prompt");
+    let device = Default::default();
+    let attention = small_config().with_phi(Phi::Mlp);
+    let (align, l_sel) = (attention.document_alignment(), attention.l_sel);
+    // Two documents of one alignment step each, then one of 40 tokens: past the window, five
+    // selection blocks for four slots (a contested top-n), every compressed block's emit.
+    let (len, last) = (56, 2 * align);
+    let cfg = NsaLmConfig::new().with_vocab_size(32).with_n_layers(2).with_seq_len(len).with_attention(attention);
+    let model = randomized(cfg.init::<B64>(&device), &mut rng, 0.3);
+    let packed = tokens(&mut rng, len);
+    let starts: Vec<i64> = (0..len).map(|t| (t.min(last) / align * align) as i64).collect();
+    let documents = Documents::from_starts(starts, [1, len], align, &device).unwrap();
+    let (logits, blocks) = full_forward(&model, &packed, Some(&documents), &device);
+    let first_block = (last / l_sel) as i64;
+    let document = &packed[last..];
+    let prompt = 3;
+    let cache = model.decode_cache(1, document.len(), &device);
+    let (first, mut cache) = model.prefill(row(&document[..prompt], &device), 0, cache);
+    let err = max_rel_err(&to_vec(first), &logits[last + prompt - 1]);
+    assert!(err <= 1e-9, "prefill logits differ from the packed forward's by {err:e}");
+    for (i, &token) in document[prompt..].iter().enumerate() {
+        let position = last + prompt + i;
+        let (out, next) = model.decode(row(&[token], &device), cache);
+        cache = next;
+        let err = max_rel_err(&to_vec(out.logits), &logits[position]);
+        assert!(err <= 1e-9, "position {position}: logits differ from the packed forward's by {err:e}");
+        for (layer, got) in out.blocks.into_iter().enumerate() {
+            let got: Vec<i64> = got.into_data().convert::<i64>().to_vec().unwrap();
+            let want: Vec<i64> =
+                blocks[layer][position].iter().map(|&j| if j >= 0 { j - first_block } else { j }).collect();
+            assert_eq!(got, want, "position {position} layer {layer}: blocks");
+        }
+    }
 }
 
 /// The same on WGPU in f32 (Mesa lavapipe in CI), as a GPU run generates: Burn's fusion, the

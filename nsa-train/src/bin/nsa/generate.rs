@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use nsa_core::DecodeAttentionBackend;
 use nsa_train::config::{BackendKind, Precision};
 use nsa_train::data::tokenizer::Tokenizer;
-use nsa_train::generate::{Generation, SampleOptions, TextStream};
+use nsa_train::generate::{continued, EndOfText, Generation, SampleOptions, TextStream};
 use nsa_train::with_inference_backend;
 
 use crate::trained::{Loaded, RunOn};
@@ -16,10 +16,12 @@ pub(crate) struct GenerateArgs {
     /// A run directory (its newest checkpoint) or one checkpoint directory.
     #[arg(long)]
     checkpoint: PathBuf,
-    /// The text to continue.
+    /// The text to continue. Its documents end at the tokenizer's end-of-text (byte 0x04, or a
+    /// `tokenizer.json`'s end-of-text token); a model trained on packed documents continues the
+    /// last and reads nothing before it.
     #[arg(long, required_unless_present = "prompt_file", conflicts_with = "prompt_file")]
     prompt: Option<String>,
-    /// A file whose text is the prompt.
+    /// A file whose text is the prompt (documents as in `--prompt`).
     #[arg(long)]
     prompt_file: Option<PathBuf>,
     /// New tokens per sample at most (generation also stops at end-of-text).
@@ -105,9 +107,18 @@ impl Job<'_> {
     fn run<B: DecodeAttentionBackend>(&self, device: &B::Device) -> Result<(), String> {
         let Job { loaded, tokenizer, prompt, batch, opts } = *self;
         let model = loaded.model::<B>(device)?;
-        let prompt_ids = tokenizer.encode(prompt).map_err(|e| e.to_string())?;
+        let prompt_ids = tokenizer.encode_prompt(prompt).map_err(|e| e.to_string())?;
         if prompt_ids.is_empty() {
             return Err(format!("--prompt {prompt:?} encodes to no tokens: give text the tokenizer keeps"));
+        }
+        let end_of_text = EndOfText { id: tokenizer.eod(), packing: loaded.cfg.data.pack };
+        if let Some(last) = continued(&prompt_ids, Some(end_of_text)).filter(|last| last.len() < prompt_ids.len()) {
+            eprintln!(
+                "the prompt holds several documents: a model trained on packed documents reads only the last ({} of \
+                 its {} tokens)",
+                last.len(),
+                prompt_ids.len()
+            );
         }
         let prompts = vec![prompt_ids; batch];
         let decode = |ids: &[u32]| tokenizer.decode(ids);
@@ -115,7 +126,7 @@ impl Job<'_> {
         if batch == 1 {
             print!("{prompt}");
         }
-        let done = nsa_train::generate::generate(&model, &prompts, opts, Some(tokenizer.eod()), device, |_, token| {
+        let done = nsa_train::generate::generate(&model, &prompts, opts, Some(end_of_text), device, |_, token| {
             if batch == 1 {
                 print!("{}", stream.push(token, decode));
                 let _ = std::io::stdout().flush();
