@@ -16,20 +16,16 @@ use crate::{cargo, exit_code, features, status, vulkan};
 /// The tests that run beside `cargo test`, one process per package's `suite` binary:
 /// `(package, test-name filters)`. The cross-crate suite's window and selection kernels' checks
 /// (the compressed branch runs on the window kernels), whose key-side backward kernels are its
-/// longest compiles, about half of its compile time; and the training crate's out-of-memory
-/// run, which compiles the reference path's training step on WGPU and would otherwise run
-/// alone after everything else. Burn's matrix products and the rest compile in `cargo test`.
-const SIDE_TESTS: [(&str, &[&str]); 2] = [
-    (
-        "nsa-tests",
-        &[
-            "compressed::compressed_kernels_match_the_reference",
-            "kernels::wgpu_window_kernels_match_float64_loops",
-            "kernels::wgpu_selected_kernels_match_float64_loops",
-        ],
-    ),
-    ("nsa-train", &["cli::a_batch_the_device_cannot_hold_is_one_error_line"]),
-];
+/// longest compiles, about half of its compile time. Burn's matrix products and the rest compile
+/// in `cargo test`.
+const SIDE_TESTS: [(&str, &[&str]); 1] = [(
+    "nsa-tests",
+    &[
+        "compressed::compressed_kernels_match_the_reference",
+        "kernels::wgpu_window_kernels_match_float64_loops",
+        "kernels::wgpu_selected_kernels_match_float64_loops",
+    ],
+)];
 
 /// Runs the tests; with `args` (a filter, `cargo test`'s flags), one `cargo test` with them.
 pub fn run(args: Vec<String>) -> ExitCode {

@@ -16,7 +16,13 @@ pub enum FaultKind {
     NonFinite,
     /// The replica's thread panics before the all-reduce.
     Panic,
+    /// An allocation of [`INJECTED_ALLOCATION`] bytes fails, as CubeCL reports it: a panic on
+    /// the device's thread with its `BufferTooBig` error.
+    OutOfMemory,
 }
+
+/// The size of the allocation a [`FaultKind::OutOfMemory`] fails: 64 GiB.
+pub const INJECTED_ALLOCATION: u64 = 64 << 30;
 
 impl Fault {
     /// A NaN loss at `step` on the first replica.

@@ -13,7 +13,7 @@ mod fault;
 mod group;
 mod replica;
 
-pub use fault::{Fault, FaultKind};
+pub use fault::{Fault, FaultKind, INJECTED_ALLOCATION};
 pub use group::Group;
 pub use replica::{Gradients, Replica, StepOutput, StepPlan};
 

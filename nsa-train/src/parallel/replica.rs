@@ -12,7 +12,7 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, FloatDType, Tensor};
 use nsa_core::{cast_params, lm_loss, NsaAux, NsaLm};
 
-use super::fault::{Fault, FaultKind};
+use super::fault::{Fault, FaultKind, INJECTED_ALLOCATION};
 use crate::config::TrainConfig;
 use crate::data::batch::HostBatch;
 use crate::grads::{to_param_dtype, weight_decay_ids};
@@ -135,8 +135,12 @@ impl<B: TrainBackend> Replica<B> {
         let mut stats = None;
         let mut clock = HostClock::start();
         let fault = plan.fault.filter(|f| f.rank == self.rank).map(|f| f.kind);
-        if fault == Some(FaultKind::Panic) {
-            panic!("injected failure (test hook)");
+        match fault {
+            Some(FaultKind::Panic) => panic!("injected failure (test hook)"),
+            Some(FaultKind::OutOfMemory) => panic!(
+                "called `Result::unwrap()` on an `Err` value: BufferTooBig {{ size: {INJECTED_ALLOCATION}, backtrace: <disabled> }}"
+            ),
+            _ => {}
         }
         for (micro, batch) in micro_batches.into_iter().enumerate() {
             let batch = batch.to_device::<B>(&self.device);

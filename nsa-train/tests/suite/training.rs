@@ -1,4 +1,5 @@
-//! End-to-end training on the CPU: learning, exact resume, stop on NaN, activation checkpointing.
+//! End-to-end training on the CPU: learning, exact resume, stop on NaN or out of memory, activation
+//! checkpointing.
 
 use crate::common::{self, weights};
 
@@ -12,7 +13,7 @@ use nsa_train::checkpoint::{self, CheckpointRecorder};
 use nsa_train::config::{DataConfig, Packing, RunConfig, TrainConfig};
 use nsa_train::dashboard::{Collect, Reporter};
 use nsa_train::metrics::StepMetrics;
-use nsa_train::parallel::Fault;
+use nsa_train::parallel::{Fault, FaultKind, INJECTED_ALLOCATION};
 use nsa_train::splits::load_splits;
 use nsa_train::trainer::{lm_loss, Finish, Stop, Trainer};
 
@@ -106,6 +107,42 @@ fn resume_gives_the_same_losses_and_weights_as_an_uninterrupted_run() {
 
     assert_eq!(got, expected, "losses differ after resume");
     assert_eq!(weights(&second.replica.model), weights(&uninterrupted.replica.model), "weights differ after resume");
+}
+
+/// Running out of device memory stops the run with one line naming the step, the batch and the
+/// allocation that failed, keeps the last good checkpoint, and prints no panic: CubeCL's
+/// allocation failure (a panic on the device's thread) injected at step 5, seen through the panic
+/// hook `nsa` installs ([`nsa_train::failures::install`]). The hook is the whole process's, so
+/// the run goes in a process of its own.
+#[test]
+fn running_out_of_device_memory_is_one_line_and_keeps_the_last_checkpoint() {
+    let stderr = common::in_own_process("training::out_of_memory_at_step_5");
+    assert!(!stderr.contains("panicked"), "a panic message reached the output:\n{stderr}");
+}
+
+#[test]
+#[ignore = "runs in a process of its own, from running_out_of_device_memory_is_one_line_and_keeps_the_last_checkpoint"]
+fn out_of_memory_at_step_5() {
+    nsa_train::failures::install();
+    let dir = common::scratch("oom");
+    let cfg = common::tiny_run(&dir, 10);
+    let cfg = cfg.clone().with_train(cfg.train.with_checkpoint_every(2));
+    let mut t = trainer(cfg, false);
+    t.fault = Some(Fault { step: 5, rank: 0, kind: FaultKind::OutOfMemory });
+    let err = t.train_until(10, &mut Collect::default()).expect_err("the run must stop");
+    match &err {
+        Stop::OutOfMemory { step: 5, batch: 8, seq_len: 64, requested, last_good } => {
+            assert_eq!(*requested, Some(INJECTED_ALLOCATION), "{err}");
+            assert!(last_good.as_ref().is_some_and(|p| p.ends_with("step-00000004")), "{err}");
+        }
+        other => panic!("unexpected stop: {other}"),
+    }
+    let line = err.to_string();
+    assert!(
+        line.starts_with("out of device memory at step 5: a batch of 8 x 64 tokens asked for 64.00 GiB more"),
+        "{line}"
+    );
+    assert_eq!(line.lines().count(), 1, "{line}");
 }
 
 #[test]

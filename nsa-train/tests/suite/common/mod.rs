@@ -18,6 +18,17 @@ pub fn scratch(name: &str) -> PathBuf {
     dir
 }
 
+/// Runs this binary's test `name` (one marked `#[ignore]`, so a plain run skips it) in a process
+/// of its own, failing with its output if it fails, and returns its standard error: for a test
+/// that changes what a whole process does (its panic hook).
+pub fn in_own_process(name: &str) -> String {
+    let exe = std::env::current_exe().unwrap();
+    let out = std::process::Command::new(exe).args([name, "--exact", "--ignored", "--nocapture"]).output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && stdout.contains("1 passed"), "{name} in its own process:\n{stdout}\n{stderr}");
+    stderr.into_owned()
+}
+
 /// A very small NSA model on the copy task.
 pub fn tiny_run(out: &std::path::Path, steps: usize) -> RunConfig {
     let model = NsaLmConfig::new().with_n_layers(2).with_seq_len(64).with_attention(
