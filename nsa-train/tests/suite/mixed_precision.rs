@@ -1,10 +1,9 @@
-//! Mixed precision in the trainer, in its own test binary: Burn keys a device's default float
+//! Mixed precision in the trainer, in a process of its own: Burn keys a device's default float
 //! dtype by device type, and `NdArray<f32>` and `NdArray<f64>` share one, so whichever backend
 //! touches the CPU device first in a process fixes the default for both. The f64-master run must
 //! not share a process with the f32 tests.
 
-#[path = "suite/common/mod.rs"]
-mod common;
+use crate::common;
 
 use burn::backend::{Autodiff, NdArray};
 use burn::module::{Module, ModuleVisitor, Param};
@@ -16,6 +15,12 @@ use nsa_train::trainer::Trainer;
 
 #[test]
 fn a_narrow_forward_on_wide_master_weights_trains_and_keeps_the_master_dtype() {
+    common::in_own_process("mixed_precision::f32_forward_on_f64_master_weights");
+}
+
+#[test]
+#[ignore = "runs in a process of its own, from a_narrow_forward_on_wide_master_weights_trains_and_keeps_the_master_dtype"]
+fn f32_forward_on_f64_master_weights() {
     // bf16-on-f32 as it runs on CUDA, checked one level up on the CPU: f64 master weights and
     // optimiser state, f32 forward.
     type Wide = Autodiff<NdArray<f64>>;
