@@ -13,19 +13,16 @@ use nsa_backend_kind::BackendKind;
 
 use crate::{cargo, exit_code, features, status, vulkan};
 
-/// The tests that run beside `cargo test`, one process per package's `suite` binary:
-/// `(package, test-name filters)`. The cross-crate suite's window and selection kernels' checks
-/// (the compressed branch runs on the window kernels), whose key-side backward kernels are its
-/// longest compiles, about half of its compile time. Burn's matrix products and the rest compile
-/// in `cargo test`.
-const SIDE_TESTS: [(&str, &[&str]); 1] = [(
-    "nsa-tests",
-    &[
-        "compressed::compressed_kernels_match_the_reference",
-        "kernels::wgpu_window_kernels_match_float64_loops",
-        "kernels::wgpu_selected_kernels_match_float64_loops",
-    ],
-)];
+/// The tests that run beside `cargo test`, each in a process of its own started from its
+/// package's `suite` binary: `(package, test-name filters)`. The cross-crate suite's compressed,
+/// window and selection kernels' checks (the compressed branch runs on the window kernels), whose
+/// key-side backward kernels are its longest compiles: one process each, so their compiles
+/// share both cores with `cargo test`'s instead of queueing on one device thread.
+const SIDE_TESTS: [(&str, &[&str]); 3] = [
+    ("nsa-tests", &["compressed::compressed_kernels_match_the_reference"]),
+    ("nsa-tests", &["kernels::wgpu_window_kernels_match_float64_loops"]),
+    ("nsa-tests", &["kernels::wgpu_selected_kernels_match_float64_loops"]),
+];
 
 /// Runs the tests; with `args` (a filter, `cargo test`'s flags), one `cargo test` with them.
 pub fn run(args: Vec<String>) -> ExitCode {
