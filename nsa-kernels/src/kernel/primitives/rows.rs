@@ -59,7 +59,7 @@ pub fn attends(t: usize, s: usize, span: usize, #[comptime] window: bool) -> boo
 pub fn document_start<I: Int>(starts: &Tensor<I>, b: usize, t: usize, #[comptime] documents: bool) -> usize {
     let mut first = 0usize;
     if documents {
-        first = u32::cast_from(starts[b * starts.stride(0) + t * starts.stride(1)]) as usize;
+        first = start_at::<I>(starts, b, t);
     }
     first
 }
@@ -73,9 +73,15 @@ pub fn document_start<I: Int>(starts: &Tensor<I>, b: usize, t: usize, #[comptime
 pub fn document_start_if<I: Int>(starts: &Tensor<I>, b: usize, t: usize, documents: u32) -> usize {
     let mut first = 0usize;
     if documents != 0 {
-        first = u32::cast_from(starts[b * starts.stride(0) + t * starts.stride(1)]) as usize;
+        first = start_at::<I>(starts, b, t);
     }
     first
+}
+
+/// `starts[b, t]`: the start of the document holding position `t` of row `b`.
+#[cube]
+fn start_at<I: Int>(starts: &Tensor<I>, b: usize, t: usize) -> usize {
+    u32::cast_from(starts[b * starts.stride(0) + t * starts.stride(1)]) as usize
 }
 
 /// The document starts of one batch row, for kernels that look up the start of many queries
