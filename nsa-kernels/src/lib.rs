@@ -12,14 +12,14 @@
 pub mod activation;
 #[cfg(feature = "cube")]
 mod buffers;
+#[cfg(any(feature = "flex", feature = "ndarray"))]
+mod cpu;
 pub mod decode;
 pub mod devices;
 mod dtypes;
 mod fingerprint;
 pub mod gemm;
 pub mod mix;
-#[cfg(feature = "ndarray")]
-mod ndarray;
 pub mod norm;
 
 #[cfg(feature = "cube")]

@@ -7,7 +7,7 @@
 
 use std::path::Path;
 
-use burn::backend::{Autodiff, NdArray};
+use burn::backend::{Autodiff, Flex};
 use burn::data::dataloader::DataLoaderBuilder;
 use burn::data::dataset::InMemDataset;
 use burn::optim::AdamWConfig;
@@ -21,7 +21,7 @@ use nsa_train::config::RunConfig;
 use nsa_train::data::corpus::PackedSplit;
 use nsa_train::data::synthetic::{splits, SyntheticTask};
 
-type B = Autodiff<NdArray>;
+type B = Autodiff<Flex>;
 
 /// `configs/tiny.toml`'s model config, freshly initialised.
 fn tiny_model() -> (NsaLm<B>, usize) {
@@ -45,7 +45,7 @@ fn train<R: MetricsRenderer + 'static>(
     epochs: usize,
     dir: &Path,
     renderer: Option<R>,
-) -> NsaLm<NdArray> {
+) -> NsaLm<Flex> {
     let (train, valid) = windows(seq_len);
     let train = DataLoaderBuilder::new(LmBatcher).batch_size(8).shuffle(42).build(InMemDataset::new(train));
     let valid = DataLoaderBuilder::new(LmBatcher).batch_size(8).build(InMemDataset::new(valid));
@@ -97,9 +97,9 @@ mod tests {
     }
 
     /// The model's loss on the validation windows.
-    fn valid_loss(model: &NsaLm<NdArray>, seq_len: usize) -> f32 {
+    fn valid_loss(model: &NsaLm<Flex>, seq_len: usize) -> f32 {
         let (_, valid) = windows(seq_len);
-        let batch: LmBatch<NdArray> =
+        let batch: LmBatch<Flex> =
             burn::data::dataloader::batcher::Batcher::batch(&LmBatcher, valid, &Default::default());
         model.forward_sequence(batch).loss.into_scalar()
     }

@@ -88,7 +88,7 @@ pub fn usable(kind: BackendKind) -> bool {
         #[cfg(feature = "wgpu")]
         BackendKind::Wgpu => probe::<burn::backend::Wgpu>(Default::default()),
         #[cfg(feature = "cpu")]
-        BackendKind::Cpu => probe::<burn::backend::NdArray>(Default::default()),
+        BackendKind::Cpu => probe::<burn::backend::Flex>(Default::default()),
         _ => false,
     };
     std::panic::set_hook(previous);
@@ -165,11 +165,11 @@ macro_rules! with_backend {
             // The CPU backend has one device: every replica runs on it.
             (BackendKind::Cpu, false) => $crate::__if_cpu!({
                 let devices = vec![Default::default(); $indices.len()];
-                $crate::__on!(Autodiff<burn::backend::NdArray>, devices, |_| None, |$B, $devices, $memory| $body)
+                $crate::__on!(Autodiff<burn::backend::Flex>, devices, |_| None, |$B, $devices, $memory| $body)
             }),
             (BackendKind::Cpu, true) => $crate::__if_cpu!({
                 let devices = vec![Default::default(); $indices.len()];
-                type Ad = Autodiff<burn::backend::NdArray, Balanced>;
+                type Ad = Autodiff<burn::backend::Flex, Balanced>;
                 $crate::__on!(Ad, devices, |_| None, |$B, $devices, $memory| $body)
             }),
             (BackendKind::Auto, _) => Err(not_compiled(BackendKind::Auto)),
@@ -208,8 +208,8 @@ macro_rules! with_inference_backend {
                 $body
             }),
             (BackendKind::Cpu, _) => $crate::__if_cpu!({
-                type $B = burn::backend::NdArray;
-                let $device: burn::backend::ndarray::NdArrayDevice = Default::default();
+                type $B = burn::backend::Flex;
+                let $device: burn::backend::flex::FlexDevice = Default::default();
                 let $memory: Option<$crate::metrics::MemoryProbe> = None;
                 $body
             }),

@@ -2,7 +2,7 @@
 //! perplexity and bits per byte derived from it, and a text too short for a window refused; the
 //! needle eval's haystacks and its counts.
 
-use burn::backend::NdArray;
+use burn::backend::Flex;
 use burn::tensor::ElementConversion;
 use nsa_core::{lm_loss, NsaConfig, NsaLm, NsaLmConfig};
 use nsa_train::data::batch::batch;
@@ -13,7 +13,7 @@ use nsa_train::needle::{haystack, needle_in_a_haystack, table, NeedleOptions};
 
 use crate::common;
 
-type Cpu = NdArray<f32>;
+type Cpu = Flex;
 
 /// A small NSA model on the reference path.
 fn model(n_layers: usize, seq_len: usize) -> NsaLm<Cpu> {

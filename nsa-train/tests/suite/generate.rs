@@ -3,14 +3,14 @@
 //! the model's length is an error; a model trained on packed documents continues the last
 //! document of a prompt that holds several.
 
-use burn::backend::NdArray;
+use burn::backend::Flex;
 use burn::module::{Module, ModuleMapper, Param};
 use burn::tensor::{Int, Tensor, TensorData};
 use nsa_core::{NsaLm, NsaLmConfig, Phi};
 use nsa_train::data::corpus::Packing;
 use nsa_train::generate::{generate, EndOfText, SampleOptions, TextStream};
 
-type Cpu = NdArray<f32>;
+type Cpu = Flex;
 
 /// The small model; `loud` scales its weights (see [`Louder`]).
 fn model(phi: Phi, loud: bool) -> NsaLm<Cpu> {

@@ -1,7 +1,7 @@
 //! Mixed precision in the trainer, in a process of its own: Burn keys a device's default float
 //! dtype by device type, and `NdArray<f32>` and `NdArray<f64>` share one, so whichever backend
-//! touches the CPU device first in a process fixes the default for both. The f64-master run must
-//! not share a process with the f32 tests.
+//! touches that device first in a process fixes the default for both. The f64-master run must not
+//! depend on what another test touched first.
 
 use crate::common;
 

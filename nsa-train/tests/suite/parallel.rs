@@ -6,7 +6,7 @@ use std::sync::Mutex;
 
 use crate::common::{self, weights};
 
-use burn::backend::{Autodiff, NdArray};
+use burn::backend::{Autodiff, Flex};
 use nsa_train::checkpoint;
 use nsa_train::config::RunConfig;
 use nsa_train::dashboard::Collect;
@@ -15,7 +15,7 @@ use nsa_train::parallel::{Fault, FaultKind};
 use nsa_train::splits::load_splits;
 use nsa_train::trainer::{Finish, Stop, Trainer};
 
-type B = Autodiff<NdArray>;
+type B = Autodiff<Flex>;
 
 /// burn-collective keeps one collective per backend type in the process: one run at a time.
 static COLLECTIVE: Mutex<()> = Mutex::new(());

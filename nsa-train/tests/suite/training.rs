@@ -1,10 +1,10 @@
 //! End-to-end training on the CPU: learning, exact resume, stop on NaN or out of memory, activation
-//! checkpointing.
+//! checkpointing, the CPU backend's gradients against float64.
 
 use crate::common::{self, weights};
 
 use burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing;
-use burn::backend::{Autodiff, NdArray};
+use burn::backend::{Autodiff, Flex, NdArray};
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Int, Tensor, TensorData};
@@ -17,7 +17,7 @@ use nsa_train::parallel::{Fault, FaultKind, INJECTED_ALLOCATION};
 use nsa_train::splits::load_splits;
 use nsa_train::trainer::{lm_loss, Finish, Stop, Trainer};
 
-type B = Autodiff<NdArray>;
+type B = Autodiff<Flex>;
 
 fn trainer(cfg: RunConfig, resume: bool) -> Trainer<B> {
     let (train, valid, _) = load_splits(&cfg, &[]).unwrap();
@@ -164,7 +164,7 @@ fn a_nan_at_step_k_stops_there_and_earlier_checkpoints_load() {
     let kept: Vec<usize> = checkpoint::list(&dir).into_iter().map(|(s, _)| s).collect();
     assert_eq!(kept, vec![2, 4, 6]);
     for (_, path) in checkpoint::list(&dir) {
-        let model: NsaLm<NdArray> =
+        let model: NsaLm<Flex> =
             checkpoint::load_model(&path, cfg.model.init(&Default::default()), &Default::default()).unwrap();
         assert!(weights(&model).iter().all(|w| w.is_finite()));
     }
@@ -207,14 +207,15 @@ fn weights_file(cfg: &RunConfig) -> std::path::PathBuf {
     static FILE: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
     FILE.get_or_init(|| {
         let path = common::scratch("shared-weights").join("model");
-        let model: NsaLm<NdArray> = cfg.model.init(&Default::default());
+        let model: NsaLm<Flex> = cfg.model.init(&Default::default());
         model.save_file(path.clone(), &CheckpointRecorder::new()).unwrap();
         path
     })
     .clone()
 }
 
-fn gradients<A: AutodiffBackend + nsa_core::SparseAttentionBackend>(cfg: &RunConfig) -> Vec<f64> {
+/// Every parameter's gradient of the loss on a fixed batch, from [`weights_file`]'s weights.
+fn gradients<A: AutodiffBackend + nsa_core::SparseAttentionBackend>(cfg: &RunConfig) -> Vec<Vec<f64>> {
     let device = Default::default();
     let model: NsaLm<A> =
         cfg.model.init(&device).load_file(weights_file(cfg), &CheckpointRecorder::new(), &device).unwrap();
@@ -225,11 +226,11 @@ fn gradients<A: AutodiffBackend + nsa_core::SparseAttentionBackend>(cfg: &RunCon
         &device,
     );
     let grads = lm_loss(model.forward(x), y).backward();
-    struct G<'a, A: AutodiffBackend>(&'a A::Gradients, Vec<f64>);
+    struct G<'a, A: AutodiffBackend>(&'a A::Gradients, Vec<Vec<f64>>);
     impl<A: AutodiffBackend> ModuleVisitor<A> for G<'_, A> {
         fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<A, D>>) {
             let g = p.val().grad(self.0).expect("every parameter has a gradient");
-            self.1.extend(g.into_data().convert::<f64>().to_vec::<f64>().unwrap());
+            self.1.push(g.into_data().convert::<f64>().to_vec::<f64>().unwrap());
         }
     }
     let mut v = G::<A>(&grads, Vec::new());
@@ -240,12 +241,32 @@ fn gradients<A: AutodiffBackend + nsa_core::SparseAttentionBackend>(cfg: &RunCon
 #[test]
 fn activation_checkpointing_gives_the_same_gradients() {
     let cfg = common::tiny_run(&common::scratch("ckpt"), 1);
-    let plain = gradients::<Autodiff<NdArray>>(&cfg);
-    let recomputed = gradients::<Autodiff<NdArray, BalancedCheckpointing>>(&cfg);
+    let plain = gradients::<Autodiff<Flex>>(&cfg).concat();
+    let recomputed = gradients::<Autodiff<Flex, BalancedCheckpointing>>(&cfg).concat();
     assert_eq!(plain.len(), recomputed.len());
     let max = plain.iter().zip(&recomputed).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
     assert!(max <= 1e-6, "gradients differ by {max:e}");
     assert!(plain.iter().any(|g| *g != 0.0));
+}
+
+/// The CPU backend that training runs on (Burn's `Flex`, f32) against the float64 model from the
+/// same weights: each parameter's gradient within f32's rounding of the float64 one.
+#[test]
+fn the_cpu_backend_gives_the_float64_gradients() {
+    let cfg = common::tiny_run(&common::scratch("cpu-f64"), 1);
+    // The first backend to touch the `NdArray` device in a process fixes its default float dtype;
+    // a reference that silently ran in f32 would pass for the wrong reason.
+    let probe = Tensor::<NdArray<f64>, 1>::zeros([1], &Default::default());
+    assert_eq!(probe.dtype(), burn::tensor::DType::F64, "another test fixed the NdArray device's dtype first");
+    let narrow = gradients::<Autodiff<Flex>>(&cfg);
+    let wide = gradients::<Autodiff<NdArray<f64>>>(&cfg);
+    assert_eq!(narrow.len(), wide.len());
+    for (i, (g, reference)) in narrow.iter().zip(&wide).enumerate() {
+        assert_eq!(g.len(), reference.len());
+        let scale = reference.iter().fold(1e-12, |m: f64, v| m.max(v.abs()));
+        let err = g.iter().zip(reference).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max) / scale;
+        assert!(err < 1e-5, "gradient {i} differs from the float64 one by {err:.2e} of its largest");
+    }
 }
 
 /// Asks to stop once it has seen `after` logged steps, as the dashboard's `q` does.

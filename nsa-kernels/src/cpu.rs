@@ -1,8 +1,13 @@
-//! Burn's CPU backend (`NdArray`) takes every extension's tensor-op defaults: the reference
+//! Burn's CPU backends (`Flex`, which training and inference run on, and `NdArray`, which the
+//! tests' float64 reference runs on) take every extension's tensor-op defaults: the reference
 //! attention, Burn's matmul, the tensor-op SiLU, mix, RMSNorm and AdamW.
 
 macro_rules! with_defaults {
     ($($extension:path),* $(,)?) => {$(
+        #[cfg(feature = "flex")]
+        impl $extension for burn::backend::Flex {}
+
+        #[cfg(feature = "ndarray")]
         impl<E, I, Q> $extension for burn::backend::NdArray<E, I, Q>
         where
             E: burn::backend::ndarray::FloatNdArrayElement,
