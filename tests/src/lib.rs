@@ -170,6 +170,16 @@ pub fn random_input<B: Backend>(
     (Tensor::from_data(TensorData::new(flat, [b, t, dim]), device), rows)
 }
 
+/// Runs the calling test binary's test `name` (one marked `#[ignore]`, so a plain run skips it) in
+/// a process of its own, failing with its output if it fails: for a test that changes what a whole
+/// process does (its panic hook).
+pub fn in_own_process(name: &str) {
+    let exe = std::env::current_exe().unwrap();
+    let out = std::process::Command::new(exe).args([name, "--exact", "--ignored", "--nocapture"]).output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && stdout.contains("1 passed"), "{name} in its own process:\n{stdout}\n{stderr}");
+}
+
 /// `max |a - b| / max |b|`: the error relative to the reference's scale.
 pub fn max_rel_err(a: &[f64], reference: &[f64]) -> f64 {
     assert_eq!(a.len(), reference.len(), "length mismatch");

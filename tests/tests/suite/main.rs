@@ -2,7 +2,8 @@
 //! compiled once for all of them instead of once per file (most of a cold test build). Every
 //! CPU test here runs in f64: Burn keys a device's default float dtype by device type, so the
 //! first of `NdArray<f32>` and `NdArray<f64>` to touch the CPU in a process fixes it for both.
-//! `tensor_core_expand` has a binary of its own: it installs a process-wide panic hook.
+//! `tensor_core_expand` installs a process-wide panic hook, so its check runs in a process of its
+//! own that this binary starts ([`nsa_tests::in_own_process`]).
 
 mod activation;
 mod compressed;
@@ -30,3 +31,4 @@ mod phi;
 mod precision;
 mod select_kernel;
 mod selection;
+mod tensor_core_expand;

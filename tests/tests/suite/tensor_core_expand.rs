@@ -3,7 +3,8 @@
 //! MMA and panics on the device thread after expansion. A panic hook records every panic
 //! message; a plan passes when it produced panics and all of them are that compiler's refusals,
 //! so an expansion error (any other panic) fails the test. Their numerics are checked on the
-//! H100 by `nsa-bench kernels`' parity check, plan by plan (docs/kernels.md).
+//! H100 by `nsa-bench kernels`' parity check, plan by plan (docs/kernels.md). The panic hook is
+//! process-wide, so the check runs in a process of its own.
 
 use std::sync::{Mutex, Once};
 
@@ -75,9 +76,15 @@ fn half(shape: [usize; 4], device: &WgpuDevice) -> CubeTensor<WgpuRuntime> {
     CubeTensor { dtype: DType::F16, ..Tensor::<B, 4>::zeros(shape, device).into_primitive().tensor() }
 }
 
-// One test: the panic hook is process-wide, so the launches must not overlap.
 #[test]
 fn tensor_core_plans_expand() {
+    nsa_tests::in_own_process("tensor_core_expand::every_tensor_core_plan_expands");
+}
+
+// One test: the panic hook is process-wide, so the launches must not overlap.
+#[test]
+#[ignore = "runs in a process of its own, from tensor_core_plans_expand"]
+fn every_tensor_core_plan_expands() {
     record_panics();
     let device = WgpuDevice::default();
     // q, dO: 2 heads; k, v: 1 head; d = 64, T = 64; blocks of 64 keys, block 0 listed.
