@@ -115,8 +115,8 @@ fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             }
             announce_build(
-                "the tests: after `cargo xtask train` only the test crates, about 2 minutes on 2 cores; \
-                 from nothing, Burn and its GPU stacks too, about 15 minutes more",
+                "the tests: after `cargo xtask train` only the test crates, about a minute on 2 cores; \
+                 from nothing, Burn and its GPU stacks too, about 6 minutes more",
             );
             test::run(args)
         }
@@ -183,7 +183,7 @@ fn cargo_run(package: &str, bin: &str, command: &str, a: NsaArgs, extra: &[Strin
     }
     cmd.args(["--", command, "--backend", backend.name()]).args(a.args).args(extra);
     announce_build(&format!(
-        "`{bin}`: the first build compiles Burn and its GPU stacks, about 17 minutes on 2 cores; \
+        "`{bin}`: the first build compiles Burn and its GPU stacks, about 7 minutes on 2 cores; \
          later ones take seconds"
     ));
     run(&mut cmd)
