@@ -33,7 +33,10 @@ pub use activation::{silu, silu_linear_matmul, ActivationBackend};
 /// where fusion's per-op work is host time).
 #[cfg(feature = "cube")]
 pub use burn_cubecl::CubeBackend;
-pub use decode::{decode_attention, decode_write, DecodeAttentionBackend, StepLayout, WrittenStep};
+pub use decode::{
+    decode_attention, decode_linear, decode_linear_reference, decode_write, DecodeAttentionBackend, StepInput,
+    StepLayout, WrittenStep,
+};
 pub use dtypes::stats_dtype;
 pub use fingerprint::KERNEL_FINGERPRINT;
 pub use gemm::{linear_matmul, GemmBackend};

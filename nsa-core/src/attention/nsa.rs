@@ -209,13 +209,19 @@ impl<B: SparseAttentionBackend> NsaAttention<B> {
 
     /// The branch outputs `[B, T, H_q, d_v]` summed under `gates` `[B, T, 3, H_q]`, through `W_o`.
     pub fn gated_sum(&self, branches: [Tensor<B, 4>; 3], gates: Tensor<B, 4>) -> Tensor<B, 3> {
+        apply(&self.output, self.heads_mixed(branches, gates))
+    }
+
+    /// The gated mix of the branches `[B, T, H, d_v]` by `gates [B, T, 3, H]`, heads merged:
+    /// `[B, T, H d_v]`, the output projection's input.
+    pub fn heads_mixed(&self, branches: [Tensor<B, 4>; 3], gates: Tensor<B, 4>) -> Tensor<B, 3> {
         let c = &self.config;
         let [b, t, _, _] = gates.dims();
         let mixed = match c.fused_kernels {
             true => gated_mix(branches, gates),
             false => gated_mix_reference(branches, gates),
         };
-        apply(&self.output, mixed.reshape([b, t, c.n_heads * c.d_v]))
+        mixed.reshape([b, t, c.n_heads * c.d_v])
     }
 
     pub(crate) fn kv(&self, branch: Branch) -> &KvProjection<B> {

@@ -14,6 +14,7 @@
 pub mod attend;
 pub mod cache;
 pub mod dense_layer;
+pub mod linear;
 pub mod model;
 pub mod nsa_layer;
 pub mod positions;

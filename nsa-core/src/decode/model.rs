@@ -4,6 +4,7 @@ use burn::tensor::{Int, Tensor};
 use nsa_kernels::DecodeAttentionBackend;
 
 use super::cache::{DecodeCache, LayerCache, NsaLayerCache};
+use super::linear::{normed, step_linear};
 use super::positions::DecodePositions;
 use super::store::{KeyValues, TokenStore};
 use crate::attention::projection::apply;
@@ -86,30 +87,30 @@ impl<B: DecodeAttentionBackend> NsaLm<B> {
             panic!("a sequence of {full} tokens fills its cache of {max_len}: no room for another");
         }
         let device = tokens.device();
-        let mut x = embed(&self.embedding, tokens);
+        // The table's rows: one gather, where the training forward's one-hot product (cheaper to
+        // differentiate) would be several ops a step.
+        let mut x = self.embedding.forward(tokens);
         let rope = (self.rope(), x.dtype());
         let positions = DecodePositions::new(&lengths, max_len, self.nsa_config(), self.has_dense(), rope, &device);
         let (mut next, mut blocks) = (Vec::with_capacity(layers.len()), Vec::new());
         for (block, layer) in self.blocks.iter().zip(layers) {
-            let normed = norm(&block.attention_norm, x.clone());
             let (attended, layer) = match (&block.attention, layer) {
                 (Attention::Nsa(nsa), LayerCache::Nsa(layer)) => {
-                    let (out, selected, layer) = nsa.decode(normed, layer, &positions);
+                    let (x, selected, layer) = nsa.decode(x, &block.attention_norm, layer, &positions);
                     blocks.push(selected);
-                    (out, LayerCache::Nsa(layer))
+                    (x, LayerCache::Nsa(layer))
                 }
                 (Attention::Dense(dense), LayerCache::Dense(store)) => {
-                    let (out, store) = dense.decode(normed, store, &positions);
-                    (out, LayerCache::Dense(store))
+                    let (out, store) = dense.decode(norm(&block.attention_norm, x.clone()), store, &positions);
+                    (x + out, LayerCache::Dense(store))
                 }
                 _ => panic!("the cache was made for another model"),
             };
             next.push(layer);
-            x = x.clone() + attended;
-            x = x.clone() + block.mlp.forward(norm(&block.mlp_norm, x));
+            x = block.mlp.decode(attended, &block.mlp_norm);
         }
         let b = lengths.len();
-        let logits = apply(&self.lm_head, norm(&self.norm, x)).reshape([b as i32, -1]);
+        let logits = step_linear(&self.lm_head, x, normed(&self.norm), None).reshape([b as i32, -1]);
         let lengths = lengths.into_iter().map(|t| t + 1).collect();
         (DecodeOutput { logits, blocks }, DecodeCache { layers: next, lengths, max_len })
     }

@@ -1,14 +1,16 @@
 //! The NSA layer's prefill (the training forward, plus the keys and values it caches) and its
 //! decode step (one new token per sequence against the cache), as the spec's one function.
 
+use burn::nn::RmsNorm;
 use burn::tensor::{backend::Backend, Bool, Int, Tensor};
 use nsa_kernels::decode::StepOutputs;
 use nsa_kernels::sparse::reference::overlap_weights;
 use nsa_kernels::sparse::Selection;
-use nsa_kernels::{decode_attention, decode_write, stats_dtype, DecodeAttentionBackend};
+use nsa_kernels::{decode_attention, decode_write, stats_dtype, DecodeAttentionBackend, StepInput};
 
 use super::attend::attend;
 use super::cache::NsaLayerCache;
+use super::linear::{normed, step_linear};
 use super::positions::{DecodePositions, NsaPositions, StepMasks};
 use super::projection::{Projected, StepProjection};
 use super::store::{KeyValues, Slots, TokenStore};
@@ -75,19 +77,22 @@ impl<B: DecodeAttentionBackend> NsaAttention<B> {
         (out, aux, fill)
     }
 
-    /// One new token per sequence, `x: [B, 1, dim]` at the positions `at`, against `cache`
-    /// (which takes the token's keys and values first): the output `[B, 1, dim]`, the selected
-    /// blocks `[B, 1, H_kv, n]` (as the training forward lists them) and the cache.
+    /// One new token per sequence on the residual stream `x: [B, 1, dim]` at the positions
+    /// `at`, the layer's input being `norm(x)`, against `cache` (which takes the token's keys
+    /// and values first): `x` plus the layer's output `[B, 1, dim]`, the selected blocks
+    /// `[B, 1, H_kv, n]` (as the training forward lists them) and the cache.
     pub fn decode(
         &self,
         x: Tensor<B, 3>,
+        norm: &RmsNorm<B>,
         cache: NsaLayerCache<B>,
         at: &DecodePositions<B>,
     ) -> (Tensor<B, 3>, Tensor<B, 4, Int>, NsaLayerCache<B>) {
         let c = &self.config;
         let p = at.nsa.as_ref().expect("decode positions built for an NSA model");
         let NsaLayerCache { selected, window, tail, compressed, projection } = cache;
-        let (q, gates, (tail, selected, window)) = Self::write_token(&projection, x, (tail, selected, window), at, p);
+        let y = projection.product(x.clone(), normed(norm));
+        let (q, gates, (tail, selected, window)) = Self::write_token(&projection, y, (tail, selected, window), at, p);
         // The compression reads the tail only on a step that completes a block.
         let compressed = match &p.emit {
             Some(emit) => compressed.write(self.compress_tail(&tail, &emit.tail_order), &emit.emit_hit),
@@ -99,21 +104,20 @@ impl<B: DecodeAttentionBackend> NsaAttention<B> {
             Some(kernel) => kernel,
             None => self.decode_branches(q, [&compressed.0, &selected.0, &window.0], masks(p)),
         };
-        let out = self.gated_sum(branches, gates);
+        let out = step_linear(&self.output, self.heads_mixed(branches, gates), StepInput::Plain, Some(x));
         (out, blocks, NsaLayerCache { selected, window, tail, compressed, projection })
     }
 
-    /// The token's projections, and its keys and values written into the tail, selected and
-    /// window caches: the rotated queries `[B, 1, H, d_k]`, the gates `[B, 1, 3, H]` and the
-    /// caches. One kernel where the backend has one, tensor ops elsewhere.
+    /// The token's projections `y: [B, width]` split, and its keys and values written into the
+    /// tail, selected and window caches: the rotated queries `[B, 1, H, d_k]`, the gates
+    /// `[B, 1, 3, H]` and the caches. One kernel where the backend has one, tensor ops elsewhere.
     fn write_token(
         projection: &StepProjection<B>,
-        x: Tensor<B, 3>,
+        y: Tensor<B, 2>,
         (tail, selected, window): WrittenStores<B>,
         at: &DecodePositions<B>,
         p: &NsaPositions<B>,
     ) -> (Tensor<B, 4>, Tensor<B, 4>, WrittenStores<B>) {
-        let y = projection.product(x);
         if B::has_decode_kernel() {
             let caches = [tail.0, selected.0, window.0].map(|kv| [kv.keys, kv.values]);
             let rotation = at.rope.rows();

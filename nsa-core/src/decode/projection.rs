@@ -6,7 +6,7 @@
 //! does them in tensor ops.
 
 use burn::tensor::{backend::Backend, Tensor};
-use nsa_kernels::{linear_matmul, GemmBackend, StepLayout};
+use nsa_kernels::{decode_linear, DecodeAttentionBackend, StepInput, StepLayout};
 
 use super::store::KeyValues;
 use crate::attention::{sigmoid, NsaAttention};
@@ -32,7 +32,7 @@ pub struct Projected<B: Backend> {
     pub gates: Tensor<B, 4>,
 }
 
-impl<B: GemmBackend> StepProjection<B> {
+impl<B: DecodeAttentionBackend> StepProjection<B> {
     /// `layer`'s weights side by side, in the dtype the layer holds them.
     pub fn new(layer: &NsaAttention<B>) -> Self {
         let c = &layer.config;
@@ -55,10 +55,10 @@ impl<B: GemmBackend> StepProjection<B> {
         self.gate_bias.clone()
     }
 
-    /// The product of `x: [B, 1, dim]`: `[B, width]`, without bias.
-    pub fn product(&self, x: Tensor<B, 3>) -> Tensor<B, 2> {
-        let b = x.dims()[0];
-        linear_matmul(x, self.weight.clone()).reshape([b as i32, -1])
+    /// The product of `f(x)`, `x: [B, 1, dim]`: `[B, width]`, without bias.
+    pub fn product(&self, x: Tensor<B, 3>, input: StepInput<Tensor<B, 1>>) -> Tensor<B, 2> {
+        let [b, _, dim] = x.dims();
+        decode_linear(x.reshape([b, dim]), input, self.weight.clone(), None)
     }
 
     /// The product `y: [B, width]` split into the step's projections, rotated by `rope`.

@@ -9,7 +9,9 @@ use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{CubeBackend, CubeRuntime, FloatElement, IntElement};
 use cubecl::prelude::*;
 
-use super::{write, DecodeAttentionBackend, DecodeBranches, DecodeStep, DecodeWrite, DecodeWritten};
+use super::{
+    linear_launch, write, DecodeAttentionBackend, DecodeBranches, DecodeStep, DecodeWrite, DecodeWritten, StepLinear,
+};
 use crate::buffers::empty_together;
 use crate::kernel::decode::merge::decode_merge;
 use crate::kernel::decode::select::decode_select;
@@ -35,6 +37,11 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> DecodeAtte
 
     fn decode_write(step: DecodeWrite<Self>) -> Option<DecodeWritten<Self>> {
         Some(write::launch(step))
+    }
+
+    fn decode_linear(step: StepLinear<Self>) -> CubeTensor<R> {
+        let StepLinear { x, input, weight, residual } = step;
+        linear_launch::launch(x, input, weight, residual)
     }
 }
 

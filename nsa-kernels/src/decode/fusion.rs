@@ -3,12 +3,15 @@
 
 use std::marker::PhantomData;
 
+use burn::tensor::ops::FloatTensor;
 use burn::tensor::Shape;
 use burn_fusion::stream::{Operation, OperationStreams};
 use burn_fusion::{Fusion, FusionBackend, FusionRuntime};
 use burn_ir::{CustomOpIr, HandleContainer, OperationIr, OperationOutput, TensorIr};
 
-use super::{DecodeAttentionBackend, DecodeBranches, DecodeStep, DecodeWrite, DecodeWritten, StepLayout};
+use super::{
+    DecodeAttentionBackend, DecodeBranches, DecodeStep, DecodeWrite, DecodeWritten, StepInput, StepLayout, StepLinear,
+};
 use crate::sparse::Selection;
 
 #[derive(Clone, Debug)]
@@ -67,6 +70,27 @@ impl<B: FusionBackend + DecodeAttentionBackend> Operation<B::FusionRuntime> for 
     }
 }
 
+#[derive(Clone, Debug)]
+struct LinearOp<B> {
+    desc: CustomOpIr,
+    /// The input function; the gain, for a norm, is the op's third input.
+    input: StepInput<()>,
+    residual: bool,
+    _backend: PhantomData<B>,
+}
+
+impl<B: FusionBackend + DecodeAttentionBackend> Operation<B::FusionRuntime> for LinearOp<B> {
+    fn execute(&self, handles: &mut HandleContainer<<B::FusionRuntime as FusionRuntime>::FusionHandle>) {
+        let mut inputs =
+            self.desc.inputs.iter().map(|x| handles.get_float_tensor::<B>(x)).collect::<Vec<_>>().into_iter();
+        let (x, weight) = (inputs.next().expect("an input"), inputs.next().expect("a weight"));
+        let input = self.input.clone().map(|()| inputs.next().expect("the norm's gain"));
+        let residual = self.residual.then(|| inputs.next().expect("the residual"));
+        let out = B::decode_linear(StepLinear { x, input, weight, residual });
+        handles.register_float_tensor::<B>(&self.desc.outputs[0].id, out);
+    }
+}
+
 impl<B: FusionBackend + DecodeAttentionBackend> DecodeAttentionBackend for Fusion<B> {
     fn has_decode_kernel() -> bool {
         B::has_decode_kernel()
@@ -120,5 +144,22 @@ impl<B: FusionBackend + DecodeAttentionBackend> DecodeAttentionBackend for Fusio
             client.register(streams, OperationIr::Custom(desc), op).outputs();
         let caches = [[tail_k, tail_v], [selected_k, selected_v], [window_k, window_v]];
         Some(DecodeWritten { queries, gates, caches })
+    }
+
+    fn decode_linear(step: StepLinear<Self>) -> FloatTensor<Self> {
+        let StepLinear { x, input, weight, residual } = step;
+        let client = x.client.clone();
+        let shape = Shape::new([x.shape[0], weight.shape[1]]);
+        let (dtype, has_residual) = (x.dtype, residual.is_some());
+        let mut inputs = vec![x, weight];
+        let input = input.map(|gamma| inputs.push(gamma));
+        inputs.extend(residual);
+        let streams = OperationStreams::with_inputs(inputs.iter());
+        let output = TensorIr::uninit(client.create_empty_handle(), shape, dtype);
+        let inputs: Vec<TensorIr> = inputs.into_iter().map(|x| x.into_ir()).collect();
+        let desc = CustomOpIr::new("nsa_decode_linear", &inputs, &[output]);
+        let op = LinearOp::<B> { desc: desc.clone(), input, residual: has_residual, _backend: PhantomData };
+        let [out] = client.register(streams, OperationIr::Custom(desc), op).outputs();
+        out
     }
 }

@@ -11,8 +11,13 @@ mod autodiff;
 mod cube;
 #[cfg(feature = "fusion")]
 mod fusion;
+mod linear;
+#[cfg(feature = "cube")]
+mod linear_launch;
 #[cfg(feature = "cube")]
 mod write;
+
+pub use linear::{decode_linear, decode_linear_reference, StepInput, StepLinear};
 
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::{FloatTensor, IntTensor};
@@ -99,6 +104,12 @@ pub trait DecodeAttentionBackend: SparseAttentionBackend {
     /// caches are not shared; `None` where the backend has no kernel.
     fn decode_write(_step: DecodeWrite<Self>) -> Option<DecodeWritten<Self>> {
         None
+    }
+
+    /// A step's linear layer with its input function and residual add ([`StepLinear`]). The
+    /// default is the tensor ops ([`decode_linear_reference`]).
+    fn decode_linear(step: StepLinear<Self>) -> FloatTensor<Self> {
+        linear::reference::<Self>(step)
     }
 }
 

@@ -9,7 +9,7 @@
 
 use burn::tensor::{Int, Tensor, TensorData};
 use nsa_core::decode::{DecodeCache, LayerCache};
-use nsa_core::{AttentionKind, DecodeAttentionBackend, Documents, NsaConfig, NsaLm, NsaLmConfig, Phi};
+use nsa_core::{AttentionKind, DecodeAttentionBackend, Documents, MlpKind, NsaConfig, NsaLm, NsaLmConfig, Phi};
 use nsa_tests::{fresh_rng, max_rel_err, randomized, small_config, to_vec, B64};
 use rand::rngs::StdRng;
 use rand::Rng;
@@ -124,6 +124,16 @@ fn decode_matches_the_forward_phi_mlp_g6_shared_kv() {
 #[test]
 fn decode_matches_the_forward_dense() {
     check_shape("decode_dense", small_config().with_attention(AttentionKind::Dense));
+}
+
+/// The gated MLP, which a step runs in tensor ops (the SiLU MLP's step is two fused products).
+#[test]
+fn decode_matches_the_forward_swiglu() {
+    let mut rng = fresh_rng("decode_swiglu");
+    let device = Default::default();
+    let cfg = NsaLmConfig::new().with_vocab_size(32).with_n_layers(2).with_seq_len(LEN).with_mlp(MlpKind::Swiglu);
+    let model = randomized(cfg.with_attention(small_config()).init::<B64>(&device), &mut rng, 0.3);
+    check_decode("decode_swiglu", &model, &[tokens(&mut rng, LEN)], &[3], 1e-9, &device);
 }
 
 /// Two rows of different lengths in one batch: each decodes as it would alone.

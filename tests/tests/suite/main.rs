@@ -11,6 +11,7 @@ mod config;
 mod constants;
 mod decode;
 mod decode_kernel;
+mod decode_linear;
 mod decode_write;
 mod documents;
 mod embedding;

@@ -10,7 +10,11 @@
 //!
 //! Each cube serves one `(sequence, KV head)`, whose `g` query heads share every key row it
 //! stages.
+//!
+//! [`linear::decode_linear`] runs the step's linear layers with what surrounds them (the norm
+//! before, the activation, the residual add after) in one launch each.
 
+pub mod linear;
 pub mod merge;
 pub mod select;
 pub mod tile;

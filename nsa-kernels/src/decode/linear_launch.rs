@@ -1,0 +1,67 @@
+//! `CubeBackend`: a step's linear layer as [`crate::kernel::decode::linear::decode_linear`].
+
+use burn::tensor::Shape;
+use burn_cubecl::kernel::into_contiguous;
+use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
+use burn_cubecl::tensor::CubeTensor;
+use burn_cubecl::CubeRuntime;
+use cubecl::prelude::*;
+
+use super::StepInput;
+use crate::kernel::decode::linear::{decode_linear, LINEAR_ROWS, LINEAR_UNITS, LINEAR_VECTORS};
+
+/// The widest vector of `x`'s element that divides `n`, at most 8 (each unit holds
+/// `rows * vector` sums).
+fn vector_for<R: CubeRuntime>(x: &CubeTensor<R>, n: usize) -> usize {
+    x.client.io_optimized_vector_sizes(x.dtype.size()).filter(|v| *v <= 8).find(|v| n.is_multiple_of(*v)).unwrap_or(1)
+}
+
+/// Launches `residual + f(x) weight` for `x [M, K]`, `weight [K, N]`, `residual [M, N]` (see
+/// [`super::StepLinear`]).
+pub(super) fn launch<R: CubeRuntime>(
+    x: CubeTensor<R>,
+    input: StepInput<CubeTensor<R>>,
+    weight: CubeTensor<R>,
+    residual: Option<CubeTensor<R>>,
+) -> CubeTensor<R> {
+    let (x, weight) = (into_contiguous(x), into_contiguous(weight));
+    let ([m, k], [k_w, n]) = (x.meta.shape().dims::<2>(), weight.meta.shape().dims::<2>());
+    assert_eq!(k, k_w, "the step's input has {k} columns, the weight {k_w} rows");
+    let dtype = x.dtype;
+    let (norm, silu) = (matches!(input, StepInput::Norm(..)), matches!(input, StepInput::Silu));
+    let (gamma, epsilon) = match input {
+        StepInput::Norm(gamma, epsilon) => (into_contiguous(gamma), epsilon),
+        // Unread: the kernel reads the gain only for a norm.
+        _ => (x.clone(), 0.0),
+    };
+    let add_residual = residual.is_some();
+    let residual = residual.map(into_contiguous).unwrap_or_else(|| x.clone());
+    assert!(
+        weight.dtype == dtype && gamma.dtype == dtype && residual.dtype == dtype,
+        "a decode step's linear layer takes its weight, gain and residual in its input's dtype ({dtype:?})"
+    );
+    let client = x.client.clone();
+    let out = empty_device_contiguous_dtype::<R>(client.clone(), x.device.clone(), Shape::new([m, n]), dtype);
+    let vector = vector_for(&x, n);
+    let rows = m.min(LINEAR_ROWS);
+    let cubes = CubeCount::new_2d(n.div_ceil(vector * LINEAR_VECTORS) as u32, m.div_ceil(rows) as u32);
+    decode_linear::launch::<R>(
+        &client,
+        cubes,
+        CubeDim::new_1d(LINEAR_UNITS as u32),
+        vector,
+        x.into_tensor_arg(),
+        weight.into_tensor_arg(),
+        gamma.into_tensor_arg(),
+        residual.into_tensor_arg(),
+        out.clone().into_tensor_arg(),
+        epsilon as f32,
+        vector,
+        rows,
+        norm,
+        silu,
+        add_residual,
+        dtype.into(),
+    );
+    out
+}
