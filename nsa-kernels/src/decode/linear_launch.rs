@@ -10,10 +10,19 @@ use cubecl::prelude::*;
 use super::StepInput;
 use crate::kernel::decode::linear::{decode_linear, LINEAR_ROWS, LINEAR_UNITS, LINEAR_VECTORS};
 
-/// The widest vector of `x`'s element that divides `n`, at most 8 (each unit holds
+/// The widest vector of `x`'s element that divides `n` and `pitch`, at most 8 (each unit holds
 /// `rows * vector` sums).
-fn vector_for<R: CubeRuntime>(x: &CubeTensor<R>, n: usize) -> usize {
-    x.client.io_optimized_vector_sizes(x.dtype.size()).filter(|v| *v <= 8).find(|v| n.is_multiple_of(*v)).unwrap_or(1)
+fn vector_for<R: CubeRuntime>(x: &CubeTensor<R>, n: usize, pitch: usize) -> usize {
+    let fits = |v: &usize| *v <= 8 && n.is_multiple_of(*v) && pitch.is_multiple_of(*v);
+    x.client.io_optimized_vector_sizes(x.dtype.size()).find(fits).unwrap_or(1)
+}
+
+/// `x` itself when its rows are contiguous (they may be padded), else a contiguous copy.
+fn rows_contiguous<R: CubeRuntime>(x: CubeTensor<R>) -> CubeTensor<R> {
+    match x.meta.strides()[1] == 1 {
+        true => x,
+        false => into_contiguous(x),
+    }
 }
 
 /// Launches `residual + f(x) weight` for `x [M, K]`, `weight [K, N]`, `residual [M, N]` (see
@@ -24,7 +33,8 @@ pub(super) fn launch<R: CubeRuntime>(
     weight: CubeTensor<R>,
     residual: Option<CubeTensor<R>>,
 ) -> CubeTensor<R> {
-    let (x, weight) = (into_contiguous(x), into_contiguous(weight));
+    // Padded rows are read where they lie: a step must not copy a weight each time.
+    let (x, weight) = (rows_contiguous(x), rows_contiguous(weight));
     let ([m, k], [k_w, n]) = (x.meta.shape().dims::<2>(), weight.meta.shape().dims::<2>());
     assert_eq!(k, k_w, "the step's input has {k} columns, the weight {k_w} rows");
     let dtype = x.dtype;
@@ -42,7 +52,7 @@ pub(super) fn launch<R: CubeRuntime>(
     );
     let client = x.client.clone();
     let out = empty_device_contiguous_dtype::<R>(client.clone(), x.device.clone(), Shape::new([m, n]), dtype);
-    let vector = vector_for(&x, n);
+    let vector = vector_for(&x, n, weight.meta.strides()[0]);
     let rows = m.min(LINEAR_ROWS);
     let cubes = CubeCount::new_2d(n.div_ceil(vector * LINEAR_VECTORS) as u32, m.div_ceil(rows) as u32);
     decode_linear::launch::<R>(

@@ -5,11 +5,13 @@
 //! task or two: so the norm, the activation and the residual add live in the product's one
 //! launch.
 //!
-//! A cube serves [`LINEAR_ROWS`] rows at most and [`LINEAR_VECTORS`] vectors of columns; its
-//! units split `k` into [`LINEAR_SLICES`] interleaved slices, each reading its rows of `w` as
-//! vectors (many small loads in flight over many cubes, which a product this thin needs to
-//! keep the memory busy), and the slices' sums meet in shared memory. No plane operations, so
-//! WGPU runs it too.
+//! A cube serves [`LINEAR_ROWS`] rows at most and [`LINEAR_VECTORS`] vectors of columns. It
+//! walks `k` in chunks of [`LINEAR_UNITS`]: each unit stages `f(x)` of one `k` for every row in
+//! shared memory (so `f` runs once per element and cube), then the units, split into
+//! [`LINEAR_SLICES`] interleaved slices of the chunk, read their rows of `w` as vectors, all of
+//! a chunk's loads issued together (a product this thin is bound by how many loads are in
+//! flight), and the slices' sums meet in shared memory at the end. No plane operations, so WGPU
+//! runs it too.
 
 use cubecl::prelude::*;
 
@@ -21,6 +23,8 @@ pub const LINEAR_VECTORS: usize = 4;
 pub const LINEAR_SLICES: usize = LINEAR_UNITS / LINEAR_VECTORS;
 /// Rows a cube serves at most (its units hold `rows * vector` sums each).
 pub const LINEAR_ROWS: usize = 8;
+/// `k`s of a chunk each slice reads.
+const PER_SLICE: usize = LINEAR_UNITS / LINEAR_SLICES;
 
 /// `f(x[row, kk])` in f32, where `scale[local]` holds the row's `1 / rms` for a norm.
 #[cube]
@@ -82,10 +86,10 @@ fn row_scales<F: Float>(
     sync_cube();
 }
 
-/// `out [m, n] = residual + f(x [m, k]) w [k, n]` (`w` and `out` contiguous, `x` rows
-/// contiguous, `n` a multiple of `vector`; `gamma [k]` read only by a norm, `residual [m, n]`
-/// only when `add_residual`). Cubes `(ceil(n / (LINEAR_VECTORS vector)), ceil(m / rows))` of
-/// [`LINEAR_UNITS`] units.
+/// `out [m, n] = residual + f(x [m, k]) w [k, n]` (`out` and `residual` contiguous; `x` and `w`
+/// with contiguous rows, `n` and `w`'s row stride multiples of `vector`; `gamma [k]` read only
+/// by a norm, `residual` only when `add_residual`). Cubes
+/// `(ceil(n / (LINEAR_VECTORS vector)), ceil(m / rows))` of [`LINEAR_UNITS`] units.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 pub fn decode_linear<F: Float, N: Size>(
@@ -104,10 +108,14 @@ pub fn decode_linear<F: Float, N: Size>(
 ) {
     let (m, k) = (x.shape(0), x.shape(1));
     let vectors = w.shape(1) / vector;
+    // Rows of `w` may be padded (CubeCL pitches the rows of some allocations).
+    let pitch = w.stride(0) / vector;
     let unit = UNIT_POS as usize;
     let lane = unit % LINEAR_VECTORS;
     let (column, slice) = (CUBE_POS_X as usize * LINEAR_VECTORS + lane, unit / LINEAR_VECTORS);
     let first = CUBE_POS_Y as usize * rows;
+    // The staged chunk `[rows, LINEAR_UNITS]`, the norm's sums before it and the slices' sums
+    // after it.
     let mut shared = SharedMemory::<f32>::new(comptime!(LINEAR_UNITS * if vector > rows { vector } else { rows }));
     let mut scale = SharedMemory::<f32>::new(rows);
     if comptime!(norm) {
@@ -119,25 +127,40 @@ pub fn decode_linear<F: Float, N: Size>(
     for i in 0..rows * vector {
         sums[i] = 0.0f32;
     }
-    if column < vectors {
-        let mut kk = slice;
-        while kk < k {
-            let weights = Vector::<f32, N>::cast_from(w[kk * vectors + column]);
+    let mut base = 0;
+    while base < k {
+        let kk = base + unit;
+        #[unroll]
+        for r in 0..rows {
+            let mut value = 0.0f32;
+            if kk < k {
+                value = input_at::<F>(x, gamma, &scale, min(first + r, m - 1), r, kk, norm, silu);
+            }
+            shared[r * LINEAR_UNITS + unit] = value;
+        }
+        sync_cube();
+        // Past `k` the staged inputs are zeros: the clamped weight rows add nothing. Unrolled
+        // without branches, so the compiler issues the chunk's loads together.
+        #[unroll]
+        for i in 0..PER_SLICE {
+            let j = slice + i * LINEAR_SLICES;
+            let weights = Vector::<f32, N>::cast_from(w[min(base + j, k - 1) * pitch + min(column, vectors - 1)]);
             #[unroll]
             for r in 0..rows {
-                let a = input_at::<F>(x, gamma, &scale, min(first + r, m - 1), r, kk, norm, silu);
+                let a = shared[r * LINEAR_UNITS + j];
                 #[unroll]
                 for e in 0..vector {
                     sums[r * vector + e] += a * weights[e];
                 }
             }
-            kk += LINEAR_SLICES;
         }
+        sync_cube();
+        base += LINEAR_UNITS;
     }
 
     // The slices' sums, a row at a time: every unit leaves its `vector` sums; the cube's
-    // `LINEAR_VECTORS vector` columns are then added over the slices by [`LINEAR_GROUPS`]
-    // units each (a share of the slices apiece), and their shares by one unit per column.
+    // `LINEAR_VECTORS vector` columns are then added over the slices by `groups` units
+    // each (a share of the slices apiece), and their shares by one unit per column.
     let columns = comptime!(LINEAR_VECTORS * vector);
     let (col, group) = (unit % columns, unit / columns);
     let groups = comptime!(LINEAR_UNITS / (LINEAR_VECTORS * vector));
