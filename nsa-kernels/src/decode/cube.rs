@@ -60,6 +60,23 @@ fn select_bytes(keys: usize, blocks: usize, g: usize, n: usize) -> usize {
     4 * (2 * g + keys + blocks + 2 * SELECT_PLANES * SELECTION_LANES + n + 1)
 }
 
+/// The widest vector of `dtype` (at most 16 bytes) in which the tile kernels read the caches:
+/// it divides `d_k`, `d_v` and every cache stride.
+fn cache_vector<R: CubeRuntime>(
+    client: &ComputeClient<R>,
+    dtype: DType,
+    dims: [usize; 2],
+    caches: [&CubeTensor<R>; 6],
+) -> usize {
+    let divides = |v: usize| {
+        dims.iter().all(|d| d.is_multiple_of(v))
+            && caches
+                .iter()
+                .all(|x| x.meta.strides()[3] == 1 && x.meta.strides()[..3].iter().all(|s| s.is_multiple_of(v)))
+    };
+    client.io_optimized_vector_sizes(dtype.size()).find(|v| divides(*v)).unwrap_or(1)
+}
+
 /// Launches the step over `q [B, 1, H_q, d_k]` and the caches `[B, S, H_kv, d]` (compressed,
 /// selected, window; keys then values): the window's and compressed branch's tiles, the
 /// selection with their merges, the selected blocks' tiles and their merge
@@ -94,6 +111,12 @@ fn launch<R: CubeRuntime>(
             shared / 1024
         )
     }
+    let vector = cache_vector(
+        &client,
+        q.dtype,
+        [d_k, d_v],
+        [&compressed_k, &compressed_v, &selected_k, &selected_v, &window_k, &window_v],
+    );
     let (tiles_c, tiles_w) = (n_compressed.div_ceil(DECODE_TILE), ring.div_ceil(DECODE_TILE));
     let tiles_s = n * selection.block_size.div_ceil(DECODE_TILE);
     let output = (vec![b, 1, h_q, d_v], q.dtype);
@@ -121,6 +144,7 @@ fn launch<R: CubeRuntime>(
         &client,
         CubeCount::new_2d((tiles_c + tiles_w) as u32, groups),
         tile_dim,
+        vector,
         q.clone().into_tensor_arg(),
         compressed_k.into_tensor_arg(),
         compressed_v.into_tensor_arg(),
@@ -135,6 +159,7 @@ fn launch<R: CubeRuntime>(
         g,
         d_k,
         d_v,
+        vector,
         dtypes,
     );
     decode_select::launch::<R>(
@@ -164,6 +189,7 @@ fn launch<R: CubeRuntime>(
         &client,
         CubeCount::new_2d(tiles_s as u32, groups),
         tile_dim,
+        vector,
         q.into_tensor_arg(),
         selected_k.into_tensor_arg(),
         selected_v.into_tensor_arg(),
@@ -175,6 +201,7 @@ fn launch<R: CubeRuntime>(
         g,
         d_k,
         d_v,
+        vector,
         dtypes,
     );
     decode_merge::launch::<R>(

@@ -22,7 +22,7 @@ pub const LINEAR_VECTORS: usize = 4;
 /// Slices of `k` a cube's units split between them.
 pub const LINEAR_SLICES: usize = LINEAR_UNITS / LINEAR_VECTORS;
 /// Rows a cube serves at most (its units hold `rows * vector` sums each).
-pub const LINEAR_ROWS: usize = 8;
+pub const LINEAR_ROWS: usize = 4;
 /// `k`s of a chunk each slice reads.
 const PER_SLICE: usize = LINEAR_UNITS / LINEAR_SLICES;
 

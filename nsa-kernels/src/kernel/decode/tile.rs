@@ -74,13 +74,14 @@ pub fn stage_queries<F: Float>(
 }
 
 /// Stages rows `first..first + count` (`count <= TILE`) of `(b, hk)` of `src` (`[B, S, H_kv,
-/// d]`, rows contiguous, any other strides) as f32 rows of `stride` in `shared.rows`; rows past
-/// `count` are zero. Units read consecutive elements of a row (a plane's loads coalesce), and
-/// each unit's loads are unrolled so that they are all in flight at once.
+/// d]` as vectors of `vector` elements, rows contiguous, any other strides) as f32 rows of
+/// `stride` in `shared.rows`; rows past `count` are zero. Units read consecutive vectors of a row
+/// (a plane's loads coalesce), and each unit's loads are unrolled so that they are all in flight
+/// at once: a tile is a few 16-byte loads a unit.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-pub fn stage_rows<F: Float>(
-    src: &Tensor<F>,
+pub fn stage_rows<F: Float, N: Size>(
+    src: &Tensor<Vector<F, N>>,
     shared: &mut TileShared,
     b: usize,
     hk: usize,
@@ -88,20 +89,25 @@ pub fn stage_rows<F: Float>(
     count: usize,
     #[comptime] d: usize,
     #[comptime] stride: usize,
+    #[comptime] vector: usize,
 ) {
     let unit = UNIT_POS as usize;
-    let base = offset3::<F>(src, b, first, hk);
+    let per_row = comptime!(d / vector);
+    let base = offset3::<Vector<F, N>>(src, b, first, hk);
     let row_step = src.stride(1);
     #[unroll]
-    for m in 0..comptime!((TILE * d).div_ceil(UNITS)) {
+    for m in 0..comptime!((TILE * d / vector).div_ceil(UNITS)) {
         let idx = m * UNITS + unit;
-        let (row, e) = (idx / d, idx % d);
-        if idx < comptime!(TILE * d) {
-            let mut x = 0.0f32;
+        let (row, c) = (idx / per_row, idx % per_row);
+        if idx < comptime!(TILE * d / vector) {
+            let mut x = Vector::<f32, N>::new(0.0f32);
             if row < count {
-                x = f32::cast_from(src[base + row * row_step + e]);
+                x = Vector::<f32, N>::cast_from(src[(base + row * row_step) / vector + c]);
             }
-            shared.rows[row * stride + e] = x;
+            #[unroll]
+            for e in 0..vector {
+                shared.rows[row * stride + c * vector + e] = x[e];
+            }
         }
     }
 }
@@ -252,8 +258,8 @@ pub fn write_partial(
 /// queries (the first half of a tile; [`finish_tile`] is the second).
 #[cube]
 #[allow(clippy::too_many_arguments)]
-pub fn score_tile<F: Float>(
-    keys: &Tensor<F>,
+pub fn score_tile<F: Float, N: Size>(
+    keys: &Tensor<Vector<F, N>>,
     shared: &mut TileShared,
     b: usize,
     hk: usize,
@@ -261,8 +267,9 @@ pub fn score_tile<F: Float>(
     count: usize,
     #[comptime] g: usize,
     #[comptime] d_k: usize,
+    #[comptime] vector: usize,
 ) {
-    stage_rows::<F>(keys, shared, b, hk, first, count, d_k, comptime!(d_k + 1));
+    stage_rows::<F, N>(keys, shared, b, hk, first, count, d_k, comptime!(d_k + 1), vector);
     sync_cube();
     tile_scores(shared, count, g, d_k);
     sync_cube();
@@ -284,9 +291,9 @@ pub fn keep_scores(shared: &TileShared, scores: &mut Tensor<f32>, at: usize, cou
 /// (staged over the keys, whose loads overlap the softmax), into `partials[at..]`.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-pub fn finish_tile<F: Float>(
+pub fn finish_tile<F: Float, N: Size>(
     shared: &mut TileShared,
-    values: &Tensor<F>,
+    values: &Tensor<Vector<F, N>>,
     partials: &mut Tensor<f32>,
     b: usize,
     hk: usize,
@@ -295,8 +302,9 @@ pub fn finish_tile<F: Float>(
     at: usize,
     #[comptime] g: usize,
     #[comptime] d_v: usize,
+    #[comptime] vector: usize,
 ) {
-    stage_rows::<F>(values, shared, b, hk, first, count, d_v, d_v);
+    stage_rows::<F, N>(values, shared, b, hk, first, count, d_v, d_v, vector);
     tile_softmax(shared, count, g);
     sync_cube();
     write_partial(shared, partials, at, count, g, d_v);

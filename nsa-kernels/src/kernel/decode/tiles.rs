@@ -16,20 +16,20 @@ pub fn tiles_of(rows: usize) -> usize {
     (rows + TILE - 1) / TILE
 }
 
-/// `q [B, 1, H_q, d_k]`, the compressed blocks and the window ring (`[B, S, H_kv, d]`, any
-/// strides but contiguous rows), the positions `[B]` -> the partials
+/// `q [B, 1, H_q, d_k]`, the compressed blocks and the window ring (`[B, S, H_kv, d]` as vectors
+/// of `vector` elements, any strides but contiguous rows), the positions `[B]` -> the partials
 /// `[B * H_kv, tiles_c + tiles_w, g, 2 + d_v]` of the compressed branch's tiles
 /// (`tiles_c = ceil(N / TILE)`) then the window's, and the compressed branch's scaled scores
 /// `[B * H_kv, N, g]`. Tiles past the visible blocks or the ring's filled slots write nothing
 /// (the merge stops before them).
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-pub fn decode_tiles<F: Float, I: Int>(
+pub fn decode_tiles<F: Float, I: Int, N: Size>(
     q: &Tensor<F>,
-    compressed_k: &Tensor<F>,
-    compressed_v: &Tensor<F>,
-    window_k: &Tensor<F>,
-    window_v: &Tensor<F>,
+    compressed_k: &Tensor<Vector<F, N>>,
+    compressed_v: &Tensor<Vector<F, N>>,
+    window_k: &Tensor<Vector<F, N>>,
+    window_v: &Tensor<Vector<F, N>>,
     positions: &Tensor<I>,
     partials: &mut Tensor<f32>,
     scores: &mut Tensor<f32>,
@@ -39,6 +39,7 @@ pub fn decode_tiles<F: Float, I: Int>(
     #[comptime] g: usize,
     #[comptime] d_k: usize,
     #[comptime] d_v: usize,
+    #[comptime] vector: usize,
     #[define(F, I)] _dtypes: [StorageType; 2],
 ) {
     let h_kv = compressed_k.shape(2);
@@ -63,25 +64,26 @@ pub fn decode_tiles<F: Float, I: Int>(
     let mut shared = TileShared::new(g, d_k, d_v);
     stage_queries::<F>(q, &mut shared, b, hk, scale, g, d_k);
     if compressed {
-        score_tile::<F>(compressed_k, &mut shared, b, hk, first, count, g, d_k);
+        score_tile::<F, N>(compressed_k, &mut shared, b, hk, first, count, g, d_k, vector);
         keep_scores(&shared, scores, (bh * n_compressed + first) * g, count, g);
-        finish_tile::<F>(&mut shared, compressed_v, partials, b, hk, first, count, at, g, d_v);
+        finish_tile::<F, N>(&mut shared, compressed_v, partials, b, hk, first, count, at, g, d_v, vector);
     } else {
-        score_tile::<F>(window_k, &mut shared, b, hk, first, count, g, d_k);
-        finish_tile::<F>(&mut shared, window_v, partials, b, hk, first, count, at, g, d_v);
+        score_tile::<F, N>(window_k, &mut shared, b, hk, first, count, g, d_k, vector);
+        finish_tile::<F, N>(&mut shared, window_v, partials, b, hk, first, count, at, g, d_v, vector);
     }
 }
 
-/// `q`, the selected branch's cache (`[B, S, H_kv, d]`), the positions and the block lists
+/// `q`, the selected branch's cache (`[B, S, H_kv, d]` as vectors of `vector` elements), the
+/// positions and the block lists
 /// `[B, 1, H_kv, n]` -> the partials `[B * H_kv, n * parts, g, 2 + d_v]`: tile `slot * parts +
 /// part` holds rows `part * TILE..` of the slot's block (`parts = ceil(block_size / TILE)`),
 /// those after the position `t` masked; an unused slot's tiles are empty.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-pub fn decode_selected_tiles<F: Float, I: Int>(
+pub fn decode_selected_tiles<F: Float, I: Int, N: Size>(
     q: &Tensor<F>,
-    selected_k: &Tensor<F>,
-    selected_v: &Tensor<F>,
+    selected_k: &Tensor<Vector<F, N>>,
+    selected_v: &Tensor<Vector<F, N>>,
     positions: &Tensor<I>,
     list: &Tensor<I>,
     partials: &mut Tensor<f32>,
@@ -90,6 +92,7 @@ pub fn decode_selected_tiles<F: Float, I: Int>(
     #[comptime] g: usize,
     #[comptime] d_k: usize,
     #[comptime] d_v: usize,
+    #[comptime] vector: usize,
     #[define(F, I)] _dtypes: [StorageType; 2],
 ) {
     let h_kv = selected_k.shape(2);
@@ -113,6 +116,6 @@ pub fn decode_selected_tiles<F: Float, I: Int>(
 
     let mut shared = TileShared::new(g, d_k, d_v);
     stage_queries::<F>(q, &mut shared, b, hk, scale, g, d_k);
-    score_tile::<F>(selected_k, &mut shared, b, hk, first, count, g, d_k);
-    finish_tile::<F>(&mut shared, selected_v, partials, b, hk, first, count, at, g, d_v);
+    score_tile::<F, N>(selected_k, &mut shared, b, hk, first, count, g, d_k, vector);
+    finish_tile::<F, N>(&mut shared, selected_v, partials, b, hk, first, count, at, g, d_v, vector);
 }
