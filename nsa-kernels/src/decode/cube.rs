@@ -98,19 +98,7 @@ fn launch<R: CubeRuntime>(
     let client = q.client.clone();
     let device = q.device.clone();
     let scale = 1.0 / (d_k as f32).sqrt();
-    // Rounded up to a plane, so that nearby cache lengths share one compiled kernel.
-    let keys = n_compressed.max(1).next_multiple_of(SELECTION_LANES);
-    let blocks = max_len.div_ceil(selection.block_size).max(1).next_multiple_of(SELECTION_LANES);
-    let shared = capabilities(&client).shared_bytes.min(SELECTION_SHARED);
-    if select_bytes(keys, blocks, g, n) > shared {
-        panic!(
-            "cache too long for the decode step on this device: {n_compressed} compressed keys and {} selection \
-             blocks need {} KiB of shared memory, the device gives a cube {} KiB",
-            max_len.div_ceil(selection.block_size),
-            select_bytes(keys, blocks, g, n) / 1024,
-            shared / 1024
-        )
-    }
+    let (keys, blocks) = selection_extent(&client, n_compressed, max_len, selection, g);
     let vector = cache_vector(
         &client,
         q.dtype,
@@ -162,31 +150,78 @@ fn launch<R: CubeRuntime>(
         vector,
         dtypes,
     );
-    decode_select::launch::<R>(
+    let step = StepLaunch { groups, vector, scale, g, d_k, d_v, dtypes };
+    let extent = SelectExtent { ring, keys, blocks };
+    launch_select(&client, [partials, scores], &positions, [o_compressed, o_window], &list, selection, extent, step);
+    launch_selected(
         &client,
-        CubeCount::new_1d(groups),
-        CubeDim::new_2d(SELECTION_LANES as u32, SELECT_PLANES as u32),
-        partials.into_tensor_arg(),
-        scores.into_tensor_arg(),
-        positions.clone().into_tensor_arg(),
-        o_compressed.into_tensor_arg(),
-        o_window.into_tensor_arg(),
-        list.clone().into_tensor_arg(),
-        selection.length,
-        selection.stride,
-        selection.block_size,
-        ring,
-        g,
-        d_v,
-        keys,
-        blocks,
-        n,
-        SELECT_PLANES,
-        planes_of_32(&client),
-        dtypes,
+        q,
+        [selected_k, selected_v],
+        positions,
+        &list,
+        [selected_partials, o_selected],
+        selection,
+        step,
     );
+    (outputs, list)
+}
+
+/// Shared-memory extent of the selection's cube for a cache of `n_compressed` compressed keys
+/// and `max_len` positions: the keys and blocks it holds, rounded up to a plane (so that nearby
+/// cache lengths share one compiled kernel). Panics with one line when they do not fit.
+fn selection_extent<R: CubeRuntime>(
+    client: &ComputeClient<R>,
+    n_compressed: usize,
+    max_len: usize,
+    selection: Selection,
+    g: usize,
+) -> (usize, usize) {
+    let n = selection.n;
+    let keys = n_compressed.max(1).next_multiple_of(SELECTION_LANES);
+    let blocks = max_len.div_ceil(selection.block_size).max(1).next_multiple_of(SELECTION_LANES);
+    let shared = capabilities(client).shared_bytes.min(SELECTION_SHARED);
+    if select_bytes(keys, blocks, g, n) > shared {
+        panic!(
+            "cache too long for the decode step on this device: {n_compressed} compressed keys and {} selection \
+             blocks need {} KiB of shared memory, the device gives a cube {} KiB",
+            max_len.div_ceil(selection.block_size),
+            select_bytes(keys, blocks, g, n) / 1024,
+            shared / 1024
+        )
+    }
+    (keys, blocks)
+}
+
+/// What a step's launches share.
+#[derive(Clone, Copy)]
+struct StepLaunch {
+    groups: u32,
+    vector: usize,
+    scale: f32,
+    g: usize,
+    d_k: usize,
+    d_v: usize,
+    dtypes: [StorageType; 2],
+}
+
+/// The selected branch after the selection: the chosen blocks' tiles into the scratch
+/// `selected_partials`, then their merge into `o_selected`.
+#[allow(clippy::too_many_arguments)]
+fn launch_selected<R: CubeRuntime>(
+    client: &ComputeClient<R>,
+    q: CubeTensor<R>,
+    [selected_k, selected_v]: [CubeTensor<R>; 2],
+    positions: CubeTensor<R>,
+    list: &CubeTensor<R>,
+    [selected_partials, o_selected]: [CubeTensor<R>; 2],
+    selection: Selection,
+    launch: StepLaunch,
+) {
+    let StepLaunch { groups, vector, scale, g, d_k, d_v, dtypes } = launch;
+    let tiles_s = selection.n * selection.block_size.div_ceil(DECODE_TILE);
+    let tile_dim = CubeDim::new_1d(DECODE_UNITS as u32);
     decode_selected_tiles::launch::<R>(
-        &client,
+        client,
         CubeCount::new_2d(tiles_s as u32, groups),
         tile_dim,
         vector,
@@ -205,7 +240,7 @@ fn launch<R: CubeRuntime>(
         dtypes,
     );
     decode_merge::launch::<R>(
-        &client,
+        client,
         CubeCount::new_1d(groups),
         CubeDim::new_1d(DECODE_UNITS as u32),
         selected_partials.into_tensor_arg(),
@@ -214,5 +249,51 @@ fn launch<R: CubeRuntime>(
         d_v,
         dtypes[0],
     );
-    (outputs, list)
+}
+
+/// The ring's slots and the selection's extent ([`selection_extent`]).
+struct SelectExtent {
+    ring: usize,
+    keys: usize,
+    blocks: usize,
+}
+
+/// The selection after the tiles: the compressed branch's and the window's merges into their
+/// outputs, the block scores and the top-n into `list`.
+#[allow(clippy::too_many_arguments)]
+fn launch_select<R: CubeRuntime>(
+    client: &ComputeClient<R>,
+    [partials, scores]: [CubeTensor<R>; 2],
+    positions: &CubeTensor<R>,
+    [o_compressed, o_window]: [CubeTensor<R>; 2],
+    list: &CubeTensor<R>,
+    selection: Selection,
+    extent: SelectExtent,
+    launch: StepLaunch,
+) {
+    let StepLaunch { groups, g, d_v, dtypes, .. } = launch;
+    let SelectExtent { ring, keys, blocks } = extent;
+    decode_select::launch::<R>(
+        client,
+        CubeCount::new_1d(groups),
+        CubeDim::new_2d(SELECTION_LANES as u32, SELECT_PLANES as u32),
+        partials.into_tensor_arg(),
+        scores.into_tensor_arg(),
+        positions.clone().into_tensor_arg(),
+        o_compressed.into_tensor_arg(),
+        o_window.into_tensor_arg(),
+        list.clone().into_tensor_arg(),
+        selection.length,
+        selection.stride,
+        selection.block_size,
+        ring,
+        g,
+        d_v,
+        keys,
+        blocks,
+        selection.n,
+        SELECT_PLANES,
+        planes_of_32(client),
+        dtypes,
+    );
 }
