@@ -81,29 +81,9 @@ pub fn generate<B: DecodeAttentionBackend>(
     mut on_token: impl FnMut(usize, u32),
 ) -> Result<Generation, String> {
     let seq_len = model.seq_len();
-    if let Some(empty) = prompts.iter().position(Vec::is_empty) {
-        return Err(format!("prompt {empty} has no tokens"));
-    }
-    let prompts = prompts
-        .iter()
-        .enumerate()
-        .map(|(i, prompt)| {
-            continued(prompt, end_of_text).ok_or_else(|| {
-                format!(
-                    "prompt {i} ends with the end-of-text token: a model trained on packed documents would begin a \
-                     new document there, with nothing to continue; end the prompt with the text to continue"
-                )
-            })
-        })
-        .collect::<Result<Vec<&[u32]>, String>>()?;
+    let prompts = checked_prompts(prompts, end_of_text, seq_len)?;
     let longest = prompts.iter().map(|p| p.len()).max().ok_or("no prompt given")?;
     let stop = end_of_text.map(|e| e.id);
-    if longest > seq_len {
-        return Err(format!(
-            "the prompt is {longest} tokens, longer than the model's seq_len of {seq_len} (the longest context it was \
-             trained on): shorten it"
-        ));
-    }
     let max_len = seq_len.min(longest + opts.max_tokens);
     let mut rng = StdRng::seed_from_u64(opts.seed);
     let mut out: Vec<Vec<u32>> = vec![Vec::new(); prompts.len()];
@@ -159,6 +139,37 @@ pub fn generate<B: DecodeAttentionBackend>(
         decode_secs: start.elapsed().as_secs_f64(),
         hit_length,
     })
+}
+
+/// The prompts as the model continues them (for packed documents, each one's last document),
+/// or a one-line error: an empty prompt, one that ends a document, one longer than `seq_len`.
+fn checked_prompts(
+    prompts: &[Vec<u32>],
+    end_of_text: Option<EndOfText>,
+    seq_len: usize,
+) -> Result<Vec<&[u32]>, String> {
+    if let Some(empty) = prompts.iter().position(Vec::is_empty) {
+        return Err(format!("prompt {empty} has no tokens"));
+    }
+    let prompts = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, prompt)| {
+            continued(prompt, end_of_text).ok_or_else(|| {
+                format!(
+                    "prompt {i} ends with the end-of-text token: a model trained on packed documents would begin a \
+                     new document there, with nothing to continue; end the prompt with the text to continue"
+                )
+            })
+        })
+        .collect::<Result<Vec<&[u32]>, String>>()?;
+    if let Some(longest) = prompts.iter().map(|p| p.len()).max().filter(|&n| n > seq_len) {
+        return Err(format!(
+            "the prompt is {longest} tokens, longer than the model's seq_len of {seq_len} (the longest context it was \
+             trained on): shorten it"
+        ));
+    }
+    Ok(prompts)
 }
 
 /// A cache of `max_len` positions with each prompt prefilled into its row, and each row's

@@ -95,16 +95,11 @@ fn launch<R: CubeRuntime>(
     let [_, max_len, h_kv, d_v] = selected_v.meta.shape().dims::<4>();
     let (n_compressed, ring) = (compressed_k.meta.shape()[1], window_k.meta.shape()[1]);
     let (g, n) = (h_q / h_kv, selection.n);
-    let client = q.client.clone();
-    let device = q.device.clone();
+    let (client, device) = (q.client.clone(), q.device.clone());
     let scale = 1.0 / (d_k as f32).sqrt();
     let (keys, blocks) = selection_extent(&client, n_compressed, max_len, selection, g);
-    let vector = cache_vector(
-        &client,
-        q.dtype,
-        [d_k, d_v],
-        [&compressed_k, &compressed_v, &selected_k, &selected_v, &window_k, &window_v],
-    );
+    let all = [&compressed_k, &compressed_v, &selected_k, &selected_v, &window_k, &window_v];
+    let vector = cache_vector(&client, q.dtype, [d_k, d_v], all);
     let (tiles_c, tiles_w) = (n_compressed.div_ceil(DECODE_TILE), ring.div_ceil(DECODE_TILE));
     let tiles_s = n * selection.block_size.div_ceil(DECODE_TILE);
     let output = (vec![b, 1, h_q, d_v], q.dtype);

@@ -7,7 +7,9 @@ use burn_cubecl::kernel::{cast, into_contiguous};
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeRuntime;
-use cubecl::{calculate_cube_count_elemwise, CubeDim};
+use cubecl::client::ComputeClient;
+use cubecl::ir::StorageType;
+use cubecl::{calculate_cube_count_elemwise, CubeCount, CubeDim};
 
 use crate::kernel::primitives::layout::VECTOR;
 use crate::kernel::selection::top_n::select_top_n;
@@ -70,11 +72,37 @@ pub fn select_blocks<R: CubeRuntime>(
     let dim = CubeDim::new_2d(SELECTION_LANES as u32, tiling.rows as u32);
     let cubes = b * h_kv * t.div_ceil(tiling.rows);
     let count = calculate_cube_count_elemwise(&client, cubes * dim.num_elems() as usize, dim);
-    let (scale, dtypes) = (1.0 / (d_k as f32).sqrt(), [q.dtype.into(), int.into()]);
+    let dtypes = [q.dtype.into(), int.into()];
+    let launch = TopNLaunch { count, dim, documents, g, d_k, tiling, dtypes };
+    launch_top_n(&client, plan, [q, k, lse, starts, list.clone()], selection, launch);
+    list
+}
+
+/// What [`launch_top_n`] needs of [`select_blocks`]' set-up.
+struct TopNLaunch {
+    count: CubeCount,
+    dim: CubeDim,
+    documents: bool,
+    g: usize,
+    d_k: usize,
+    tiling: SelectionTiling,
+    dtypes: [StorageType; 2],
+}
+
+/// The selection kernel of `plan` over `q, k, lse, starts` into `list`.
+fn launch_top_n<R: CubeRuntime>(
+    client: &ComputeClient<R>,
+    plan: SelectionPlan,
+    [q, k, lse, starts, list]: [CubeTensor<R>; 5],
+    selection: Selection,
+    launch: TopNLaunch,
+) {
+    let TopNLaunch { count, dim, documents, g, d_k, tiling, dtypes } = launch;
+    let scale = 1.0 / (d_k as f32).sqrt();
     let (length, stride, block_size) = (selection.length, selection.stride, selection.block_size);
     match plan {
         SelectionPlan::TensorCore(_) => select_top_n_mma::launch::<R>(
-            &client,
+            client,
             count,
             dim,
             VECTOR,
@@ -82,7 +110,7 @@ pub fn select_blocks<R: CubeRuntime>(
             k.into_tensor_arg(),
             lse.into_tensor_arg(),
             starts.into_tensor_arg(),
-            list.clone().into_tensor_arg(),
+            list.into_tensor_arg(),
             scale,
             documents,
             length,
@@ -98,7 +126,7 @@ pub fn select_blocks<R: CubeRuntime>(
         SelectionPlan::Portable(_) => {
             let vector = SelectionTiling::vector(d_k);
             select_top_n::launch::<R>(
-                &client,
+                client,
                 count,
                 dim,
                 vector,
@@ -106,7 +134,7 @@ pub fn select_blocks<R: CubeRuntime>(
                 k.into_tensor_arg(),
                 lse.into_tensor_arg(),
                 starts.into_tensor_arg(),
-                list.clone().into_tensor_arg(),
+                list.into_tensor_arg(),
                 scale,
                 u32::from(documents),
                 length,
@@ -122,5 +150,4 @@ pub fn select_blocks<R: CubeRuntime>(
             )
         }
     }
-    list
 }

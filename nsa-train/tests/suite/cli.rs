@@ -74,6 +74,14 @@ fn train_then_generate_from_the_checkpoint() {
     assert!(std::path::Path::new(&out).join("checkpoints/step-00000004/model.mpk").exists());
     let metrics = std::fs::read_to_string(std::path::Path::new(&out).join("metrics.jsonl")).unwrap();
     assert_eq!(metrics.lines().filter(|l| l.contains("\"loss\"")).count(), 2);
+    generates_from(&dir, &out);
+    scores_held_out_text(&dir, &out);
+    plots_the_run(&dir, &out);
+}
+
+/// `nsa generate` from the checkpoint in `out`: a prompt, a prompt file, several samples.
+fn generates_from(dir: &std::path::Path, out: &str) {
+    let out = out.to_string();
     let output = Command::new(env!("CARGO_BIN_EXE_nsa"))
         .args(["generate", "--checkpoint", &out, "--prompt", "line 1", "--tokens", "12", "--backend", "cpu"])
         .output()
@@ -95,7 +103,11 @@ fn train_then_generate_from_the_checkpoint() {
         &["generate", "--checkpoint", &out, "--prompt", "x", "--top-p", "0"],
         "--top-p must be in (0, 1]",
     );
+}
 
+/// `nsa eval` and `nsa eval needle` of the checkpoint in `out`.
+fn scores_held_out_text(dir: &std::path::Path, out: &str) {
+    let out = out.to_string();
     // Held-out scores of the same checkpoint.
     let json = dir.join("eval.json");
     let corpus = dir.join("corpus.txt").display().to_string();
@@ -118,7 +130,11 @@ fn train_then_generate_from_the_checkpoint() {
     // This model's 32 tokens hold no haystack: the needle alone is longer.
     assert_fails_with(&["eval", "needle", "--checkpoint", &out, "--backend", "cpu"], "no room for filler");
     assert_fails_with(&["eval", "needle", "--checkpoint", &out, "--depths", "50,120"], "percentages from 0 to 100");
+}
 
+/// `nsa plot` of the run in `out`.
+fn plots_the_run(dir: &std::path::Path, out: &str) {
+    let out = out.to_string();
     // The run's charts.
     let plots = dir.join("plots");
     let output = Command::new(env!("CARGO_BIN_EXE_nsa"))
