@@ -4,7 +4,7 @@
 
 use burn::backend::Flex;
 use burn::tensor::ElementConversion;
-use nsa_core::{lm_loss, NsaConfig, NsaLm, NsaLmConfig};
+use nsa_core::{lm_loss, NsaLm, NsaLmConfig};
 use nsa_train::data::batch::batch;
 use nsa_train::data::corpus::Packing;
 use nsa_train::data::tokenizer::Tokenizer;
@@ -17,18 +17,7 @@ type Cpu = Flex;
 
 /// A small NSA model on the reference path.
 fn model(n_layers: usize, seq_len: usize) -> NsaLm<Cpu> {
-    let attention = NsaConfig::new()
-        .with_dim(32)
-        .with_n_heads(4)
-        .with_n_kv_heads(2)
-        .with_d_k(8)
-        .with_d_v(8)
-        .with_l(8)
-        .with_d(4)
-        .with_l_sel(8)
-        .with_n(3)
-        .with_w(12)
-        .with_fused_kernels(false);
+    let attention = common::small_attention().with_fused_kernels(false);
     NsaLmConfig::new().with_n_layers(n_layers).with_seq_len(seq_len).with_attention(attention).init(&Default::default())
 }
 

@@ -10,22 +10,13 @@ use nsa_core::{NsaLm, NsaLmConfig, Phi};
 use nsa_train::data::corpus::Packing;
 use nsa_train::generate::{generate, EndOfText, SampleOptions, TextStream};
 
+use crate::common;
+
 type Cpu = Flex;
 
 /// The small model; `loud` scales its weights (see [`Louder`]).
 fn model(phi: Phi, loud: bool) -> NsaLm<Cpu> {
-    let attention = nsa_core::NsaConfig::new()
-        .with_dim(32)
-        .with_n_heads(4)
-        .with_n_kv_heads(2)
-        .with_d_k(8)
-        .with_d_v(8)
-        .with_l(8)
-        .with_d(4)
-        .with_l_sel(8)
-        .with_n(3)
-        .with_w(12)
-        .with_phi(phi);
+    let attention = common::small_attention().with_phi(phi);
     let cfg = NsaLmConfig::new().with_vocab_size(40).with_n_layers(2).with_seq_len(64).with_attention(attention);
     cfg.validate().unwrap();
     let model = cfg.init::<Cpu>(&Default::default());

@@ -29,6 +29,22 @@ pub fn in_own_process(name: &str) -> String {
     stderr.into_owned()
 }
 
+/// The small attention shape of the generation and evaluation tests: every branch and boundary
+/// within a few dozen tokens.
+pub fn small_attention() -> NsaConfig {
+    NsaConfig::new()
+        .with_dim(32)
+        .with_n_heads(4)
+        .with_n_kv_heads(2)
+        .with_d_k(8)
+        .with_d_v(8)
+        .with_l(8)
+        .with_d(4)
+        .with_l_sel(8)
+        .with_n(3)
+        .with_w(12)
+}
+
 /// A very small NSA model on the copy task.
 pub fn tiny_run(out: &std::path::Path, steps: usize) -> RunConfig {
     let model = NsaLmConfig::new().with_n_layers(2).with_seq_len(64).with_attention(
