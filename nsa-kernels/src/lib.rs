@@ -34,8 +34,7 @@ pub use activation::{silu, silu_linear_matmul, ActivationBackend};
 #[cfg(feature = "cube")]
 pub use burn_cubecl::CubeBackend;
 pub use decode::{
-    decode_attention, decode_linear, decode_linear_reference, decode_write, DecodeAttentionBackend, StepInput,
-    StepLayout, WrittenStep,
+    decode_attention, decode_linear, decode_write, DecodeAttentionBackend, StepInput, StepLayout, WrittenStep,
 };
 pub use dtypes::stats_dtype;
 pub use fingerprint::KERNEL_FINGERPRINT;

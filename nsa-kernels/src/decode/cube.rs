@@ -213,7 +213,7 @@ fn launch_selected<R: CubeRuntime>(
     launch: StepLaunch,
 ) {
     let StepLaunch { groups, vector, scale, g, d_k, d_v, dtypes } = launch;
-    let tiles_s = selection.n * selection.block_size.div_ceil(DECODE_TILE);
+    let tiles_s = selected_partials.meta.shape()[1];
     let tile_dim = CubeDim::new_1d(DECODE_UNITS as u32);
     decode_selected_tiles::launch::<R>(
         client,

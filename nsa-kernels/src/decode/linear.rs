@@ -69,16 +69,7 @@ pub fn decode_linear<B: DecodeAttentionBackend>(
 }
 
 /// [`decode_linear`] in tensor ops: the norm, SiLU, product and add, each rounded to `x`'s
-/// dtype.
-pub fn decode_linear_reference<B: DecodeAttentionBackend>(
-    x: Tensor<B, 2>,
-    input: StepInput<Tensor<B, 1>>,
-    weight: Tensor<B, 2>,
-    residual: Option<Tensor<B, 2>>,
-) -> Tensor<B, 2> {
-    float(reference::<B>(StepLinear::new(x, input, weight, residual)))
-}
-
+/// dtype (the default of [`DecodeAttentionBackend::decode_linear`]).
 pub(super) fn reference<B: DecodeAttentionBackend>(step: StepLinear<B>) -> FloatTensor<B> {
     let StepLinear { x, input, weight, residual } = step;
     let x = float::<B, 2>(x);

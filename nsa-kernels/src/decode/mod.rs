@@ -17,7 +17,7 @@ mod linear_launch;
 #[cfg(feature = "cube")]
 mod write;
 
-pub use linear::{decode_linear, decode_linear_reference, StepInput, StepLinear};
+pub use linear::{decode_linear, StepInput, StepLinear};
 
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::{FloatTensor, IntTensor};
@@ -107,7 +107,7 @@ pub trait DecodeAttentionBackend: SparseAttentionBackend {
     }
 
     /// A step's linear layer with its input function and residual add ([`StepLinear`]). The
-    /// default is the tensor ops ([`decode_linear_reference`]).
+    /// default is the tensor ops.
     fn decode_linear(step: StepLinear<Self>) -> FloatTensor<Self> {
         linear::reference::<Self>(step)
     }
