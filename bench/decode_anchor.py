@@ -9,7 +9,10 @@ token masked, so its shapes never change), logits copied to the host as a sample
   {"anchor": "torch-dense-decode", "context": T, "batch": B, "prefill_s": p,
    "token_ms": median step, "tokens_per_s": B / mean step, "peak_gib": g}
 
-Usage: python3 bench/decode_anchor.py --contexts 2048,16384,65536 --batches 1,16 [--tokens 64] [--warmup 8]
+With `--profile`, also "step_kernels_us" (the device time of a step's kernels) and
+"attention_us_per_layer" (of its SDPA kernels, per layer), from torch.profiler over 4 more steps.
+
+Usage: python3 bench/decode_anchor.py --contexts 2048,16384,65536 --batches 1,16 [--tokens 64] [--warmup 8] [--profile]
 """
 import argparse
 import json
@@ -64,11 +67,11 @@ def forward(model, tokens, caches, start, cos, sin):
     return model.head(model.norm(h[:, -1]))
 
 
-def run(context, batch, tokens, warmup):
+def run(context, batch, tokens, warmup, profile=False):
     torch.manual_seed(0)
     dev = "cuda"
     model = LM().to(dev).to(torch.bfloat16).eval()
-    length = context + warmup + tokens
+    length = context + warmup + tokens + (4 if profile else 0)
     cos, sin = rope_tables(model.hd, length, dev)
     cos, sin = cos.to(torch.bfloat16), sin.to(torch.bfloat16)
     blk = model.blocks[0]
@@ -88,7 +91,7 @@ def run(context, batch, tokens, warmup):
         next_token = logits.float().cpu().argmax(-1)
         if step >= warmup:
             times.append(time.perf_counter() - t0)
-    return {
+    result = {
         "anchor": "torch-dense-decode",
         "context": context,
         "batch": batch,
@@ -97,6 +100,33 @@ def run(context, batch, tokens, warmup):
         "tokens_per_s": batch / statistics.mean(times),
         "peak_gib": torch.cuda.max_memory_reserved() / 2**30,
     }
+    if profile:
+        result.update(kernel_times(model, next_token, caches, context + warmup + tokens, cos, sin))
+    return result
+
+
+def kernel_times(model, next_token, caches, start, cos, sin, steps=4):
+    """Device time of a step's kernels (torch.profiler, CUPTI), in total and SDPA's alone, in
+    microseconds per step and per layer: the attention part of the step beside ours."""
+    from torch.profiler import profile, ProfilerActivity
+    if start + steps > caches[0][0].shape[2]:
+        return {}
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for step in range(steps):
+            logits = forward(model, next_token.to("cuda")[:, None], caches, start + step, cos, sin)
+            next_token = logits.float().cpu().argmax(-1)
+        torch.cuda.synchronize()
+    total = attention = 0.0
+    for event in prof.events():
+        if event.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        us = event.device_time if hasattr(event, "device_time") else event.cuda_time
+        total += us
+        name = event.name.lower()
+        if any(k in name for k in ("fmha", "flash", "attention", "attn")):
+            attention += us
+    layers = len(model.blocks)
+    return {"step_kernels_us": total / steps, "attention_us_per_layer": attention / steps / layers}
 
 
 def main():
@@ -105,10 +135,12 @@ def main():
     p.add_argument("--batches", default="1,16")
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--warmup", type=int, default=8)
+    p.add_argument("--profile", action="store_true",
+                   help="also the device time of a step's kernels and of its attention (torch.profiler)")
     a = p.parse_args()
     for context in map(int, a.contexts.split(",")):
         for batch in map(int, a.batches.split(",")):
-            print(json.dumps(run(context, batch, a.tokens, a.warmup)), flush=True)
+            print(json.dumps(run(context, batch, a.tokens, a.warmup, a.profile)), flush=True)
 
 
 if __name__ == "__main__":

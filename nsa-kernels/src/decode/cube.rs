@@ -13,7 +13,7 @@ use super::{
     linear_launch, write, DecodeAttentionBackend, DecodeBranches, DecodeStep, DecodeWrite, DecodeWritten, StepLinear,
 };
 use crate::buffers::empty_together;
-use crate::kernel::decode::merge::decode_merge;
+use crate::kernel::decode::merge::{decode_merge, MERGE_UNITS};
 use crate::kernel::decode::select::decode_select;
 use crate::kernel::decode::tiles::{decode_selected_tiles, decode_tiles};
 use crate::sparse::launch::{capabilities, planes_of_32};
@@ -50,14 +50,15 @@ fn tokens_first<R: CubeRuntime>(x: CubeTensor<R>) -> CubeTensor<R> {
     permute(x, &[0, 2, 1, 3])
 }
 
-/// Planes of the selection's cube: its merges and masses spread over them; its top-n runs in
-/// one plane (or takes part in the first plane's barriers).
+/// Planes of the selection's cube: its log-sum-exps, masses, block scores and top-n spread over
+/// them.
 const SELECT_PLANES: usize = 8;
 
-/// Shared memory the selection's cube declares (bytes): two heads' log-sum-exps, the key
-/// masses, the block scores, the exchange rows of the top-n and the chosen blocks.
+/// Shared memory the selection's cube declares (bytes): the heads' log-sum-exps and their
+/// exchange, the key masses, the block scores, the top-n's exchange rows and the chosen blocks.
 fn select_bytes(keys: usize, blocks: usize, g: usize, n: usize) -> usize {
-    4 * (2 * g + keys + blocks + 2 * SELECT_PLANES * SELECTION_LANES + n + 1)
+    let units = SELECT_PLANES * SELECTION_LANES;
+    4 * (g + 2 * units + keys + blocks + 4 * units + n + 1)
 }
 
 /// The widest vector of `dtype` (at most 16 bytes) in which the tile kernels read the caches:
@@ -79,7 +80,7 @@ fn cache_vector<R: CubeRuntime>(
 
 /// Launches the step over `q [B, 1, H_q, d_k]` and the caches `[B, S, H_kv, d]` (compressed,
 /// selected, window; keys then values): the window's and compressed branch's tiles, the
-/// selection with their merges, the selected blocks' tiles and their merge
+/// selection, the selected blocks' tiles and the three branches' merge
 /// ([`crate::kernel::decode`]). Panics with one line when the cache has more compressed keys
 /// and selection blocks than a cube's shared memory holds (past a million positions at the
 /// production shape).
@@ -105,7 +106,7 @@ fn launch<R: CubeRuntime>(
     let output = (vec![b, 1, h_q, d_v], q.dtype);
     // One allocation for the step's outputs and scratch. The scratch's memory then lives as long
     // as the block lists, which a decode loop drops with the step.
-    let [o_compressed, o_selected, o_window, list, partials, selected_partials, scores] = empty_together(
+    let [o_compressed, o_selected, o_window, list, partials, scores] = empty_together(
         &client,
         &device,
         [
@@ -113,12 +114,11 @@ fn launch<R: CubeRuntime>(
             output.clone(),
             output,
             (vec![b, 1, h_kv, n], int),
-            (vec![b * h_kv, tiles_c + tiles_w, g, d_v + 2], DType::F32),
-            (vec![b * h_kv, tiles_s, g, d_v + 2], DType::F32),
+            (vec![b * h_kv, tiles_c + tiles_w + tiles_s, g, d_v + 2], DType::F32),
             (vec![b * h_kv, n_compressed.max(1), g], DType::F32),
         ],
     );
-    let outputs = [o_compressed.clone(), o_selected.clone(), o_window.clone()];
+    let outputs = [o_compressed, o_selected, o_window];
     let dtypes = [q.dtype.into(), int.into()];
     let tile_dim = CubeDim::new_1d(DECODE_UNITS as u32);
     let groups = (b * h_kv) as u32;
@@ -146,18 +146,10 @@ fn launch<R: CubeRuntime>(
         dtypes,
     );
     let step = StepLaunch { groups, vector, scale, g, d_k, d_v, dtypes };
-    let extent = SelectExtent { ring, keys, blocks };
-    launch_select(&client, [partials, scores], &positions, [o_compressed, o_window], &list, selection, extent, step);
-    launch_selected(
-        &client,
-        q,
-        [selected_k, selected_v],
-        positions,
-        &list,
-        [selected_partials, o_selected],
-        selection,
-        step,
-    );
+    launch_select(&client, [&partials, &scores], &positions, &list, selection, SelectExtent { keys, blocks }, step);
+    let extent = MergeExtent { n_compressed, ring, first_selected: tiles_c + tiles_w };
+    launch_selected(&client, q, [selected_k, selected_v], &positions, &list, &partials, selection, extent, step);
+    launch_merge(&client, partials, positions, outputs.clone(), selection, extent, step);
     (outputs, list)
 }
 
@@ -199,34 +191,44 @@ struct StepLaunch {
     dtypes: [StorageType; 2],
 }
 
-/// The selected branch after the selection: the chosen blocks' tiles into the scratch
-/// `selected_partials`, then their merge into `o_selected`.
+/// Where a step's partials lie: the compressed branch's tiles (of `n_compressed` keys), the
+/// window's (of `ring` slots), then the selected blocks' from `first_selected`.
+#[derive(Clone, Copy)]
+struct MergeExtent {
+    n_compressed: usize,
+    ring: usize,
+    first_selected: usize,
+}
+
+/// The selected branch after the selection: the chosen blocks' tiles into `partials` from
+/// `extent.first_selected`.
 #[allow(clippy::too_many_arguments)]
 fn launch_selected<R: CubeRuntime>(
     client: &ComputeClient<R>,
     q: CubeTensor<R>,
     [selected_k, selected_v]: [CubeTensor<R>; 2],
-    positions: CubeTensor<R>,
+    positions: &CubeTensor<R>,
     list: &CubeTensor<R>,
-    [selected_partials, o_selected]: [CubeTensor<R>; 2],
+    partials: &CubeTensor<R>,
     selection: Selection,
+    extent: MergeExtent,
     launch: StepLaunch,
 ) {
     let StepLaunch { groups, vector, scale, g, d_k, d_v, dtypes } = launch;
-    let tiles_s = selected_partials.meta.shape()[1];
-    let tile_dim = CubeDim::new_1d(DECODE_UNITS as u32);
+    let tiles_s = partials.meta.shape()[1] - extent.first_selected;
     decode_selected_tiles::launch::<R>(
         client,
         CubeCount::new_2d(tiles_s as u32, groups),
-        tile_dim,
+        CubeDim::new_1d(DECODE_UNITS as u32),
         vector,
         q.into_tensor_arg(),
         selected_k.into_tensor_arg(),
         selected_v.into_tensor_arg(),
-        positions.into_tensor_arg(),
+        positions.clone().into_tensor_arg(),
         list.clone().into_tensor_arg(),
-        selected_partials.clone().into_tensor_arg(),
+        partials.clone().into_tensor_arg(),
         scale,
+        extent.first_selected,
         selection.block_size,
         g,
         d_k,
@@ -234,54 +236,68 @@ fn launch_selected<R: CubeRuntime>(
         vector,
         dtypes,
     );
+}
+
+/// The three branches' merges, one cube per `(b, hk, h, branch)`, into `outputs`.
+fn launch_merge<R: CubeRuntime>(
+    client: &ComputeClient<R>,
+    partials: CubeTensor<R>,
+    positions: CubeTensor<R>,
+    [o_compressed, o_selected, o_window]: [CubeTensor<R>; 3],
+    selection: Selection,
+    extent: MergeExtent,
+    launch: StepLaunch,
+) {
+    let StepLaunch { groups, g, d_v, dtypes, .. } = launch;
     decode_merge::launch::<R>(
         client,
-        CubeCount::new_1d(groups),
-        CubeDim::new_1d(DECODE_UNITS as u32),
-        selected_partials.into_tensor_arg(),
+        CubeCount::new_2d(groups * g as u32, 3),
+        CubeDim::new_1d(MERGE_UNITS as u32),
+        partials.into_tensor_arg(),
+        positions.into_tensor_arg(),
+        o_compressed.into_tensor_arg(),
         o_selected.into_tensor_arg(),
+        o_window.into_tensor_arg(),
+        extent.n_compressed,
+        extent.ring,
+        selection.length,
+        selection.stride,
         g,
         d_v,
-        dtypes[0],
+        dtypes,
     );
 }
 
-/// The ring's slots and the selection's extent ([`selection_extent`]).
+/// The selection's extent ([`selection_extent`]).
 struct SelectExtent {
-    ring: usize,
     keys: usize,
     blocks: usize,
 }
 
-/// The selection after the tiles: the compressed branch's and the window's merges into their
-/// outputs, the block scores and the top-n into `list`.
-#[allow(clippy::too_many_arguments)]
+/// The selection after the tiles: the compressed branch's log-sum-exps, the block scores and
+/// the top-n into `list`.
 fn launch_select<R: CubeRuntime>(
     client: &ComputeClient<R>,
-    [partials, scores]: [CubeTensor<R>; 2],
+    [partials, scores]: [&CubeTensor<R>; 2],
     positions: &CubeTensor<R>,
-    [o_compressed, o_window]: [CubeTensor<R>; 2],
     list: &CubeTensor<R>,
     selection: Selection,
     extent: SelectExtent,
     launch: StepLaunch,
 ) {
     let StepLaunch { groups, g, d_v, dtypes, .. } = launch;
-    let SelectExtent { ring, keys, blocks } = extent;
+    let SelectExtent { keys, blocks } = extent;
     decode_select::launch::<R>(
         client,
         CubeCount::new_1d(groups),
         CubeDim::new_2d(SELECTION_LANES as u32, SELECT_PLANES as u32),
-        partials.into_tensor_arg(),
-        scores.into_tensor_arg(),
+        partials.clone().into_tensor_arg(),
+        scores.clone().into_tensor_arg(),
         positions.clone().into_tensor_arg(),
-        o_compressed.into_tensor_arg(),
-        o_window.into_tensor_arg(),
         list.clone().into_tensor_arg(),
         selection.length,
         selection.stride,
         selection.block_size,
-        ring,
         g,
         d_v,
         keys,
@@ -289,6 +305,6 @@ fn launch_select<R: CubeRuntime>(
         selection.n,
         SELECT_PLANES,
         planes_of_32(client),
-        dtypes,
+        dtypes[1],
     );
 }

@@ -8,7 +8,7 @@ use burn_cubecl::CubeRuntime;
 use cubecl::prelude::*;
 
 use super::StepInput;
-use crate::kernel::decode::linear::{decode_linear, LINEAR_ROWS, LINEAR_UNITS, LINEAR_VECTORS};
+use crate::kernel::decode::linear::{decode_linear, LINEAR_ROWS, LINEAR_SLICES, LINEAR_UNITS, LINEAR_VECTORS, MAX_PER_SLICE};
 
 /// The widest vector of `x`'s element that divides `n` and `pitch`, at most 8 (each unit holds
 /// `rows * vector` sums).
@@ -54,6 +54,8 @@ pub(super) fn launch<R: CubeRuntime>(
     let out = empty_device_contiguous_dtype::<R>(client.clone(), x.device.clone(), Shape::new([m, n]), dtype);
     let vector = vector_for(&x, n, weight.meta.strides()[0]);
     let rows = m.min(LINEAR_ROWS);
+    // One chunk for most layers' `k`, a few for the widest.
+    let per_slice = k.div_ceil(LINEAR_SLICES).clamp(1, MAX_PER_SLICE);
     let cubes = CubeCount::new_2d(n.div_ceil(vector * LINEAR_VECTORS) as u32, m.div_ceil(rows) as u32);
     decode_linear::launch::<R>(
         &client,
@@ -68,6 +70,7 @@ pub(super) fn launch<R: CubeRuntime>(
         epsilon as f32,
         vector,
         rows,
+        per_slice,
         norm,
         silu,
         add_residual,

@@ -5,7 +5,7 @@
 //! backend on the CPU in f64 to 1e-9.
 //!
 //! Shapes cover a cube's rows (one, several, more rows than a cube serves), every vector width
-//! (widths of 36, 6 and 7 columns) and columns past the last full cube.
+//! (widths of 36, 6 and 7 columns), columns past the last full cube and a `k` of several chunks.
 
 use burn::tensor::{Tensor, TensorData};
 use nsa_kernels::{decode_linear, DecodeAttentionBackend, StepInput};
@@ -77,6 +77,8 @@ fn cases<B: DecodeAttentionBackend>(device: &B::Device, tol: f64, silu_tol: f64)
     check::<B>(device, Input::Silu, true, [11, 300, 36], silu_tol);
     check::<B>(device, Input::Plain, true, [1, 64, 6], tol);
     check::<B>(device, Input::Norm, true, [2, 40, 7], tol);
+    // Past one chunk of `k` (a slice reads at most 16 of a chunk's 1,024).
+    check::<B>(device, Input::Norm, true, [6, 1100, 20], tol);
 }
 
 #[test]

@@ -6,12 +6,13 @@
 //! launch.
 //!
 //! A cube serves [`LINEAR_ROWS`] rows at most and [`LINEAR_VECTORS`] vectors of columns. It
-//! walks `k` in chunks of [`LINEAR_UNITS`]: each unit stages `f(x)` of one `k` for every row in
-//! shared memory (so `f` runs once per element and cube), then the units, split into
-//! [`LINEAR_SLICES`] interleaved slices of the chunk, read their rows of `w` as vectors, all of
-//! a chunk's loads issued together (a product this thin is bound by how many loads are in
-//! flight), and the slices' sums meet in shared memory at the end. No plane operations, so WGPU
-//! runs it too.
+//! walks `k` in chunks of `per_slice` x [`LINEAR_SLICES`] (up to [`MAX_PER_SLICE`] a slice, so
+//! that most layers take one or a few chunks): each unit first issues its `per_slice` loads of
+//! `w`'s rows for the chunk (a product this thin is bound by how many loads are in flight),
+//! then stages its share of `f(x)` for every row in shared memory (so `f` runs once per element
+//! and cube), and the units, split into [`LINEAR_SLICES`] interleaved slices of the chunk, add
+//! their products. The slices' sums meet in a shared-memory tree at the end, every row at
+//! once, as do the norm's squares. No plane operations, so WGPU runs it too.
 
 use cubecl::prelude::*;
 
@@ -23,8 +24,14 @@ pub const LINEAR_VECTORS: usize = 4;
 pub const LINEAR_SLICES: usize = LINEAR_UNITS / LINEAR_VECTORS;
 /// Rows a cube serves at most (its units hold `rows * vector` sums each).
 pub const LINEAR_ROWS: usize = 4;
-/// `k`s of a chunk each slice reads.
-const PER_SLICE: usize = LINEAR_UNITS / LINEAR_SLICES;
+/// The most `k`s of a chunk each slice reads (its loads in flight at once).
+pub const MAX_PER_SLICE: usize = 16;
+
+/// Shared words of a cube: the staged chunk (`rows x chunk`), or the slices' sums
+/// (`units x rows x vector`) and the norm's squares (`rows x units`) before and after it.
+pub fn linear_shared_words(rows: usize, vector: usize, per_slice: usize) -> usize {
+    (rows * per_slice * LINEAR_SLICES).max(LINEAR_UNITS * rows * vector)
+}
 
 /// `f(x[row, kk])` in f32, where `scale[local]` holds the row's `1 / rms` for a norm.
 #[cube]
@@ -50,8 +57,9 @@ fn input_at<F: Float>(
     value
 }
 
-/// `1 / sqrt(mean(x[row]^2) + eps)` of the cube's rows into `scale`, through `sums`
-/// (`rows * LINEAR_UNITS`). Every unit of the cube calls it (it synchronises).
+/// `1 / sqrt(mean(x[row]^2) + eps)` of the cube's rows into `scale`, each row's squares
+/// added by a tree in `sums` (`rows * LINEAR_UNITS`). Every unit of the cube calls it (it
+/// synchronises).
 #[cube]
 fn row_scales<F: Float>(
     x: &Tensor<F>,
@@ -75,13 +83,37 @@ fn row_scales<F: Float>(
         }
         sums[r * LINEAR_UNITS + unit] = squares;
     }
-    sync_cube();
+    halve_rows(sums, unit, 1usize, comptime!(rows * LINEAR_UNITS), LINEAR_UNITS);
     if unit < rows {
-        let mut total = 0.0f32;
-        for i in 0..LINEAR_UNITS {
-            total += sums[unit * LINEAR_UNITS + i];
+        scale[unit] = 1.0f32 / (sums[unit * LINEAR_UNITS] / f32::cast_from(k) + epsilon).sqrt();
+    }
+    sync_cube();
+}
+
+/// Adds each row of `width` words of `shared` (`words / width` rows) into its first `spacing`
+/// words by halving: after it, `shared[i * width + p]` holds the sum of row `i`'s words `p, p +
+/// spacing, ..` for `p < spacing`. `width / spacing` is a power of two and the cube has `width`
+/// units, unit `u` adding word `u` of every row. Called by every unit (it synchronises before
+/// and after).
+#[cube]
+fn halve_rows(
+    shared: &mut SharedMemory<f32>,
+    unit: usize,
+    #[comptime] spacing: usize,
+    #[comptime] words: usize,
+    #[comptime] width: usize,
+) {
+    #[unroll]
+    for i in 0..comptime!((width / spacing).trailing_zeros() as usize) {
+        let step = comptime!((width / spacing >> (i + 1)) * spacing);
+        sync_cube();
+        if unit < step {
+            let mut at = unit;
+            while at < words {
+                shared[at] += shared[at + step];
+                at += width;
+            }
         }
-        scale[unit] = 1.0f32 / (total / f32::cast_from(k) + epsilon).sqrt();
     }
     sync_cube();
 }
@@ -89,7 +121,8 @@ fn row_scales<F: Float>(
 /// `out [m, n] = residual + f(x [m, k]) w [k, n]` (`out` and `residual` contiguous; `x` and `w`
 /// with contiguous rows, `n` and `w`'s row stride multiples of `vector`; `gamma [k]` read only
 /// by a norm, `residual` only when `add_residual`). Cubes
-/// `(ceil(n / (LINEAR_VECTORS vector)), ceil(m / rows))` of [`LINEAR_UNITS`] units.
+/// `(ceil(n / (LINEAR_VECTORS vector)), ceil(m / rows))` of [`LINEAR_UNITS`] units; chunks of
+/// `per_slice x LINEAR_SLICES` `k`s.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 pub fn decode_linear<F: Float, N: Size>(
@@ -101,6 +134,7 @@ pub fn decode_linear<F: Float, N: Size>(
     epsilon: f32,
     #[comptime] vector: usize,
     #[comptime] rows: usize,
+    #[comptime] per_slice: usize,
     #[comptime] norm: bool,
     #[comptime] silu: bool,
     #[comptime] add_residual: bool,
@@ -112,11 +146,10 @@ pub fn decode_linear<F: Float, N: Size>(
     let pitch = w.stride(0) / vector;
     let unit = UNIT_POS as usize;
     let lane = unit % LINEAR_VECTORS;
-    let (column, slice) = (CUBE_POS_X as usize * LINEAR_VECTORS + lane, unit / LINEAR_VECTORS);
+    let (column, slice) = (min(CUBE_POS_X as usize * LINEAR_VECTORS + lane, vectors - 1), unit / LINEAR_VECTORS);
     let first = CUBE_POS_Y as usize * rows;
-    // The staged chunk `[rows, LINEAR_UNITS]`, the norm's sums before it and the slices' sums
-    // after it.
-    let mut shared = SharedMemory::<f32>::new(comptime!(LINEAR_UNITS * if vector > rows { vector } else { rows }));
+    let chunk = comptime!(per_slice * LINEAR_SLICES);
+    let mut shared = SharedMemory::<f32>::new(comptime!(linear_shared_words(rows, vector, per_slice)));
     let mut scale = SharedMemory::<f32>::new(rows);
     if comptime!(norm) {
         row_scales::<F>(x, &mut shared, &mut scale, first, epsilon, rows);
@@ -129,75 +162,89 @@ pub fn decode_linear<F: Float, N: Size>(
     }
     let mut base = 0;
     while base < k {
-        let kk = base + unit;
+        // The chunk's weights first, so that their loads are in flight while `f(x)` is staged.
+        // Past `k` the clamped rows meet staged zeros and add nothing.
+        let mut weights = Array::<Vector<F, N>>::new(per_slice);
         #[unroll]
-        for r in 0..rows {
-            let mut value = 0.0f32;
-            if kk < k {
-                value = input_at::<F>(x, gamma, &scale, min(first + r, m - 1), r, kk, norm, silu);
-            }
-            shared[r * LINEAR_UNITS + unit] = value;
+        for i in 0..per_slice {
+            weights[i] = w[min(base + slice + i * LINEAR_SLICES, k - 1) * pitch + column];
         }
-        sync_cube();
-        // Past `k` the staged inputs are zeros: the clamped weight rows add nothing. Unrolled
-        // without branches, so the compiler issues the chunk's loads together.
+        stage_chunk::<F>(x, gamma, &scale, &mut shared, base, first, rows, chunk, norm, silu);
         #[unroll]
-        for i in 0..PER_SLICE {
+        for i in 0..per_slice {
             let j = slice + i * LINEAR_SLICES;
-            let weights = Vector::<f32, N>::cast_from(w[min(base + j, k - 1) * pitch + min(column, vectors - 1)]);
+            let weight = Vector::<f32, N>::cast_from(weights[i]);
             #[unroll]
             for r in 0..rows {
-                let a = shared[r * LINEAR_UNITS + j];
+                let a = shared[r * chunk + j];
                 #[unroll]
                 for e in 0..vector {
-                    sums[r * vector + e] += a * weights[e];
+                    sums[r * vector + e] += a * weight[e];
                 }
             }
         }
         sync_cube();
-        base += LINEAR_UNITS;
+        base += chunk;
     }
 
-    // The slices' sums, a row at a time: every unit leaves its `vector` sums; the cube's
-    // `LINEAR_VECTORS vector` columns are then added over the slices by `groups` units
-    // each (a share of the slices apiece), and their shares by one unit per column.
-    let columns = comptime!(LINEAR_VECTORS * vector);
-    let (col, group) = (unit % columns, unit / columns);
-    let groups = comptime!(LINEAR_UNITS / (LINEAR_VECTORS * vector));
-    let per_group = comptime!(LINEAR_SLICES / (LINEAR_UNITS / (LINEAR_VECTORS * vector)));
-    let mut totals = SharedMemory::<f32>::new(LINEAR_UNITS);
+    // The slices' sums: word `(r vector + e) LINEAR_UNITS + unit` holds this unit's column `e`
+    // of row `r`; a tree over the slices leaves each total at its lane's slice-0 unit.
     #[unroll]
-    for r in 0..rows {
-        sync_cube();
+    for i in 0..rows * vector {
+        shared[i * LINEAR_UNITS + unit] = sums[i];
+    }
+    halve_rows(&mut shared, unit, LINEAR_VECTORS, comptime!(rows * vector * LINEAR_UNITS), LINEAR_UNITS);
+    let in_cube = CUBE_POS_X as usize * LINEAR_VECTORS + lane < vectors;
+    if slice == 0 && in_cube {
         #[unroll]
-        for e in 0..vector {
-            shared[unit * vector + e] = sums[r * vector + e];
-        }
-        sync_cube();
-        // Column `col` is element `col % vector` of lane `col / vector`.
-        let mut share = 0.0f32;
-        for i in 0..per_group {
-            let s = group * per_group + i;
-            share += shared[(s * LINEAR_VECTORS + col / vector) * vector + col % vector];
-        }
-        totals[group * columns + col] = share;
-        sync_cube();
-        let row = first + r;
-        if unit < LINEAR_VECTORS && column < vectors && row < m {
-            let mut total = Vector::<f32, N>::empty();
-            #[unroll]
-            for e in 0..vector {
-                let mut t = 0.0f32;
-                for g in 0..groups {
-                    t += totals[g * columns + unit * vector + e];
+        for r in 0..rows {
+            let row = first + r;
+            if row < m {
+                let mut total = Vector::<f32, N>::empty();
+                #[unroll]
+                for e in 0..vector {
+                    total[e] = f32::cast_from(F::cast_from(shared[(r * vector + e) * LINEAR_UNITS + lane]));
                 }
-                total[e] = f32::cast_from(F::cast_from(t));
+                let at = row * vectors + column;
+                if comptime!(add_residual) {
+                    total += Vector::<f32, N>::cast_from(residual[at]);
+                }
+                out[at] = Vector::cast_from(total);
             }
-            let at = row * vectors + column;
-            if comptime!(add_residual) {
-                total += Vector::<f32, N>::cast_from(residual[at]);
-            }
-            out[at] = Vector::cast_from(total);
         }
     }
+}
+
+/// `f(x)` of `k`s `base..base + chunk` of the cube's rows into `shared[r * chunk + j]` (zeros
+/// past `k`), then a barrier.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn stage_chunk<F: Float>(
+    x: &Tensor<F>,
+    gamma: &Tensor<F>,
+    scale: &SharedMemory<f32>,
+    shared: &mut SharedMemory<f32>,
+    base: usize,
+    first: usize,
+    #[comptime] rows: usize,
+    #[comptime] chunk: usize,
+    #[comptime] norm: bool,
+    #[comptime] silu: bool,
+) {
+    let (m, k) = (x.shape(0), x.shape(1));
+    #[unroll]
+    for i in 0..comptime!(chunk.div_ceil(LINEAR_UNITS)) {
+        let j = UNIT_POS as usize + i * LINEAR_UNITS;
+        if j < chunk {
+            #[unroll]
+            for r in 0..rows {
+                let mut value = 0.0f32;
+                if base + j < k {
+                    value = input_at::<F>(x, gamma, scale, min(first + r, m - 1), r, base + j, norm, silu);
+                }
+                shared[r * chunk + j] = value;
+            }
+        }
+    }
+    sync_cube();
 }

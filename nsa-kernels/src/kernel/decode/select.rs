@@ -1,39 +1,36 @@
 //! The decode step's block selection, one cube per `(b, hk)`, between the tile kernels
-//! ([`super::tiles`]): it merges the compressed branch's and the window's partials into their
-//! outputs, turns the compressed branch's kept scores into each key's mass
-//! `sum_h exp(s_h - lse_h)`, spreads the masses over the selection blocks (Eq. 9, 10, keys in
-//! ascending order, as the training selection adds them), and takes the forced blocks and the
-//! top-n into the block list that [`super::tiles::decode_selected_tiles`] reads.
+//! ([`super::tiles`]): the compressed branch's log-sum-exp per head from its tiles' states,
+//! its kept scores as each key's mass `sum_h exp(s_h - lse_h)`, the masses spread over the
+//! selection blocks (Eq. 9, 10, keys in ascending order, as the training selection adds them),
+//! and the forced blocks and the top-n ([`super::top_n`]) into the block list that
+//! [`super::tiles::decode_selected_tiles`] reads.
 
 use cubecl::prelude::*;
 
-use super::merge::merge_tiles;
+use super::states::{lane_state, row_state};
 use super::tiles::tiles_of;
+use super::top_n::cube_top_n;
 use crate::kernel::compression::visible::visible_blocks;
 use crate::kernel::primitives::rows::offset3;
-use crate::kernel::selection::plane_top_n::take_best_in_plane;
-use crate::kernel::selection::top_n::{force_blocks, lane_best, merge_best, write_list, TAKEN};
+use crate::kernel::selection::top_n::write_list;
 use crate::tile_sizes::SELECTION_LANES as LANES;
 
-/// The partials of [`super::tiles::decode_tiles`] (`[B * H_kv, tiles_c + tiles_w, g, 2 +
-/// d_v]`), its kept scores `[B * H_kv, N, g]` and the positions `[B]` -> the compressed and
-/// window outputs `[B, 1, H_q, d_v]` and the block lists `[B, 1, H_kv, n]` (ascending, `-1`
-/// unused). Cube `(LANES, planes)`; `keys >= N` and `blocks` (every selection block of the
-/// cache) size the shared masses and scores. `plane_exchange`: the device's planes are exactly
-/// [`LANES`] wide, so the top-n's rounds exchange by shuffles in one plane.
+/// The partials of [`super::tiles::decode_tiles`] (`[B * H_kv, tiles, g, 2 + d_v]`, the
+/// compressed branch's first), its kept scores `[B * H_kv, N, g]` and the positions `[B]` ->
+/// the block lists `[B, 1, H_kv, n]` (ascending, `-1` unused). Cube `(LANES, planes)`;
+/// `keys >= N` and `blocks` (every selection block of the cache) size the shared masses and
+/// scores. `plane_exchange`: the device's planes are exactly [`LANES`] wide, so the top-n's
+/// rounds exchange by shuffles within each plane.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-pub fn decode_select<F: Float, I: Int>(
+pub fn decode_select<I: Int>(
     partials: &Tensor<f32>,
     scores: &Tensor<f32>,
     positions: &Tensor<I>,
-    out_compressed: &mut Tensor<F>,
-    out_window: &mut Tensor<F>,
     list: &mut Tensor<I>,
     #[comptime] length: usize,
     #[comptime] stride: usize,
     #[comptime] block_size: usize,
-    #[comptime] ring: usize,
     #[comptime] g: usize,
     #[comptime] d_v: usize,
     #[comptime] keys: usize,
@@ -41,7 +38,7 @@ pub fn decode_select<F: Float, I: Int>(
     #[comptime] n: usize,
     #[comptime] planes: usize,
     #[comptime] plane_exchange: bool,
-    #[define(F, I)] _dtypes: [StorageType; 2],
+    #[define(I)] _dtype: StorageType,
 ) {
     let bh = CUBE_POS;
     if bh >= partials.shape(0) {
@@ -50,16 +47,10 @@ pub fn decode_select<F: Float, I: Int>(
     let h_kv = list.shape(2);
     let (b, hk) = (bh / h_kv, bh % h_kv);
     let t = u32::cast_from(positions[b]) as usize;
-    let n_compressed = scores.shape(1);
-    let tiles_c = tiles_of(n_compressed);
-    let visible = visible_blocks(t, n_compressed, length, stride);
-    let filled = min(t + 1, ring);
+    let visible = visible_blocks(t, scores.shape(1), length, stride);
 
-    let mut lse = SharedMemory::<f32>::new(comptime!(2 * g));
-    merge_tiles::<F>(partials, out_compressed, &mut lse, 0, bh, b, hk, 0, tiles_of(visible), g, d_v);
-    merge_tiles::<F>(partials, out_window, &mut lse, g, bh, b, hk, tiles_c, tiles_of(filled), g, d_v);
-    sync_cube();
-
+    let mut lse = SharedMemory::<f32>::new(g);
+    head_lses(partials, &mut lse, bh, tiles_of(visible), g, d_v, planes);
     let mut mass = SharedMemory::<f32>::new(keys);
     key_masses(scores, &lse, &mut mass, bh, visible, g);
     sync_cube();
@@ -73,21 +64,43 @@ pub fn decode_select<F: Float, I: Int>(
 
     let mut chosen = SharedMemory::<u32>::new(n);
     let mut taken = SharedMemory::<u32>::new(1usize);
-    let current = t / block_size;
-    let lane = UNIT_POS_X as usize;
-    if plane_exchange {
-        if UNIT_POS_Y == 0 {
-            take_best_in_plane(&mut block_scores, &mut chosen, &mut taken, 0usize, current, 0, lane, blocks, n);
-        }
-    } else {
-        take_top_n(&mut block_scores, &mut chosen, &mut taken, current, blocks, n, planes);
-    }
+    cube_top_n(&mut block_scores, &mut chosen, &mut taken, t / block_size, n, comptime!(planes * LANES), plane_exchange);
     if UNIT_POS_Y == 0 {
-        write_list::<I>(list, &chosen, &taken, offset3::<I>(list, b, 0, hk), 0, lane, n);
+        write_list::<I>(list, &chosen, &taken, offset3::<I>(list, b, 0, hk), 0, UNIT_POS_X as usize, n);
     }
 }
 
-/// `mass[i] = sum_h exp(scores[bh, i, h] - lse[h])` for the `visible` compressed keys.
+/// Each head's log-sum-exp over the compressed branch's first `count` tiles of `bh` into
+/// `lse` (meaningless for a branch with no key): a plane of [`LANES`] units per head, the
+/// cube's planes taking the heads in rounds. Called by every unit (it synchronises).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn head_lses(
+    partials: &Tensor<f32>,
+    lse: &mut SharedMemory<f32>,
+    bh: usize,
+    count: usize,
+    #[comptime] g: usize,
+    #[comptime] d_v: usize,
+    #[comptime] planes: usize,
+) {
+    let units = comptime!(planes * LANES);
+    let mut exchange = SharedMemory::<f32>::new(comptime!(2 * planes * LANES));
+    let (lane, plane) = (UNIT_POS_X as usize, UNIT_POS_Y as usize);
+    #[unroll]
+    for round in 0..comptime!(g.div_ceil(planes)) {
+        let h = min(round * planes + plane, comptime!(g - 1));
+        let (m, s) = lane_state(partials, bh, h, 0, count, lane, LANES, g, d_v);
+        let (top, sum) = row_state(m, s, &mut exchange, units, LANES);
+        if lane == 0 && round * planes + plane < g {
+            lse[h] = top + sum.ln();
+        }
+    }
+    sync_cube();
+}
+
+/// `mass[i] = sum_h exp(scores[bh, i, h] - lse[h])` for the `visible` compressed keys, each
+/// unit's keys four at a time so that their loads issue together.
 #[cube]
 fn key_masses(
     scores: &Tensor<f32>,
@@ -98,15 +111,27 @@ fn key_masses(
     #[comptime] g: usize,
 ) {
     let base = bh * scores.shape(1) * g;
+    let units = CUBE_DIM as usize;
+    let last = max(visible, 1) - 1;
     let mut i = UNIT_POS as usize;
     while i < visible {
-        let mut p = 0.0f32;
+        let mut p = Array::<f32>::new(4usize);
         #[unroll]
-        for h in 0..g {
-            p += (scores[base + i * g + h] - lse[h]).exp();
+        for k in 0..4usize {
+            p[k] = 0.0f32;
+            let key = min(i + k * units, last);
+            #[unroll]
+            for h in 0..g {
+                p[k] += (scores[base + key * g + h] - lse[h]).exp();
+            }
         }
-        mass[i] = p;
-        i += CUBE_DIM as usize;
+        #[unroll]
+        for k in 0..4usize {
+            if i + k * units < visible {
+                mass[i + k * units] = p[k];
+            }
+        }
+        i += 4 * units;
     }
 }
 
@@ -136,55 +161,4 @@ fn block_score(
         i += 1;
     }
     total
-}
-
-/// The query's selection into `chosen[..taken[0]]` (unordered): the forced blocks 0,
-/// `current - 1` and `current`, then up to `n` in all of the eligible blocks with the highest
-/// scores, ties to the lower index, one per round, as the training selection takes them. The
-/// first plane decides; the others take part in its barriers, each halving its own exchange
-/// row. Called by every unit of the cube (it synchronises).
-#[cube]
-fn take_top_n(
-    scores: &mut SharedMemory<f32>,
-    chosen: &mut SharedMemory<u32>,
-    taken: &mut SharedMemory<u32>,
-    current: usize,
-    #[comptime] blocks: usize,
-    #[comptime] n: usize,
-    #[comptime] planes: usize,
-) {
-    let lane = UNIT_POS_X as usize;
-    let lead = UNIT_POS_Y == 0;
-    let mut best_score = SharedMemory::<f32>::new(comptime!(planes * LANES));
-    let mut best_block = SharedMemory::<u32>::new(comptime!(planes * LANES));
-    let at = UNIT_POS_Y as usize * LANES;
-    if lead {
-        let count = force_blocks(scores, chosen, 0usize, current, 0, lane, blocks, n);
-        if lane == 0 {
-            taken[0] = count as u32;
-        }
-    }
-    sync_cube();
-    // Block 0 is always forced, so at most `n - 1` blocks are chosen by score.
-    for _round in 0..comptime!(n - 1) {
-        let (best, best_j) = lane_best(scores, 0, 0usize, current, lane);
-        best_score[at + lane] = best;
-        best_block[at + lane] = best_j;
-        merge_best(&mut best_score, &mut best_block, at, lane, 16usize);
-        merge_best(&mut best_score, &mut best_block, at, lane, 8usize);
-        merge_best(&mut best_score, &mut best_block, at, lane, 4usize);
-        merge_best(&mut best_score, &mut best_block, at, lane, 2usize);
-        merge_best(&mut best_score, &mut best_block, at, lane, 1usize);
-        sync_cube();
-        if lead && lane == 0 {
-            let count = taken[0] as usize;
-            if count < n && best_score[0] > TAKEN {
-                let j = best_block[0];
-                chosen[count] = j;
-                scores[j as usize] = TAKEN;
-                taken[0] = (count + 1) as u32;
-            }
-        }
-        sync_cube();
-    }
 }

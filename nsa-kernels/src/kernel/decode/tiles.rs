@@ -75,8 +75,8 @@ pub fn decode_tiles<F: Float, I: Int, N: Size>(
 
 /// `q`, the selected branch's cache (`[B, S, H_kv, d]` as vectors of `vector` elements), the
 /// positions and the block lists
-/// `[B, 1, H_kv, n]` -> the partials `[B * H_kv, n * parts, g, 2 + d_v]`: tile `slot * parts +
-/// part` holds rows `part * TILE..` of the slot's block (`parts = ceil(block_size / TILE)`),
+/// `[B, 1, H_kv, n]` -> the partials `[B * H_kv, first_tile + n * parts, g, 2 + d_v]`: tile
+/// `first_tile + slot * parts + part` holds rows `part * TILE..` of the slot's block (`parts = ceil(block_size / TILE)`),
 /// those after the position `t` masked; an unused slot's tiles are empty.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
@@ -88,6 +88,7 @@ pub fn decode_selected_tiles<F: Float, I: Int, N: Size>(
     list: &Tensor<I>,
     partials: &mut Tensor<f32>,
     scale: f32,
+    #[comptime] first_tile: usize,
     #[comptime] block_size: usize,
     #[comptime] g: usize,
     #[comptime] d_k: usize,
@@ -112,7 +113,7 @@ pub fn decode_selected_tiles<F: Float, I: Int, N: Size>(
             count = min(end - first, TILE);
         }
     }
-    let at = partial_at(bh, tile, 0, partials.shape(1), g, d_v);
+    let at = partial_at(bh, first_tile + tile, 0, partials.shape(1), g, d_v);
 
     let mut shared = TileShared::new(g, d_k, d_v);
     stage_queries::<F>(q, &mut shared, b, hk, scale, g, d_k);
