@@ -104,7 +104,16 @@ impl<B: DecodeAttentionBackend> NsaAttention<B> {
             Some(kernel) => kernel,
             None => self.decode_branches(q, [&compressed.0, &selected.0, &window.0], masks(p)),
         };
-        let out = step_linear(&self.output, self.heads_mixed(branches, gates), StepInput::Plain, Some(x));
+        // The gated mix is the output projection's input function: one launch for both.
+        let [o_compressed, o_selected, o_window] = branches;
+        let [b, t, h, d_v] = o_compressed.dims();
+        let flat = |o: Tensor<B, 4>| o.reshape([b * t * h * d_v]);
+        let mix = StepInput::Mix {
+            selected: flat(o_selected),
+            window: flat(o_window),
+            gates: gates.reshape([b * t * 3 * h]),
+        };
+        let out = step_linear(&self.output, o_compressed.reshape([b, t, h * d_v]), mix, Some(x));
         (out, blocks, NsaLayerCache { selected, window, tail, compressed, projection })
     }
 

@@ -73,7 +73,8 @@ impl<B: FusionBackend + DecodeAttentionBackend> Operation<B::FusionRuntime> for 
 #[derive(Clone, Debug)]
 struct LinearOp<B> {
     desc: CustomOpIr,
-    /// The input function; the gain, for a norm, is the op's third input.
+    /// The input function; its tensors (a norm's gain, a mix's branches and gates) are the
+    /// op's inputs after the weight.
     input: StepInput<()>,
     residual: bool,
     _backend: PhantomData<B>,
@@ -84,7 +85,7 @@ impl<B: FusionBackend + DecodeAttentionBackend> Operation<B::FusionRuntime> for 
         let mut inputs =
             self.desc.inputs.iter().map(|x| handles.get_float_tensor::<B>(x)).collect::<Vec<_>>().into_iter();
         let (x, weight) = (inputs.next().expect("an input"), inputs.next().expect("a weight"));
-        let input = self.input.clone().map(|()| inputs.next().expect("the norm's gain"));
+        let input = self.input.clone().map(|()| inputs.next().expect("the input function's tensors"));
         let residual = self.residual.then(|| inputs.next().expect("the residual"));
         let out = B::decode_linear(StepLinear { x, input, weight, residual });
         handles.register_float_tensor::<B>(&self.desc.outputs[0].id, out);

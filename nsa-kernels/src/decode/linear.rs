@@ -20,14 +20,21 @@ pub enum StepInput<G> {
     Norm(G, f64),
     /// SiLU.
     Silu,
+    /// The gated mix of the attention's branches, `x` the compressed branch's outputs `[M, K]`:
+    /// the selected and window branches' (`[M * K]`) and the gates (`[M * 3 H]`, per row the
+    /// three branches' gate of each head, head `h` owning columns `h K / H..`).
+    Mix { selected: G, window: G, gates: G },
 }
 
 impl<G> StepInput<G> {
-    pub(super) fn map<H>(self, f: impl FnOnce(G) -> H) -> StepInput<H> {
+    pub(super) fn map<H>(self, mut f: impl FnMut(G) -> H) -> StepInput<H> {
         match self {
             StepInput::Plain => StepInput::Plain,
             StepInput::Norm(gamma, epsilon) => StepInput::Norm(f(gamma), epsilon),
             StepInput::Silu => StepInput::Silu,
+            StepInput::Mix { selected, window, gates } => {
+                StepInput::Mix { selected: f(selected), window: f(window), gates: f(gates) }
+            }
         }
     }
 }
@@ -77,6 +84,13 @@ pub(super) fn reference<B: DecodeAttentionBackend>(step: StepLinear<B>) -> Float
         StepInput::Plain => x,
         StepInput::Norm(gamma, epsilon) => rms_norm(x, gamma, epsilon),
         StepInput::Silu => silu(x),
+        StepInput::Mix { selected, window, gates } => {
+            let [m, k] = x.dims();
+            let heads = gates.dims()[0] / (3 * m);
+            let gates = gates.reshape([m, 3, heads, 1]).expand([m, 3, heads, k / heads]);
+            let gate = |i: usize| gates.clone().narrow(1, i, 1).reshape([m, k]);
+            x * gate(0) + selected.reshape([m, k]) * gate(1) + window.reshape([m, k]) * gate(2)
+        }
     };
     let out = linear_matmul(x, float(weight));
     match residual {

@@ -8,7 +8,10 @@ use burn_cubecl::CubeRuntime;
 use cubecl::prelude::*;
 
 use super::StepInput;
-use crate::kernel::decode::linear::{decode_linear, LINEAR_ROWS, LINEAR_SLICES, LINEAR_UNITS, LINEAR_VECTORS, MAX_PER_SLICE};
+use crate::kernel::decode::linear::{
+    decode_linear, LINEAR_ROWS, LINEAR_SLICES, LINEAR_UNITS, LINEAR_VECTORS, MAX_PER_SLICE,
+};
+use crate::sparse::launch::planes_of_32;
 
 /// The widest vector of `x`'s element that divides `n` and `pitch`, at most 8 (each unit holds
 /// `rows * vector` sums).
@@ -39,16 +42,24 @@ pub(super) fn launch<R: CubeRuntime>(
     assert_eq!(k, k_w, "the step's input has {k} columns, the weight {k_w} rows");
     let dtype = x.dtype;
     let (norm, silu) = (matches!(input, StepInput::Norm(..)), matches!(input, StepInput::Silu));
-    let (gamma, epsilon) = match input {
-        StepInput::Norm(gamma, epsilon) => (into_contiguous(gamma), epsilon),
-        // Unread: the kernel reads the gain only for a norm.
-        _ => (x.clone(), 0.0),
+    let mix = matches!(input, StepInput::Mix { .. });
+    // Unread placeholders where the input function reads no gain, gates or other branches.
+    let (gamma, [selected, window], epsilon) = match input {
+        StepInput::Norm(gamma, epsilon) => (into_contiguous(gamma), [x.clone(), x.clone()], epsilon),
+        StepInput::Mix { selected, window, gates } => {
+            (into_contiguous(gates), [into_contiguous(selected), into_contiguous(window)], 0.0)
+        }
+        _ => (x.clone(), [x.clone(), x.clone()], 0.0),
     };
+    assert!(
+        !mix || (x.meta.strides()[0] == k && selected.meta.shape().num_elements() == m * k),
+        "a step's gated mix takes its branches contiguous, [{m}, {k}] each"
+    );
     let add_residual = residual.is_some();
     let residual = residual.map(into_contiguous).unwrap_or_else(|| x.clone());
     assert!(
-        weight.dtype == dtype && gamma.dtype == dtype && residual.dtype == dtype,
-        "a decode step's linear layer takes its weight, gain and residual in its input's dtype ({dtype:?})"
+        weight.dtype == dtype && gamma.dtype == dtype && residual.dtype == dtype && selected.dtype == dtype,
+        "a decode step's linear layer takes its weight, gain, gates, branches and residual in its input's dtype ({dtype:?})"
     );
     let client = x.client.clone();
     let out = empty_device_contiguous_dtype::<R>(client.clone(), x.device.clone(), Shape::new([m, n]), dtype);
@@ -65,6 +76,8 @@ pub(super) fn launch<R: CubeRuntime>(
         x.into_tensor_arg(),
         weight.into_tensor_arg(),
         gamma.into_tensor_arg(),
+        selected.into_tensor_arg(),
+        window.into_tensor_arg(),
         residual.into_tensor_arg(),
         out.clone().into_tensor_arg(),
         epsilon as f32,
@@ -73,7 +86,9 @@ pub(super) fn launch<R: CubeRuntime>(
         per_slice,
         norm,
         silu,
+        mix,
         add_residual,
+        planes_of_32(&client),
         dtype.into(),
     );
     out

@@ -1,18 +1,19 @@
 //! A decode step's linear layer over its few rows (one per sequence): `out = r + f(x) w`, with
-//! `f` the layer's input function (nothing, the RMSNorm before it, or the MLP's SiLU) and `r`
-//! the residual stream when the layer adds into it. At one token per sequence the product
+//! `f` the layer's input function (nothing, the RMSNorm before it, the MLP's SiLU, or the
+//! attention branches' gated mix) and `r` the residual stream when the layer adds into it. At one token per sequence the product
 //! reads each weight once for a handful of rows, and every separate op costs the host a queued
-//! task or two: so the norm, the activation and the residual add live in the product's one
-//! launch.
+//! task or two: so the norm, the activation, the mix and the residual add live in the
+//! product's one launch.
 //!
 //! A cube serves [`LINEAR_ROWS`] rows at most and [`LINEAR_VECTORS`] vectors of columns. It
-//! walks `k` in chunks of `per_slice` x [`LINEAR_SLICES`] (up to [`MAX_PER_SLICE`] a slice, so
-//! that most layers take one or a few chunks): each unit first issues its `per_slice` loads of
+//! walks `k` in chunks of `per_slice` x [`LINEAR_SLICES`] (up to [`MAX_PER_SLICE`] a slice, as
+//! many as the registers allow two cubes an SM): each unit first issues its `per_slice` loads of
 //! `w`'s rows for the chunk (a product this thin is bound by how many loads are in flight),
 //! then stages its share of `f(x)` for every row in shared memory (so `f` runs once per element
 //! and cube), and the units, split into [`LINEAR_SLICES`] interleaved slices of the chunk, add
-//! their products. The slices' sums meet in a shared-memory tree at the end, every row at
-//! once, as do the norm's squares. No plane operations, so WGPU runs it too.
+//! their products. The slices' sums (and the norm's squares) meet at the end: by plane shuffles,
+//! then one row per plane in shared memory, where the device's planes are 32 wide; by a
+//! shared-memory tree elsewhere.
 
 use cubecl::prelude::*;
 
@@ -22,32 +23,54 @@ pub const LINEAR_UNITS: usize = 256;
 pub const LINEAR_VECTORS: usize = 4;
 /// Slices of `k` a cube's units split between them.
 pub const LINEAR_SLICES: usize = LINEAR_UNITS / LINEAR_VECTORS;
+/// Units of a plane where the kernel exchanges by plane shuffles.
+const PLANE: usize = 32;
 /// Rows a cube serves at most (its units hold `rows * vector` sums each).
 pub const LINEAR_ROWS: usize = 4;
 /// The most `k`s of a chunk each slice reads (its loads in flight at once).
-pub const MAX_PER_SLICE: usize = 16;
+pub const MAX_PER_SLICE: usize = 8;
 
-/// Shared words of a cube: the staged chunk (`rows x chunk`), or the slices' sums
-/// (`units x rows x vector`) and the norm's squares (`rows x units`) before and after it.
-pub fn linear_shared_words(rows: usize, vector: usize, per_slice: usize) -> usize {
-    (rows * per_slice * LINEAR_SLICES).max(LINEAR_UNITS * rows * vector)
+/// Shared words of a cube: the staged chunk (`rows x chunk`), and before and after it the
+/// norm's squares and the slices' sums (per plane and lane with plane shuffles, per unit in a
+/// tree).
+pub fn linear_shared_words(rows: usize, vector: usize, per_slice: usize, plane_exchange: bool) -> usize {
+    let exchange = match plane_exchange {
+        true => LINEAR_UNITS / PLANE * LINEAR_VECTORS * rows * vector,
+        false => LINEAR_UNITS * rows * vector,
+    };
+    (rows * per_slice * LINEAR_SLICES).max(exchange)
 }
 
-/// `f(x[row, kk])` in f32, where `scale[local]` holds the row's `1 / rms` for a norm.
+/// `f(x[row, kk])` in f32, where `scale[local]` holds the row's `1 / rms` for a norm. For the
+/// gated mix of the attention's branches (`mix`), `x` holds the compressed branch's outputs,
+/// `selected` and `window` the others' (contiguous `[m, k]`) and `gamma` the gates (`[m * 3 H]`:
+/// per row the three branches' gates of each head, head `h` owning columns `h d_v..`).
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn input_at<F: Float>(
     x: &Tensor<F>,
     gamma: &Tensor<F>,
+    selected: &Tensor<F>,
+    window: &Tensor<F>,
     scale: &SharedMemory<f32>,
     row: usize,
     local: usize,
     kk: usize,
     #[comptime] norm: bool,
     #[comptime] silu: bool,
+    #[comptime] mix: bool,
 ) -> f32 {
     let raw = f32::cast_from(x[row * x.stride(0) + kk]);
     let mut value = raw;
+    if comptime!(mix) {
+        let (m, k) = (x.shape(0), x.shape(1));
+        let heads = gamma.shape(0) / (3 * m);
+        let g = row * 3 * heads + kk / (k / heads);
+        let mixed = raw * f32::cast_from(gamma[g])
+            + f32::cast_from(selected[row * k + kk]) * f32::cast_from(gamma[g + heads])
+            + f32::cast_from(window[row * k + kk]) * f32::cast_from(gamma[g + 2 * heads]);
+        value = f32::cast_from(F::cast_from(mixed));
+    }
     if comptime!(norm) {
         value = f32::cast_from(F::cast_from(raw * scale[local] * f32::cast_from(gamma[kk])));
     }
@@ -57,10 +80,11 @@ fn input_at<F: Float>(
     value
 }
 
-/// `1 / sqrt(mean(x[row]^2) + eps)` of the cube's rows into `scale`, each row's squares
-/// added by a tree in `sums` (`rows * LINEAR_UNITS`). Every unit of the cube calls it (it
-/// synchronises).
+/// `1 / sqrt(mean(x[row]^2) + eps)` of the cube's rows into `scale`, each row's squares added
+/// in `sums` (`rows * LINEAR_UNITS` words) by plane shuffles or a tree. Every unit of the cube
+/// calls it (it synchronises).
 #[cube]
+#[allow(clippy::too_many_arguments)]
 fn row_scales<F: Float>(
     x: &Tensor<F>,
     sums: &mut SharedMemory<f32>,
@@ -68,24 +92,53 @@ fn row_scales<F: Float>(
     first: usize,
     epsilon: f32,
     #[comptime] rows: usize,
+    #[comptime] plane_exchange: bool,
 ) {
     let (m, k) = (x.shape(0), x.shape(1));
     let unit = UNIT_POS as usize;
+    let mut squares = Array::<f32>::new(rows);
     #[unroll]
     for r in 0..rows {
         let row = min(first + r, m - 1);
-        let mut squares = 0.0f32;
+        squares[r] = 0.0f32;
         let mut kk = unit;
         while kk < k {
             let v = f32::cast_from(x[row * x.stride(0) + kk]);
-            squares += v * v;
+            squares[r] += v * v;
             kk += LINEAR_UNITS;
         }
-        sums[r * LINEAR_UNITS + unit] = squares;
     }
-    halve_rows(sums, unit, 1usize, comptime!(rows * LINEAR_UNITS), LINEAR_UNITS);
-    if unit < rows {
-        scale[unit] = 1.0f32 / (sums[unit * LINEAR_UNITS] / f32::cast_from(k) + epsilon).sqrt();
+    if comptime!(plane_exchange) {
+        let planes = comptime!(LINEAR_UNITS / PLANE);
+        #[unroll]
+        for r in 0..rows {
+            let mut v = squares[r];
+            #[unroll]
+            for step in 0..5u32 {
+                v += plane_shuffle_xor(v, comptime!(1u32 << step));
+            }
+            if unit % PLANE == 0 {
+                sums[(unit / PLANE) * rows + r] = v;
+            }
+        }
+        sync_cube();
+        if unit < rows {
+            let mut total = 0.0f32;
+            #[unroll]
+            for p in 0..planes {
+                total += sums[p * rows + unit];
+            }
+            scale[unit] = 1.0f32 / (total / f32::cast_from(k) + epsilon).sqrt();
+        }
+    } else {
+        #[unroll]
+        for r in 0..rows {
+            sums[r * LINEAR_UNITS + unit] = squares[r];
+        }
+        halve_rows(sums, unit, 1usize, comptime!(rows * LINEAR_UNITS), LINEAR_UNITS);
+        if unit < rows {
+            scale[unit] = 1.0f32 / (sums[unit * LINEAR_UNITS] / f32::cast_from(k) + epsilon).sqrt();
+        }
     }
     sync_cube();
 }
@@ -129,6 +182,8 @@ pub fn decode_linear<F: Float, N: Size>(
     x: &Tensor<F>,
     w: &Tensor<Vector<F, N>>,
     gamma: &Tensor<F>,
+    selected: &Tensor<F>,
+    window: &Tensor<F>,
     residual: &Tensor<Vector<F, N>>,
     out: &mut Tensor<Vector<F, N>>,
     epsilon: f32,
@@ -137,7 +192,9 @@ pub fn decode_linear<F: Float, N: Size>(
     #[comptime] per_slice: usize,
     #[comptime] norm: bool,
     #[comptime] silu: bool,
+    #[comptime] mix: bool,
     #[comptime] add_residual: bool,
+    #[comptime] plane_exchange: bool,
     #[define(F)] _dtype: StorageType,
 ) {
     let (m, k) = (x.shape(0), x.shape(1));
@@ -149,10 +206,10 @@ pub fn decode_linear<F: Float, N: Size>(
     let (column, slice) = (min(CUBE_POS_X as usize * LINEAR_VECTORS + lane, vectors - 1), unit / LINEAR_VECTORS);
     let first = CUBE_POS_Y as usize * rows;
     let chunk = comptime!(per_slice * LINEAR_SLICES);
-    let mut shared = SharedMemory::<f32>::new(comptime!(linear_shared_words(rows, vector, per_slice)));
+    let mut shared = SharedMemory::<f32>::new(comptime!(linear_shared_words(rows, vector, per_slice, plane_exchange)));
     let mut scale = SharedMemory::<f32>::new(rows);
     if comptime!(norm) {
-        row_scales::<F>(x, &mut shared, &mut scale, first, epsilon, rows);
+        row_scales::<F>(x, &mut shared, &mut scale, first, epsilon, rows, plane_exchange);
     }
 
     let mut sums = Array::<f32>::new(comptime!(rows * vector));
@@ -169,7 +226,7 @@ pub fn decode_linear<F: Float, N: Size>(
         for i in 0..per_slice {
             weights[i] = w[min(base + slice + i * LINEAR_SLICES, k - 1) * pitch + column];
         }
-        stage_chunk::<F>(x, gamma, &scale, &mut shared, base, first, rows, chunk, norm, silu);
+        stage_chunk::<F>(x, gamma, selected, window, &scale, &mut shared, base, first, rows, chunk, norm, silu, mix);
         #[unroll]
         for i in 0..per_slice {
             let j = slice + i * LINEAR_SLICES;
@@ -187,31 +244,85 @@ pub fn decode_linear<F: Float, N: Size>(
         base += chunk;
     }
 
-    // The slices' sums: word `(r vector + e) LINEAR_UNITS + unit` holds this unit's column `e`
-    // of row `r`; a tree over the slices leaves each total at its lane's slice-0 unit.
-    #[unroll]
-    for i in 0..rows * vector {
-        shared[i * LINEAR_UNITS + unit] = sums[i];
-    }
-    halve_rows(&mut shared, unit, LINEAR_VECTORS, comptime!(rows * vector * LINEAR_UNITS), LINEAR_UNITS);
     let in_cube = CUBE_POS_X as usize * LINEAR_VECTORS + lane < vectors;
-    if slice == 0 && in_cube {
+    if comptime!(plane_exchange) {
+        // A plane holds eight slices of the four lanes: xor over the slice bits, then the
+        // planes' sums meet in shared memory, word `(plane LINEAR_VECTORS + lane) rows vector + i`.
+        let width = comptime!(rows * vector);
         #[unroll]
-        for r in 0..rows {
-            let row = first + r;
-            if row < m {
+        for i in 0..rows * vector {
+            let mut v = sums[i];
+            #[unroll]
+            for step in 0..3u32 {
+                v += plane_shuffle_xor(v, comptime!((LINEAR_VECTORS as u32) << step));
+            }
+            sums[i] = v;
+        }
+        if unit % PLANE < LINEAR_VECTORS {
+            #[unroll]
+            for i in 0..rows * vector {
+                shared[(unit / PLANE * LINEAR_VECTORS + lane) * width + i] = sums[i];
+            }
+        }
+        sync_cube();
+        // Unit `r LINEAR_VECTORS + lane` writes row `r` of its lane's columns.
+        let r = unit / LINEAR_VECTORS;
+        if r < rows && in_cube {
+            let mut total = Vector::<f32, N>::empty();
+            #[unroll]
+            for e in 0..vector {
+                let mut t = 0.0f32;
+                #[unroll]
+                for p in 0..comptime!(LINEAR_UNITS / PLANE) {
+                    t += shared[(p * LINEAR_VECTORS + lane) * width + r * vector + e];
+                }
+                total[e] = t;
+            }
+            write_row::<F, N>(residual, out, total, first + r, m, vectors, column, add_residual);
+        }
+    } else {
+        // Word `(r vector + e) LINEAR_UNITS + unit` holds this unit's column `e` of row `r`; a
+        // tree over the slices leaves each total at its lane's slice-0 unit.
+        #[unroll]
+        for i in 0..rows * vector {
+            shared[i * LINEAR_UNITS + unit] = sums[i];
+        }
+        halve_rows(&mut shared, unit, LINEAR_VECTORS, comptime!(rows * vector * LINEAR_UNITS), LINEAR_UNITS);
+        if slice == 0 && in_cube {
+            #[unroll]
+            for r in 0..rows {
                 let mut total = Vector::<f32, N>::empty();
                 #[unroll]
                 for e in 0..vector {
-                    total[e] = f32::cast_from(F::cast_from(shared[(r * vector + e) * LINEAR_UNITS + lane]));
+                    total[e] = shared[(r * vector + e) * LINEAR_UNITS + lane];
                 }
-                let at = row * vectors + column;
-                if comptime!(add_residual) {
-                    total += Vector::<f32, N>::cast_from(residual[at]);
-                }
-                out[at] = Vector::cast_from(total);
+                write_row::<F, N>(residual, out, total, first + r, m, vectors, column, add_residual);
             }
         }
+    }
+}
+
+/// Row `row`'s (when `row < m`) output vector `column` from its f32 sums: rounded to `F`, then
+/// plus the residual's.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn write_row<F: Float, N: Size>(
+    residual: &Tensor<Vector<F, N>>,
+    out: &mut Tensor<Vector<F, N>>,
+    sums: Vector<f32, N>,
+    row: usize,
+    m: usize,
+    vectors: usize,
+    column: usize,
+    #[comptime] add_residual: bool,
+) {
+    if row < m {
+        let mut total = Vector::<f32, N>::cast_from(Vector::<F, N>::cast_from(sums));
+        let at = row * vectors + column;
+        if comptime!(add_residual) {
+            total += Vector::<f32, N>::cast_from(residual[at]);
+        }
+        out[at] = Vector::cast_from(total);
     }
 }
 
@@ -222,6 +333,8 @@ pub fn decode_linear<F: Float, N: Size>(
 fn stage_chunk<F: Float>(
     x: &Tensor<F>,
     gamma: &Tensor<F>,
+    selected: &Tensor<F>,
+    window: &Tensor<F>,
     scale: &SharedMemory<f32>,
     shared: &mut SharedMemory<f32>,
     base: usize,
@@ -230,6 +343,7 @@ fn stage_chunk<F: Float>(
     #[comptime] chunk: usize,
     #[comptime] norm: bool,
     #[comptime] silu: bool,
+    #[comptime] mix: bool,
 ) {
     let (m, k) = (x.shape(0), x.shape(1));
     #[unroll]
@@ -240,7 +354,8 @@ fn stage_chunk<F: Float>(
             for r in 0..rows {
                 let mut value = 0.0f32;
                 if base + j < k {
-                    value = input_at::<F>(x, gamma, scale, min(first + r, m - 1), r, base + j, norm, silu);
+                    let row = min(first + r, m - 1);
+                    value = input_at::<F>(x, gamma, selected, window, scale, row, r, base + j, norm, silu, mix);
                 }
                 shared[r * chunk + j] = value;
             }

@@ -64,7 +64,15 @@ pub fn decode_select<I: Int>(
 
     let mut chosen = SharedMemory::<u32>::new(n);
     let mut taken = SharedMemory::<u32>::new(1usize);
-    cube_top_n(&mut block_scores, &mut chosen, &mut taken, t / block_size, n, comptime!(planes * LANES), plane_exchange);
+    cube_top_n(
+        &mut block_scores,
+        &mut chosen,
+        &mut taken,
+        t / block_size,
+        n,
+        comptime!(planes * LANES),
+        plane_exchange,
+    );
     if UNIT_POS_Y == 0 {
         write_list::<I>(list, &chosen, &taken, offset3::<I>(list, b, 0, hk), 0, UNIT_POS_X as usize, n);
     }

@@ -64,7 +64,8 @@ pub fn row_state(
         let step = comptime!(width >> (i + 1));
         sync_cube();
         if lane < step {
-            let (m2, s2) = combine(exchange[unit], exchange[units + unit], exchange[unit + step], exchange[units + unit + step]);
+            let (m2, s2) =
+                combine(exchange[unit], exchange[units + unit], exchange[unit + step], exchange[units + unit + step]);
             exchange[unit] = m2;
             exchange[units + unit] = s2;
         }
