@@ -71,7 +71,7 @@ fn run_anchor(ours_path: &Path, passed: &[String], out: &Path) -> Result<(), Str
 }
 
 /// The value given to `flag` (`--flag V` or `--flag=V`).
-fn flag_value(args: &[String], flag: &str) -> Option<String> {
+pub(crate) fn flag_value(args: &[String], flag: &str) -> Option<String> {
     args.iter().enumerate().find_map(|(i, a)| match a.strip_prefix(flag) {
         Some("") => args.get(i + 1).cloned(),
         Some(v) => v.strip_prefix('=').map(String::from),

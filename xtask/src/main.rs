@@ -9,6 +9,7 @@ use nsa_backend_kind::BackendKind;
 
 mod bench_decode;
 mod bench_train;
+mod decode_kernels;
 mod test;
 mod vulkan;
 
@@ -49,7 +50,9 @@ enum Task {
     /// --check-len, --iters): its lists against the f64 reference, bf16 against f32.
     /// `decode`: generation with the decode cache (`nsa bench-decode`; after `--`: --config,
     /// --contexts, --batches, --tokens, --warmup, --precision), with `--anchor` beside PyTorch's
-    /// dense model decoding with a static KV cache (`bench/decode_anchor.py`).
+    /// dense model decoding with a static KV cache (`bench/decode_anchor.py`); with `--kernels`
+    /// (one context and batch), each kernel's device time under Nsight Compute's `ncu` and the
+    /// attention's per layer, beside the anchor's SDPA (torch.profiler) with `--anchor`.
     Bench {
         #[arg(value_enum)]
         what: BenchKind,
@@ -61,9 +64,12 @@ enum Task {
         /// then on all of them, and the data-parallel speed-up.
         #[arg(long)]
         scaling: bool,
+        /// `decode`: the step's kernels' device times instead of its wall clock (needs `ncu`).
+        #[arg(long)]
+        kernels: bool,
         /// Where results go (`bench-train.json`, `anchor.jsonl`, `bench-train-1.json`,
         /// `kernels.json`, `gemm.json`, `profile.json`, `selection.json`, `bench-decode.json`,
-        /// `decode-anchor.jsonl`).
+        /// `decode-anchor.jsonl`, `decode-kernels.csv`).
         #[arg(long, default_value = DEFAULT_OUT)]
         out: PathBuf,
         #[command(flatten)]
@@ -129,8 +135,11 @@ fn main() -> ExitCode {
         Task::Bench { what: BenchKind::Gemm, nsa: a, out, .. } => nsa_bench("gemm", a, &out),
         Task::Bench { what: BenchKind::Profile, nsa: a, out, .. } => nsa_bench("profile", a, &out),
         Task::Bench { what: BenchKind::Selection, nsa: a, out, .. } => nsa_bench("selection", a, &out),
+        Task::Bench { what: BenchKind::Decode, nsa: a, anchor, kernels: true, out, .. } => {
+            decode_kernels::run(a, anchor, &out)
+        }
         Task::Bench { what: BenchKind::Decode, nsa: a, anchor, out, .. } => bench_decode::run(a, anchor, &out),
-        Task::Bench { what: BenchKind::Train, nsa: a, anchor, scaling, out } => {
+        Task::Bench { what: BenchKind::Train, nsa: a, anchor, scaling, out, .. } => {
             bench_train::run(a, anchor, scaling, &out)
         }
     }
@@ -174,9 +183,29 @@ fn nsa_bench(command: &str, args: NsaArgs, out: &Path) -> ExitCode {
 /// the same way for both: the test build then reuses this build's `nsa-train` and `nsa`
 /// instead of compiling them again.
 fn cargo_run(package: &str, bin: &str, command: &str, a: NsaArgs, extra: &[String]) -> ExitCode {
+    cargo_command(package, bin, command, a, extra, None)
+}
+
+/// `nsa COMMAND ..` as [`nsa`] runs it, with one more environment variable set for cargo (a
+/// target runner, say).
+pub(crate) fn cargo_run_with(command: &str, args: NsaArgs, env: (&str, &str)) -> ExitCode {
+    cargo_command("nsa-train", "nsa", command, args, &[], Some(env))
+}
+
+fn cargo_command(
+    package: &str,
+    bin: &str,
+    command: &str,
+    a: NsaArgs,
+    extra: &[String],
+    env: Option<(&str, &str)>,
+) -> ExitCode {
     let backend = a.backend.detect();
     let features: Vec<String> = features(backend).iter().map(|f| format!("{package}/{f}")).collect();
     let mut cmd = Command::new(cargo());
+    if let Some((key, value)) = env {
+        cmd.env(key, value);
+    }
     cmd.args(["run", "--bin", bin, "--features", &features.join(",")]);
     if a.release {
         cmd.arg("--release");

@@ -158,7 +158,7 @@ fn halve_rows(
 ) {
     #[unroll]
     for i in 0..comptime!((width / spacing).trailing_zeros() as usize) {
-        let step = comptime!((width / spacing >> (i + 1)) * spacing);
+        let step = comptime!(((width / spacing) >> (i + 1)) * spacing);
         sync_cube();
         if unit < step {
             let mut at = unit;
