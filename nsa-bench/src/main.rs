@@ -13,6 +13,7 @@ use nsa_train::run_args::RunArgs;
 mod commands;
 mod gemm;
 mod kernels;
+mod launch;
 mod parity;
 mod plans;
 mod selection;
@@ -125,6 +126,20 @@ enum Command {
     /// Time each phase of a training step (data, forward/backward, attention, MLP, matmuls,
     /// optimiser) on the config's shapes.
     Profile(ProfileArgs),
+    /// What one kernel launch costs the host (a no-op kernel queued many times, with tensor or
+    /// array arguments, with and without an output allocated per launch).
+    Launch(LaunchArgs),
+}
+
+#[derive(clap::Args)]
+struct LaunchArgs {
+    #[arg(long, value_enum)]
+    backend: Option<BackendKind>,
+    /// Launches queued per form.
+    #[arg(long, default_value_t = 5000)]
+    launches: usize,
+    #[command(flatten)]
+    out: Out,
 }
 
 fn main() -> ExitCode {
@@ -147,7 +162,19 @@ fn run(cli: Cli) -> Result<(), String> {
         Command::Gemm(args) => commands::gemm(args),
         Command::Profile(args) => commands::profile(args),
         Command::Selection(args) => commands::selection(args),
+        Command::Launch(args) => launch_costs(args),
     }
+}
+
+/// [`launch::measure_on`] as a table and `launch.json`.
+fn launch_costs(args: LaunchArgs) -> Result<(), String> {
+    let kind = nsa_train::backends::resolve(args.backend.unwrap_or(BackendKind::Auto))?;
+    let rows = launch::measure_on(kind, args.launches.max(1))?;
+    println!("{:<34}  {:>10}  {:>12}", "form", "us/launch", "queue us");
+    for r in &rows {
+        println!("{:<34}  {:>10.2}  {:>12.2}", r.form, r.us_per_launch, r.queue_us_per_launch);
+    }
+    write_json(&args.out.out, "launch.json", &rows)
 }
 
 /// Writes `value` as pretty JSON to `dir/file` (creating `dir`) and says where.

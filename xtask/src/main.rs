@@ -53,6 +53,8 @@ enum Task {
     /// dense model decoding with a static KV cache (`bench/decode_anchor.py`); with `--kernels`
     /// (one context and batch), each kernel's device time under Nsight Compute's `ncu` and the
     /// attention's per layer, beside the anchor's SDPA (torch.profiler) with `--anchor`.
+    /// `launch`: what one kernel launch costs the host (`nsa-bench launch`; after `--`:
+    /// --launches).
     Bench {
         #[arg(value_enum)]
         what: BenchKind,
@@ -68,7 +70,7 @@ enum Task {
         #[arg(long)]
         kernels: bool,
         /// Where results go (`bench-train.json`, `anchor.jsonl`, `bench-train-1.json`,
-        /// `kernels.json`, `gemm.json`, `profile.json`, `selection.json`, `bench-decode.json`,
+        /// `kernels.json`, `gemm.json`, `profile.json`, `selection.json`, `launch.json`, `bench-decode.json`,
         /// `decode-anchor.jsonl`, `decode-kernels.csv`).
         #[arg(long, default_value = DEFAULT_OUT)]
         out: PathBuf,
@@ -111,6 +113,7 @@ enum BenchKind {
     Profile,
     Selection,
     Decode,
+    Launch,
 }
 
 fn main() -> ExitCode {
@@ -135,6 +138,7 @@ fn main() -> ExitCode {
         Task::Bench { what: BenchKind::Gemm, nsa: a, out, .. } => nsa_bench("gemm", a, &out),
         Task::Bench { what: BenchKind::Profile, nsa: a, out, .. } => nsa_bench("profile", a, &out),
         Task::Bench { what: BenchKind::Selection, nsa: a, out, .. } => nsa_bench("selection", a, &out),
+        Task::Bench { what: BenchKind::Launch, nsa: a, out, .. } => nsa_bench("launch", a, &out),
         Task::Bench { what: BenchKind::Decode, nsa: a, anchor, kernels: true, out, .. } => {
             decode_kernels::run(a, anchor, &out)
         }
