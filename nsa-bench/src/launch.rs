@@ -125,12 +125,15 @@ pub fn measure<R: burn_cubecl::CubeRuntime>(device: &R::Device, launches: usize)
 
 /// [`measure`] on device 0 of the `cuda` or `wgpu` backend.
 pub fn measure_on(kind: nsa_backend_kind::BackendKind, launches: usize) -> Result<Vec<LaunchCost>, String> {
-    use nsa_backend_kind::BackendKind;
     match kind {
         #[cfg(feature = "cuda")]
-        BackendKind::Cuda => Ok(measure::<burn::cubecl::cuda::CudaRuntime>(&Default::default(), launches)),
+        nsa_backend_kind::BackendKind::Cuda => {
+            Ok(measure::<burn::cubecl::cuda::CudaRuntime>(&Default::default(), launches))
+        }
         #[cfg(feature = "wgpu")]
-        BackendKind::Wgpu => Ok(measure::<burn::cubecl::wgpu::WgpuRuntime>(&Default::default(), launches)),
+        nsa_backend_kind::BackendKind::Wgpu => {
+            Ok(measure::<burn::cubecl::wgpu::WgpuRuntime>(&Default::default(), launches))
+        }
         _ => {
             let _ = launches;
             Err(format!("launch costs are measured on the cuda or wgpu backend, not {}", kind.name()))
