@@ -4,7 +4,8 @@
 //! reference scores nearly tie at the cut is not compared, and such rows must be rare).
 //!
 //! The shapes cross every boundary of the kernels: in every branch more keys than one tile (64
-//! rows) and a partly filled last tile, a partly visible selected block, selection blocks
+//! rows) and a partly filled last tile, more compressed tiles than a merge takes in one pass, a
+//! partly visible selected block, selection blocks
 //! smaller than a tile and larger (a block over two tiles, the second partly filled), a wrapped
 //! window ring, a value width that is not a multiple of the lanes, an odd group, and rows at
 //! different positions in one batch, one before any compressed block exists.
@@ -20,7 +21,7 @@ const H_KV: usize = 2;
 const G: usize = 3;
 const D_K: usize = 12;
 const D_V: usize = 40;
-const MAX_LEN: usize = 1400;
+const MAX_LEN: usize = 3200;
 const RING: usize = 300;
 const NEAR_TIE: f64 = 1e-5;
 
@@ -118,6 +119,8 @@ fn decode_kernel_matches_the_spec_on_wgpu() {
     // Blocks of half a tile, then of a tile and a half.
     check(Selection { length: 8, stride: 4, block_size: 32, n: 10 }, [1300, 5, 77, 1399]);
     check(Selection { length: 16, stride: 8, block_size: 96, n: 5 }, [1250, 14, 130, 1399]);
+    // A compressed key per position: more tiles than a merge's units take in one pass.
+    check(Selection { length: 8, stride: 1, block_size: 32, n: 10 }, [3150, 5, 77, 3199]);
 }
 
 fn check(selection: Selection, positions: [usize; 4]) {

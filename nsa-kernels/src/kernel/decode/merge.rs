@@ -126,7 +126,7 @@ fn merge_row(
                 acc[r] += weight * partials[at + 2 + min(column + r * cols, comptime!(d_v - 1))];
             }
         }
-        tile += comptime!(UNROLL * MERGE_UNITS / std::cmp::min(d_v, MERGE_UNITS));
+        tile += comptime!(UNROLL * (MERGE_UNITS / std::cmp::min(d_v, MERGE_UNITS)));
     }
     // The parts' sums meet in shared memory, a round of columns at a time.
     let mut row = Array::<f32>::new(col_rounds);
