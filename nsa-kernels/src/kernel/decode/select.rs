@@ -69,6 +69,7 @@ pub fn decode_select<I: Int>(
         &mut chosen,
         &mut taken,
         t / block_size,
+        blocks,
         n,
         comptime!(planes * LANES),
         plane_exchange,

@@ -7,7 +7,7 @@
 
 use cubecl::prelude::*;
 
-use crate::kernel::selection::top_n::TAKEN;
+use crate::kernel::selection::top_n::{force_blocks, TAKEN};
 use crate::tile_sizes::SELECTION_LANES as LANES;
 
 /// The better of two candidates: the higher score, ties to the lower block.
@@ -105,30 +105,14 @@ pub fn cube_top_n(
     chosen: &mut SharedMemory<u32>,
     taken: &mut SharedMemory<u32>,
     current: usize,
+    #[comptime] blocks: usize,
     #[comptime] n: usize,
     #[comptime] units: usize,
     #[comptime] plane_exchange: bool,
 ) {
     let unit = UNIT_POS as usize;
-    let mut count = 1usize;
-    if current > 0 {
-        count += 1;
-    }
-    if current >= 2 {
-        count += 1;
-    }
-    if unit == 0 {
-        chosen[0] = 0;
-        scores[0] = TAKEN;
-        if current > 0 {
-            chosen[1] = current as u32;
-            scores[current] = TAKEN;
-        }
-        if current >= 2 {
-            chosen[2] = (current - 1) as u32;
-            scores[current - 1] = TAKEN;
-        }
-    }
+    // Every plane forces the same blocks (identical writes), so every unit knows the count.
+    let mut count = force_blocks(scores, chosen, 0usize, current, 0usize, unit % LANES, blocks, n);
     sync_cube();
     let mut score_row = SharedMemory::<f32>::new(comptime!(2 * units));
     let mut block_row = SharedMemory::<u32>::new(comptime!(2 * units));
