@@ -10,6 +10,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
+use super::cpu_profile::{CpuProfile, CpuProfiler};
 use crate::generate::{pick, to_host, SampleOptions};
 use crate::metrics::MemoryProbe;
 
@@ -21,6 +22,8 @@ pub struct DecodeBenchOptions {
     pub warmup: usize,
     /// The weights' dtype (`None`: the backend's default float).
     pub dtype: Option<FloatDType>,
+    /// Sample the host's threads over the timed steps ([`CpuProfiler`]).
+    pub cpu_profile: bool,
 }
 
 /// One configuration's figures.
@@ -42,13 +45,14 @@ pub struct DecodeBenchResult {
 }
 
 /// Runs every (context, batch) of `opts` on a model of `model`'s shape with random weights
-/// (timings do not depend on the values), its positions long enough for the longest run.
+/// (timings do not depend on the values), its positions long enough for the longest run; with
+/// the host's profile over all timed steps when `opts` asks for it.
 pub fn bench_decode<B: DecodeAttentionBackend>(
     model: &NsaLmConfig,
     opts: &DecodeBenchOptions,
     device: &B::Device,
     memory: Option<MemoryProbe>,
-) -> Vec<DecodeBenchResult> {
+) -> (Vec<DecodeBenchResult>, Option<CpuProfile>) {
     let longest = opts.contexts.iter().max().copied().unwrap_or(1) + opts.warmup + opts.tokens;
     let cfg = NsaLmConfig { seq_len: longest, ..model.clone() };
     let model: NsaLm<B> = cfg.init(device);
@@ -57,10 +61,14 @@ pub fn bench_decode<B: DecodeAttentionBackend>(
         None => model,
     };
     let mut rng = StdRng::seed_from_u64(0);
-    let mut results = Vec::new();
+    let (mut results, mut profile) = (Vec::new(), None::<CpuProfile>);
     for &context in &opts.contexts {
         for &batch in &opts.batches {
-            let mut result = run_one(&model, context, batch, opts, &mut rng, device);
+            let (mut result, sampled) = run_one(&model, context, batch, opts, &mut rng, device);
+            profile = match (profile, sampled) {
+                (Some(all), Some(this)) => Some(all.merged(this)),
+                (all, this) => all.or(this),
+            };
             result.reserved_gib = memory.as_ref().and_then(|probe| probe()).map(|m| m.reserved as f64 / 2f64.powi(30));
             eprintln!(
                 "context {context:>6} batch {batch:>3}: prefill {:.2} s, {:.2} ms a token ({:.2} to queue it), {:.0} tokens/s",
@@ -69,7 +77,7 @@ pub fn bench_decode<B: DecodeAttentionBackend>(
             results.push(result);
         }
     }
-    results
+    (results, profile)
 }
 
 fn run_one<B: DecodeAttentionBackend>(
@@ -79,7 +87,7 @@ fn run_one<B: DecodeAttentionBackend>(
     opts: &DecodeBenchOptions,
     rng: &mut StdRng,
     device: &B::Device,
-) -> DecodeBenchResult {
+) -> (DecodeBenchResult, Option<CpuProfile>) {
     let vocab = model.lm_head.weight.val().dims()[1] as i64;
     let start = Instant::now();
     let mut cache = model.decode_cache(batch, context + opts.warmup + opts.tokens, device);
@@ -94,7 +102,11 @@ fn run_one<B: DecodeAttentionBackend>(
     let prefill_s = start.elapsed().as_secs_f64();
     let mut steps = Vec::with_capacity(opts.tokens);
     let mut queued = Vec::with_capacity(opts.tokens);
+    let mut profiler = None;
     for step in 0..opts.warmup + opts.tokens {
+        if step == opts.warmup && opts.cpu_profile {
+            profiler = CpuProfiler::start().map_err(|e| eprintln!("bench-decode: {e}")).ok();
+        }
         let start = Instant::now();
         let input = Tensor::<B, 2, Int>::from_data(TensorData::new(next.clone(), [batch, 1]), device);
         let (out, filled) = model.decode(input, cache);
@@ -109,8 +121,9 @@ fn run_one<B: DecodeAttentionBackend>(
             steps.push(start.elapsed().as_secs_f64());
         }
     }
+    let profile = profiler.map(CpuProfiler::stop);
     let mean = steps.iter().sum::<f64>() / steps.len().max(1) as f64;
-    DecodeBenchResult {
+    let result = DecodeBenchResult {
         context,
         batch,
         prefill_s,
@@ -118,7 +131,8 @@ fn run_one<B: DecodeAttentionBackend>(
         queue_ms: median_ms(queued),
         tokens_per_s: if mean > 0.0 { batch as f64 / mean } else { 0.0 },
         reserved_gib: None,
-    }
+    };
+    (result, profile)
 }
 
 fn median_ms(mut seconds: Vec<f64>) -> f64 {

@@ -5,6 +5,7 @@
 
 mod attention_parts;
 pub mod bench;
+pub mod cpu_profile;
 pub mod decode;
 pub mod decode_parity;
 mod matmuls;

@@ -6,6 +6,7 @@ use burn::tensor::FloatDType;
 use nsa_core::DecodeAttentionBackend;
 use nsa_train::backends::{resolve, use_kernel_cache};
 use nsa_train::config::{BackendKind, Precision, RunConfig};
+use nsa_train::measure::cpu_profile::CpuProfile;
 use nsa_train::measure::decode::{self, DecodeBenchOptions, DecodeBenchResult};
 use nsa_train::measure::decode_parity::decode_parity;
 use nsa_train::metrics::MemoryProbe;
@@ -48,6 +49,10 @@ pub(crate) struct BenchDecodeArgs {
     /// Also write the results as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Sample the host's threads over the timed steps: a per-thread summary of the functions
+    /// they spend their time in on stderr, and folded stacks (a flame graph's input) here.
+    #[arg(long)]
+    cpu_profile: Option<PathBuf>,
 }
 
 pub(crate) fn bench_decode(args: BenchDecodeArgs) -> Result<(), String> {
@@ -69,12 +74,17 @@ pub(crate) fn bench_decode(args: BenchDecodeArgs) -> Result<(), String> {
         tokens: args.tokens,
         warmup: args.warmup,
         dtype,
+        cpu_profile: args.cpu_profile.is_some(),
     };
     eprintln!("bench-decode: {} on {}", args.config.display(), kind.name());
-    let results = with_inference_backend!(kind, args.fusion, |B, device, memory| {
+    let (results, profile) = with_inference_backend!(kind, args.fusion, |B, device, memory| {
         Ok::<_, String>(run_on::<B>(&cfg, &opts, parity, &device, memory))
     })?;
     print!("{}", decode::report(&results));
+    if let (Some(path), Some(profile)) = (&args.cpu_profile, profile) {
+        eprint!("{}", profile.summary(25));
+        std::fs::write(path, profile.folded()).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
     if let Some(path) = args.json {
         let text = serde_json::to_string_pretty(&results).expect("the results serialise");
         std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
@@ -89,7 +99,7 @@ fn run_on<B: DecodeAttentionBackend>(
     parity: Option<(usize, usize)>,
     device: &B::Device,
     probe: Option<MemoryProbe>,
-) -> Vec<DecodeBenchResult> {
+) -> (Vec<DecodeBenchResult>, Option<CpuProfile>) {
     if let Some((context, steps)) = parity {
         let check = decode_parity::<B>(&cfg.model, opts.dtype, context, steps, device);
         eprintln!(
