@@ -4,7 +4,6 @@
 use burn::tensor::DType;
 use burn_cubecl::element::BoolElement;
 use burn_cubecl::kernel::into_contiguous;
-use burn_cubecl::ops::permute;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{CubeBackend, CubeRuntime, FloatElement, IntElement};
 use cubecl::prelude::*;
@@ -16,6 +15,7 @@ use crate::buffers::empty_together;
 use crate::kernel::decode::merge::{decode_merge, MERGE_UNITS};
 use crate::kernel::decode::select::decode_select;
 use crate::kernel::decode::tiles::{decode_selected_tiles, decode_tiles};
+use crate::kernel::decode::StepExtentLaunch;
 use crate::sparse::launch::{capabilities, planes_of_32};
 use crate::sparse::tiling::{SELECTION_LANES, SELECTION_SHARED};
 use crate::sparse::Selection;
@@ -30,7 +30,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> DecodeAtte
 
     fn decode_attention(step: DecodeStep<Self>) -> Option<DecodeBranches<Self>> {
         let DecodeStep { q, compressed, selected, window, positions, selection } = step;
-        let caches = [compressed, selected, window].map(|pair| pair.map(tokens_first));
+        let caches = [compressed, selected, window].map(|pair| pair.map(into_contiguous));
         let (outputs, blocks) = launch(into_contiguous(q), caches, into_contiguous(positions), selection, I::dtype());
         Some(DecodeBranches { outputs, blocks })
     }
@@ -45,11 +45,6 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> DecodeAtte
     }
 }
 
-/// `[B, H_kv, S, d]` as the `[B, S, H_kv, d]` view the kernel indexes (no copy).
-fn tokens_first<R: CubeRuntime>(x: CubeTensor<R>) -> CubeTensor<R> {
-    permute(x, &[0, 2, 1, 3])
-}
-
 /// Planes of the selection's cube: its log-sum-exps, masses, block scores and top-n spread over
 /// them.
 const SELECT_PLANES: usize = 8;
@@ -61,24 +56,14 @@ fn select_bytes(keys: usize, blocks: usize, g: usize, n: usize) -> usize {
     4 * (g + 2 * units + keys + blocks + 4 * units + n + 1)
 }
 
-/// The widest vector of `dtype` (at most 16 bytes) in which the tile kernels read the caches:
-/// it divides `d_k`, `d_v` and every cache stride.
-fn cache_vector<R: CubeRuntime>(
-    client: &ComputeClient<R>,
-    dtype: DType,
-    dims: [usize; 2],
-    caches: [&CubeTensor<R>; 6],
-) -> usize {
-    let divides = |v: usize| {
-        dims.iter().all(|d| d.is_multiple_of(v))
-            && caches
-                .iter()
-                .all(|x| x.meta.strides()[3] == 1 && x.meta.strides()[..3].iter().all(|s| s.is_multiple_of(v)))
-    };
+/// The widest vector of `dtype` (at most 16 bytes) in which the tile kernels read the
+/// (contiguous) caches: it divides `d_k` and `d_v`.
+fn cache_vector<R: CubeRuntime>(client: &ComputeClient<R>, dtype: DType, dims: [usize; 2]) -> usize {
+    let divides = |v: usize| dims.iter().all(|d| d.is_multiple_of(v));
     client.io_optimized_vector_sizes(dtype.size()).find(|v| divides(*v)).unwrap_or(1)
 }
 
-/// Launches the step over `q [B, 1, H_q, d_k]` and the caches `[B, S, H_kv, d]` (compressed,
+/// Launches the step over `q [B, 1, H_q, d_k]` and the caches `[B, H_kv, S, d]` (compressed,
 /// selected, window; keys then values): the window's and compressed branch's tiles, the
 /// selection, the selected blocks' tiles and the three branches' merge
 /// ([`crate::kernel::decode`]). Panics with one line when the cache has more compressed keys
@@ -93,14 +78,13 @@ fn launch<R: CubeRuntime>(
 ) -> ([CubeTensor<R>; 3], CubeTensor<R>) {
     let [b, _, h_q, d_k] = q.meta.shape().dims::<4>();
     let [[compressed_k, compressed_v], [selected_k, selected_v], [window_k, window_v]] = caches;
-    let [_, max_len, h_kv, d_v] = selected_v.meta.shape().dims::<4>();
-    let (n_compressed, ring) = (compressed_k.meta.shape()[1], window_k.meta.shape()[1]);
+    let [_, h_kv, max_len, d_v] = selected_v.meta.shape().dims::<4>();
+    let (n_compressed, ring) = (compressed_k.meta.shape()[2], window_k.meta.shape()[2]);
     let (g, n) = (h_q / h_kv, selection.n);
     let (client, device) = (q.client.clone(), q.device.clone());
     let scale = 1.0 / (d_k as f32).sqrt();
     let (keys, blocks) = selection_extent(&client, n_compressed, max_len, selection, g);
-    let all = [&compressed_k, &compressed_v, &selected_k, &selected_v, &window_k, &window_v];
-    let vector = cache_vector(&client, q.dtype, [d_k, d_v], all);
+    let vector = cache_vector(&client, q.dtype, [d_k, d_v]);
     let (tiles_c, tiles_w) = (n_compressed.div_ceil(DECODE_TILE), ring.div_ceil(DECODE_TILE));
     let tiles_s = n * selection.block_size.div_ceil(DECODE_TILE);
     let output = (vec![b, 1, h_q, d_v], q.dtype);
@@ -122,20 +106,23 @@ fn launch<R: CubeRuntime>(
     let dtypes = [q.dtype.into(), int.into()];
     let tile_dim = CubeDim::new_1d(DECODE_UNITS as u32);
     let groups = (b * h_kv) as u32;
+    let tiles = tiles_c + tiles_w + tiles_s;
+    let extent = Extent { groups: b * h_kv, h_kv, n_compressed, ring, max_len, tiles, n };
 
     decode_tiles::launch::<R>(
         &client,
         CubeCount::new_2d((tiles_c + tiles_w) as u32, groups),
         tile_dim,
         vector,
-        q.clone().into_tensor_arg(),
-        compressed_k.into_tensor_arg(),
-        compressed_v.into_tensor_arg(),
-        window_k.into_tensor_arg(),
-        window_v.into_tensor_arg(),
-        positions.clone().into_tensor_arg(),
-        partials.clone().into_tensor_arg(),
-        scores.clone().into_tensor_arg(),
+        q.clone().into_array_arg(),
+        compressed_k.into_array_arg(),
+        compressed_v.into_array_arg(),
+        window_k.into_array_arg(),
+        window_v.into_array_arg(),
+        positions.clone().into_array_arg(),
+        partials.clone().into_array_arg(),
+        scores.clone().into_array_arg(),
+        extent.arg(),
         scale,
         selection.length,
         selection.stride,
@@ -145,11 +132,11 @@ fn launch<R: CubeRuntime>(
         vector,
         dtypes,
     );
-    let step = StepLaunch { groups, vector, scale, g, d_k, d_v, dtypes };
+    let step = StepLaunch { groups, vector, scale, g, d_k, d_v, dtypes, extent };
     launch_select(&client, [&partials, &scores], &positions, &list, selection, SelectExtent { keys, blocks }, step);
-    let extent = MergeExtent { n_compressed, ring, first_selected: tiles_c + tiles_w };
-    launch_selected(&client, q, [selected_k, selected_v], &positions, &list, &partials, selection, extent, step);
-    launch_merge(&client, partials, positions, outputs.clone(), selection, extent, step);
+    let merged = MergeExtent { n_compressed, ring, first_selected: tiles_c + tiles_w };
+    launch_selected(&client, q, [selected_k, selected_v], &positions, &list, &partials, selection, merged, step);
+    launch_merge(&client, partials, positions, outputs.clone(), selection, merged, step);
     (outputs, list)
 }
 
@@ -189,6 +176,26 @@ struct StepLaunch {
     d_k: usize,
     d_v: usize,
     dtypes: [StorageType; 2],
+    extent: Extent,
+}
+
+/// The step's extents ([`crate::kernel::decode::StepExtent`]), as the host holds them.
+#[derive(Clone, Copy)]
+struct Extent {
+    groups: usize,
+    h_kv: usize,
+    n_compressed: usize,
+    ring: usize,
+    max_len: usize,
+    tiles: usize,
+    n: usize,
+}
+
+impl Extent {
+    fn arg<R: CubeRuntime>(self) -> StepExtentLaunch<R> {
+        let Extent { groups, h_kv, n_compressed, ring, max_len, tiles, n } = self;
+        StepExtentLaunch::new(groups, h_kv, n_compressed, ring, max_len, tiles, n)
+    }
 }
 
 /// Where a step's partials lie: the compressed branch's tiles (of `n_compressed` keys), the
@@ -214,19 +221,20 @@ fn launch_selected<R: CubeRuntime>(
     extent: MergeExtent,
     launch: StepLaunch,
 ) {
-    let StepLaunch { groups, vector, scale, g, d_k, d_v, dtypes } = launch;
+    let StepLaunch { groups, vector, scale, g, d_k, d_v, dtypes, extent: sizes } = launch;
     let tiles_s = partials.meta.shape()[1] - extent.first_selected;
     decode_selected_tiles::launch::<R>(
         client,
         CubeCount::new_2d(tiles_s as u32, groups),
         CubeDim::new_1d(DECODE_UNITS as u32),
         vector,
-        q.into_tensor_arg(),
-        selected_k.into_tensor_arg(),
-        selected_v.into_tensor_arg(),
-        positions.clone().into_tensor_arg(),
-        list.clone().into_tensor_arg(),
-        partials.clone().into_tensor_arg(),
+        q.into_array_arg(),
+        selected_k.into_array_arg(),
+        selected_v.into_array_arg(),
+        positions.clone().into_array_arg(),
+        list.clone().into_array_arg(),
+        partials.clone().into_array_arg(),
+        sizes.arg(),
         scale,
         extent.first_selected,
         selection.block_size,
@@ -248,16 +256,17 @@ fn launch_merge<R: CubeRuntime>(
     extent: MergeExtent,
     launch: StepLaunch,
 ) {
-    let StepLaunch { groups, g, d_v, dtypes, .. } = launch;
+    let StepLaunch { groups, g, d_v, dtypes, extent: sizes, .. } = launch;
     decode_merge::launch::<R>(
         client,
         CubeCount::new_2d(groups * g as u32, 3),
         CubeDim::new_1d(MERGE_UNITS as u32),
-        partials.into_tensor_arg(),
-        positions.into_tensor_arg(),
-        o_compressed.into_tensor_arg(),
-        o_selected.into_tensor_arg(),
-        o_window.into_tensor_arg(),
+        partials.into_array_arg(),
+        positions.into_array_arg(),
+        o_compressed.into_array_arg(),
+        o_selected.into_array_arg(),
+        o_window.into_array_arg(),
+        sizes.arg(),
         extent.n_compressed,
         extent.ring,
         selection.length,
@@ -285,16 +294,17 @@ fn launch_select<R: CubeRuntime>(
     extent: SelectExtent,
     launch: StepLaunch,
 ) {
-    let StepLaunch { groups, g, d_v, dtypes, .. } = launch;
+    let StepLaunch { groups, g, d_v, dtypes, extent: sizes, .. } = launch;
     let SelectExtent { keys, blocks } = extent;
     decode_select::launch::<R>(
         client,
         CubeCount::new_1d(groups),
         CubeDim::new_2d(SELECTION_LANES as u32, SELECT_PLANES as u32),
-        partials.clone().into_tensor_arg(),
-        scores.clone().into_tensor_arg(),
-        positions.clone().into_tensor_arg(),
-        list.clone().into_tensor_arg(),
+        partials.clone().into_array_arg(),
+        scores.clone().into_array_arg(),
+        positions.clone().into_array_arg(),
+        list.clone().into_array_arg(),
+        sizes.arg(),
         selection.length,
         selection.stride,
         selection.block_size,

@@ -9,7 +9,7 @@ use cubecl::prelude::*;
 
 use super::StepInput;
 use crate::kernel::decode::linear::{
-    decode_linear, LINEAR_ROWS, LINEAR_SLICES, LINEAR_UNITS, LINEAR_VECTORS, MAX_PER_SLICE,
+    decode_linear, LinearShapeLaunch, LINEAR_ROWS, LINEAR_SLICES, LINEAR_UNITS, LINEAR_VECTORS, MAX_PER_SLICE,
 };
 use crate::sparse::launch::planes_of_32;
 
@@ -43,6 +43,10 @@ pub(super) fn launch<R: CubeRuntime>(
     let dtype = x.dtype;
     let (norm, silu) = (matches!(input, StepInput::Norm(..)), matches!(input, StepInput::Silu));
     let mix = matches!(input, StepInput::Mix { .. });
+    let heads = match &input {
+        StepInput::Mix { gates, .. } => gates.meta.shape().num_elements() / (3 * m),
+        _ => 1,
+    };
     // Unread placeholders where the input function reads no gain, gates or other branches.
     let (gamma, [selected, window], epsilon) = match input {
         StepInput::Norm(gamma, epsilon) => (into_contiguous(gamma), [x.clone(), x.clone()], epsilon),
@@ -64,6 +68,7 @@ pub(super) fn launch<R: CubeRuntime>(
     let client = x.client.clone();
     let out = empty_device_contiguous_dtype::<R>(client.clone(), x.device.clone(), Shape::new([m, n]), dtype);
     let vector = vector_for(&x, n, weight.meta.strides()[0]);
+    let shape = LinearShapeLaunch::new(m, k, x.meta.strides()[0], n / vector, weight.meta.strides()[0] / vector, heads);
     let rows = m.min(LINEAR_ROWS);
     // One chunk for most layers' `k`, a few for the widest.
     let per_slice = k.div_ceil(LINEAR_SLICES).clamp(1, MAX_PER_SLICE);
@@ -73,13 +78,14 @@ pub(super) fn launch<R: CubeRuntime>(
         cubes,
         CubeDim::new_1d(LINEAR_UNITS as u32),
         vector,
-        x.into_tensor_arg(),
-        weight.into_tensor_arg(),
-        gamma.into_tensor_arg(),
-        selected.into_tensor_arg(),
-        window.into_tensor_arg(),
-        residual.into_tensor_arg(),
-        out.clone().into_tensor_arg(),
+        x.into_array_arg(),
+        weight.into_array_arg(),
+        gamma.into_array_arg(),
+        selected.into_array_arg(),
+        window.into_array_arg(),
+        residual.into_array_arg(),
+        out.clone().into_array_arg(),
+        shape,
         epsilon as f32,
         vector,
         rows,

@@ -11,7 +11,7 @@ use cubecl::{calculate_cube_count_elemwise, CubeDim};
 
 use super::{DecodeWrite, DecodeWritten, StepLayout};
 use crate::buffers::empty_together;
-use crate::kernel::decode::write::decode_write;
+use crate::kernel::decode::write::{decode_write, CacheSlotsLaunch};
 
 /// Launches the hand-over of `step` (see [`DecodeWrite`] for the shapes).
 pub(super) fn launch<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement>(
@@ -32,28 +32,30 @@ pub(super) fn launch<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolEle
     let client = projected.client.clone();
     let [queries, gates] =
         empty_together(&client, &projected.device, [(vec![b, 1, heads, d_k], dtype), (vec![b, 1, 3, heads], dtype)]);
-    let [cos, sin] = rotation.map(|x| into_contiguous(x).into_tensor_arg());
+    let [cos, sin] = rotation.map(|x| into_contiguous(x).into_array_arg());
     let int = positions.dtype;
+    let [tail, selected, window] = caches.each_ref().map(|[keys, _]| keys.meta.shape()[2]);
     let [[tail_k, tail_v], [selected_k, selected_v], [window_k, window_v]] =
-        caches.clone().map(|pair| pair.map(|x| x.into_tensor_arg()));
+        caches.clone().map(|pair| pair.map(|x| x.into_array_arg()));
     let dim = CubeDim::new_1d(256);
     decode_write::launch::<R>(
         &client,
         calculate_cube_count_elemwise(&client, b * width, dim),
         dim,
-        projected.into_tensor_arg(),
-        into_contiguous(gate_bias).into_tensor_arg(),
+        projected.into_array_arg(),
+        into_contiguous(gate_bias).into_array_arg(),
         cos,
         sin,
-        into_contiguous(positions).into_tensor_arg(),
+        into_contiguous(positions).into_array_arg(),
         tail_k,
         tail_v,
         selected_k,
         selected_v,
         window_k,
         window_v,
-        queries.clone().into_tensor_arg(),
-        gates.clone().into_tensor_arg(),
+        queries.clone().into_array_arg(),
+        gates.clone().into_array_arg(),
+        CacheSlotsLaunch::new(tail, selected, window),
         heads,
         kv_heads,
         d_k,
@@ -64,10 +66,12 @@ pub(super) fn launch<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolEle
     DecodeWritten { queries, gates, caches }
 }
 
-/// `x` itself when nothing else holds its buffer, else a copy to write into.
+/// `x` itself when it is contiguous and nothing else holds its buffer, else a contiguous copy to
+/// write into (the kernel indexes its caches as contiguous arrays).
 fn writable<R: CubeRuntime>(x: CubeTensor<R>) -> CubeTensor<R> {
-    match x.can_mut() && x.is_nonoverlapping() {
-        true => x,
-        false => x.copy(),
+    match (x.is_contiguous(), x.can_mut()) {
+        (true, true) => x,
+        (true, false) => x.copy(),
+        (false, _) => into_contiguous(x),
     }
 }

@@ -17,6 +17,25 @@
 
 use cubecl::prelude::*;
 
+/// The product's extent, passed by value with the launch (as its arrays' lengths are): tensor
+/// arguments would have their shapes and strides uploaded with every launch, a cost the host
+/// pays about a hundred times a decode step.
+#[derive(CubeType, CubeLaunch, Clone, Copy)]
+pub struct LinearShape {
+    /// Rows of `x` (the step's sequences).
+    pub m: usize,
+    /// Columns of `x`, rows of `w`.
+    pub k: usize,
+    /// Elements between rows of `x`.
+    pub x_pitch: usize,
+    /// Vectors of `w`'s (and the output's) columns.
+    pub vectors: usize,
+    /// Vectors between rows of `w` (CubeCL pads the rows of some allocations).
+    pub w_pitch: usize,
+    /// Heads of a gated mix (1 for the other input functions).
+    pub heads: usize,
+}
+
 /// Units of a cube.
 pub const LINEAR_UNITS: usize = 256;
 /// Column vectors a cube serves.
@@ -48,11 +67,12 @@ pub fn linear_shared_words(rows: usize, vector: usize, per_slice: usize, plane_e
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn input_at<F: Float>(
-    x: &Tensor<F>,
-    gamma: &Tensor<F>,
-    selected: &Tensor<F>,
-    window: &Tensor<F>,
+    x: &Array<F>,
+    gamma: &Array<F>,
+    selected: &Array<F>,
+    window: &Array<F>,
     scale: &SharedMemory<f32>,
+    shape: &LinearShape,
     row: usize,
     local: usize,
     kk: usize,
@@ -60,11 +80,10 @@ fn input_at<F: Float>(
     #[comptime] silu: bool,
     #[comptime] mix: bool,
 ) -> f32 {
-    let raw = f32::cast_from(x[row * x.stride(0) + kk]);
+    let raw = f32::cast_from(x[row * shape.x_pitch + kk]);
     let mut value = raw;
     if comptime!(mix) {
-        let (m, k) = (x.shape(0), x.shape(1));
-        let heads = gamma.shape(0) / (3 * m);
+        let (k, heads) = (shape.k, shape.heads);
         let g = row * 3 * heads + kk / (k / heads);
         let mixed = raw * f32::cast_from(gamma[g])
             + f32::cast_from(selected[row * k + kk]) * f32::cast_from(gamma[g + heads])
@@ -86,15 +105,16 @@ fn input_at<F: Float>(
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn row_scales<F: Float>(
-    x: &Tensor<F>,
+    x: &Array<F>,
     sums: &mut SharedMemory<f32>,
     scale: &mut SharedMemory<f32>,
+    shape: &LinearShape,
     first: usize,
     epsilon: f32,
     #[comptime] rows: usize,
     #[comptime] plane_exchange: bool,
 ) {
-    let (m, k) = (x.shape(0), x.shape(1));
+    let (m, k) = (shape.m, shape.k);
     let unit = UNIT_POS as usize;
     let mut squares = Array::<f32>::new(rows);
     #[unroll]
@@ -103,7 +123,7 @@ fn row_scales<F: Float>(
         squares[r] = 0.0f32;
         let mut kk = unit;
         while kk < k {
-            let v = f32::cast_from(x[row * x.stride(0) + kk]);
+            let v = f32::cast_from(x[row * shape.x_pitch + kk]);
             squares[r] += v * v;
             kk += LINEAR_UNITS;
         }
@@ -179,13 +199,14 @@ fn halve_rows(
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 pub fn decode_linear<F: Float, N: Size>(
-    x: &Tensor<F>,
-    w: &Tensor<Vector<F, N>>,
-    gamma: &Tensor<F>,
-    selected: &Tensor<F>,
-    window: &Tensor<F>,
-    residual: &Tensor<Vector<F, N>>,
-    out: &mut Tensor<Vector<F, N>>,
+    x: &Array<F>,
+    w: &Array<Vector<F, N>>,
+    gamma: &Array<F>,
+    selected: &Array<F>,
+    window: &Array<F>,
+    residual: &Array<Vector<F, N>>,
+    out: &mut Array<Vector<F, N>>,
+    shape: LinearShape,
     epsilon: f32,
     #[comptime] vector: usize,
     #[comptime] rows: usize,
@@ -197,10 +218,10 @@ pub fn decode_linear<F: Float, N: Size>(
     #[comptime] plane_exchange: bool,
     #[define(F)] _dtype: StorageType,
 ) {
-    let (m, k) = (x.shape(0), x.shape(1));
-    let vectors = w.shape(1) / vector;
+    let (m, k) = (shape.m, shape.k);
+    let vectors = shape.vectors;
     // Rows of `w` may be padded (CubeCL pitches the rows of some allocations).
-    let pitch = w.stride(0) / vector;
+    let pitch = shape.w_pitch;
     let unit = UNIT_POS as usize;
     let lane = unit % LINEAR_VECTORS;
     let (column, slice) = (min(CUBE_POS_X as usize * LINEAR_VECTORS + lane, vectors - 1), unit / LINEAR_VECTORS);
@@ -209,7 +230,7 @@ pub fn decode_linear<F: Float, N: Size>(
     let mut shared = SharedMemory::<f32>::new(comptime!(linear_shared_words(rows, vector, per_slice, plane_exchange)));
     let mut scale = SharedMemory::<f32>::new(rows);
     if comptime!(norm) {
-        row_scales::<F>(x, &mut shared, &mut scale, first, epsilon, rows, plane_exchange);
+        row_scales::<F>(x, &mut shared, &mut scale, &shape, first, epsilon, rows, plane_exchange);
     }
 
     let mut sums = Array::<f32>::new(comptime!(rows * vector));
@@ -226,7 +247,22 @@ pub fn decode_linear<F: Float, N: Size>(
         for i in 0..per_slice {
             weights[i] = w[min(base + slice + i * LINEAR_SLICES, k - 1) * pitch + column];
         }
-        stage_chunk::<F>(x, gamma, selected, window, &scale, &mut shared, base, first, rows, chunk, norm, silu, mix);
+        stage_chunk::<F>(
+            x,
+            gamma,
+            selected,
+            window,
+            &scale,
+            &mut shared,
+            &shape,
+            base,
+            first,
+            rows,
+            chunk,
+            norm,
+            silu,
+            mix,
+        );
         #[unroll]
         for i in 0..per_slice {
             let j = slice + i * LINEAR_SLICES;
@@ -307,8 +343,8 @@ pub fn decode_linear<F: Float, N: Size>(
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn write_row<F: Float, N: Size>(
-    residual: &Tensor<Vector<F, N>>,
-    out: &mut Tensor<Vector<F, N>>,
+    residual: &Array<Vector<F, N>>,
+    out: &mut Array<Vector<F, N>>,
     sums: Vector<f32, N>,
     row: usize,
     m: usize,
@@ -331,12 +367,13 @@ fn write_row<F: Float, N: Size>(
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn stage_chunk<F: Float>(
-    x: &Tensor<F>,
-    gamma: &Tensor<F>,
-    selected: &Tensor<F>,
-    window: &Tensor<F>,
+    x: &Array<F>,
+    gamma: &Array<F>,
+    selected: &Array<F>,
+    window: &Array<F>,
     scale: &SharedMemory<f32>,
     shared: &mut SharedMemory<f32>,
+    shape: &LinearShape,
     base: usize,
     first: usize,
     #[comptime] rows: usize,
@@ -345,7 +382,7 @@ fn stage_chunk<F: Float>(
     #[comptime] silu: bool,
     #[comptime] mix: bool,
 ) {
-    let (m, k) = (x.shape(0), x.shape(1));
+    let (m, k) = (shape.m, shape.k);
     #[unroll]
     for i in 0..comptime!(chunk.div_ceil(LINEAR_UNITS)) {
         let j = UNIT_POS as usize + i * LINEAR_UNITS;
@@ -355,7 +392,7 @@ fn stage_chunk<F: Float>(
                 let mut value = 0.0f32;
                 if base + j < k {
                     let row = min(first + r, m - 1);
-                    value = input_at::<F>(x, gamma, selected, window, scale, row, r, base + j, norm, silu, mix);
+                    value = input_at::<F>(x, gamma, selected, window, scale, shape, row, r, base + j, norm, silu, mix);
                 }
                 shared[r * chunk + j] = value;
             }

@@ -8,8 +8,8 @@ use cubecl::prelude::*;
 use super::states::{lane_state, row_state};
 use super::tile::partial_at;
 use super::tiles::tiles_of;
+use super::StepExtent;
 use crate::kernel::compression::visible::visible_blocks;
-use crate::kernel::primitives::rows::offset3;
 use crate::tile_sizes::DECODE_TILE as TILE_ROWS;
 
 /// Units of a merge's cube (a power of two).
@@ -27,11 +27,12 @@ const UNROLL: usize = 4;
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 pub fn decode_merge<F: Float, I: Int>(
-    partials: &Tensor<f32>,
-    positions: &Tensor<I>,
-    out_compressed: &mut Tensor<F>,
-    out_selected: &mut Tensor<F>,
-    out_window: &mut Tensor<F>,
+    partials: &Array<f32>,
+    positions: &Array<I>,
+    out_compressed: &mut Array<F>,
+    out_selected: &mut Array<F>,
+    out_window: &mut Array<F>,
+    extent: StepExtent,
     #[comptime] n_compressed: usize,
     #[comptime] ring: usize,
     #[comptime] length: usize,
@@ -41,26 +42,24 @@ pub fn decode_merge<F: Float, I: Int>(
     #[define(F, I)] _dtypes: [StorageType; 2],
 ) {
     let (bh, h, branch) = (CUBE_POS_X as usize / g, CUBE_POS_X as usize % g, CUBE_POS_Y);
-    if bh >= partials.shape(0) {
+    if bh >= extent.groups {
         terminate!();
     }
-    let h_kv = out_compressed.shape(2) / g;
-    let (b, hk) = (bh / h_kv, bh % h_kv);
-    let t = u32::cast_from(positions[b]) as usize;
+    let t = u32::cast_from(positions[bh / extent.h_kv]) as usize;
     let (tiles_c, tiles_w) = (comptime!(n_compressed.div_ceil(TILE_ROWS)), comptime!(ring.div_ceil(TILE_ROWS)));
     // The branch's tiles, chosen without a branch around the merge (it synchronises).
     let mut first = 0usize;
     let mut count = tiles_of(visible_blocks(t, n_compressed, length, stride));
     if branch == 1 {
         first = comptime!(tiles_c + tiles_w);
-        count = partials.shape(1) - first;
+        count = extent.tiles - first;
     }
     if branch == 2 {
         first = tiles_c;
         count = tiles_of(min(t + 1, ring));
     }
     let mut shared = SharedMemory::<f32>::new(comptime!(2 * MERGE_UNITS));
-    let row = merge_row(partials, &mut shared, bh, h, first, count, g, d_v);
+    let row = merge_row(partials, extent.tiles, &mut shared, bh, h, first, count, g, d_v);
     let unit = UNIT_POS as usize;
     if unit < d_v {
         // Every unit holds the row's columns `unit, unit + MERGE_UNITS, ..`.
@@ -68,7 +67,8 @@ pub fn decode_merge<F: Float, I: Int>(
         let mut i = 0usize;
         while c < d_v {
             let value = F::cast_from(row[i]);
-            let at = offset3::<F>(out_compressed, b, 0, hk * g + h) + c;
+            // Outputs `[B, 1, H_q, d_v]`: head `hk g + h` of sequence `b` is row `bh g + h`.
+            let at = (bh * g + h) * d_v + c;
             if branch == 0 {
                 out_compressed[at] = value;
             } else if branch == 1 {
@@ -88,7 +88,8 @@ pub fn decode_merge<F: Float, I: Int>(
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn merge_row(
-    partials: &Tensor<f32>,
+    partials: &Array<f32>,
+    tiles: usize,
     shared: &mut SharedMemory<f32>,
     bh: usize,
     h: usize,
@@ -98,7 +99,7 @@ fn merge_row(
     #[comptime] d_v: usize,
 ) -> Array<f32> {
     let unit = UNIT_POS as usize;
-    let (m, s) = lane_state(partials, bh, h, first, count, unit, MERGE_UNITS, g, d_v);
+    let (m, s) = lane_state(partials, tiles, bh, h, first, count, unit, MERGE_UNITS, g, d_v);
     let (top, sum) = row_state(m, s, shared, MERGE_UNITS, MERGE_UNITS);
     let inverse = select(sum > 0.0f32, 1.0f32 / sum, 0.0f32);
 
@@ -107,7 +108,6 @@ fn merge_row(
     let parts = comptime!(MERGE_UNITS / std::cmp::min(d_v, MERGE_UNITS));
     let col_rounds = comptime!(d_v.div_ceil(std::cmp::min(d_v, MERGE_UNITS)));
     let (column, part) = (unit % cols, unit / cols);
-    let tiles = partials.shape(1);
     let last = max(count, 1) - 1;
     let mut acc = Array::<f32>::new(col_rounds);
     #[unroll]

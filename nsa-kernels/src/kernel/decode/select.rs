@@ -10,8 +10,8 @@ use cubecl::prelude::*;
 use super::states::{lane_state, row_state};
 use super::tiles::tiles_of;
 use super::top_n::cube_top_n;
+use super::StepExtent;
 use crate::kernel::compression::visible::visible_blocks;
-use crate::kernel::primitives::rows::offset3;
 use crate::kernel::selection::top_n::write_list;
 use crate::tile_sizes::SELECTION_LANES as LANES;
 
@@ -24,10 +24,11 @@ use crate::tile_sizes::SELECTION_LANES as LANES;
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 pub fn decode_select<I: Int>(
-    partials: &Tensor<f32>,
-    scores: &Tensor<f32>,
-    positions: &Tensor<I>,
-    list: &mut Tensor<I>,
+    partials: &Array<f32>,
+    scores: &Array<f32>,
+    positions: &Array<I>,
+    list: &mut Array<I>,
+    extent: StepExtent,
     #[comptime] length: usize,
     #[comptime] stride: usize,
     #[comptime] block_size: usize,
@@ -41,18 +42,16 @@ pub fn decode_select<I: Int>(
     #[define(I)] _dtype: StorageType,
 ) {
     let bh = CUBE_POS;
-    if bh >= partials.shape(0) {
+    if bh >= extent.groups {
         terminate!();
     }
-    let h_kv = list.shape(2);
-    let (b, hk) = (bh / h_kv, bh % h_kv);
-    let t = u32::cast_from(positions[b]) as usize;
-    let visible = visible_blocks(t, scores.shape(1), length, stride);
+    let t = u32::cast_from(positions[bh / extent.h_kv]) as usize;
+    let visible = visible_blocks(t, extent.n_compressed, length, stride);
 
     let mut lse = SharedMemory::<f32>::new(g);
-    head_lses(partials, &mut lse, bh, tiles_of(visible), g, d_v, planes);
+    head_lses(partials, extent.tiles, &mut lse, bh, tiles_of(visible), g, d_v, planes);
     let mut mass = SharedMemory::<f32>::new(keys);
-    key_masses(scores, &lse, &mut mass, bh, visible, g);
+    key_masses(scores, &lse, &mut mass, bh * extent.n_compressed * g, visible, g);
     sync_cube();
     let mut block_scores = SharedMemory::<f32>::new(blocks);
     let mut j = UNIT_POS as usize;
@@ -75,7 +74,7 @@ pub fn decode_select<I: Int>(
         plane_exchange,
     );
     if UNIT_POS_Y == 0 {
-        write_list::<I>(list, &chosen, &taken, offset3::<I>(list, b, 0, hk), 0, UNIT_POS_X as usize, n);
+        write_list::<I, Array<I>>(list, &chosen, &taken, bh * n, 0, UNIT_POS_X as usize, n);
     }
 }
 
@@ -85,7 +84,8 @@ pub fn decode_select<I: Int>(
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn head_lses(
-    partials: &Tensor<f32>,
+    partials: &Array<f32>,
+    tiles: usize,
     lse: &mut SharedMemory<f32>,
     bh: usize,
     count: usize,
@@ -99,7 +99,7 @@ fn head_lses(
     #[unroll]
     for round in 0..comptime!(g.div_ceil(planes)) {
         let h = min(round * planes + plane, comptime!(g - 1));
-        let (m, s) = lane_state(partials, bh, h, 0, count, lane, LANES, g, d_v);
+        let (m, s) = lane_state(partials, tiles, bh, h, 0, count, lane, LANES, g, d_v);
         let (top, sum) = row_state(m, s, &mut exchange, units, LANES);
         if lane == 0 && round * planes + plane < g {
             lse[h] = top + sum.ln();
@@ -108,18 +108,18 @@ fn head_lses(
     sync_cube();
 }
 
-/// `mass[i] = sum_h exp(scores[bh, i, h] - lse[h])` for the `visible` compressed keys, each
-/// unit's keys four at a time so that their loads issue together.
+/// `mass[i] = sum_h exp(scores[base + i g + h] - lse[h])` for the `visible` compressed keys
+/// (the group's kept scores from `base`), each unit's keys four at a time so that their loads
+/// issue together.
 #[cube]
 fn key_masses(
-    scores: &Tensor<f32>,
+    scores: &Array<f32>,
     lse: &SharedMemory<f32>,
     mass: &mut SharedMemory<f32>,
-    bh: usize,
+    base: usize,
     visible: usize,
     #[comptime] g: usize,
 ) {
-    let base = bh * scores.shape(1) * g;
     let units = CUBE_DIM as usize;
     let last = max(visible, 1) - 1;
     let mut i = UNIT_POS as usize;

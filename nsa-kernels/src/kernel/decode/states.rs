@@ -15,12 +15,13 @@ pub fn combine(m1: f32, s1: f32, m2: f32, s2: f32) -> (f32, f32) {
 }
 
 /// Head `h`'s state over this unit's tiles `first + lane, first + lane + width, ..` (below
-/// `first + count`) of `bh` in `partials` (`[B * H_kv, tiles, g, 2 + d_v]`); the empty state
+/// `first + count`) of `bh` in `partials` (`[B * H_kv, tiles, g, 2 + d_v]`, contiguous); the empty state
 /// `(NEG_LARGE, 0)` when it has none.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 pub fn lane_state(
-    partials: &Tensor<f32>,
+    partials: &Array<f32>,
+    tiles: usize,
     bh: usize,
     h: usize,
     first: usize,
@@ -30,7 +31,6 @@ pub fn lane_state(
     #[comptime] g: usize,
     #[comptime] d_v: usize,
 ) -> (f32, f32) {
-    let tiles = partials.shape(1);
     let mut m = f32::new(NEG_LARGE);
     let mut s = 0.0f32;
     let mut tile = lane;

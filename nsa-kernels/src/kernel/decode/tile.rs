@@ -10,7 +10,7 @@
 
 use cubecl::prelude::*;
 
-use crate::kernel::primitives::rows::{offset3, NEG_LARGE};
+use crate::kernel::primitives::rows::NEG_LARGE;
 use crate::tile_sizes::{DECODE_PARTS as PARTS, DECODE_TILE as TILE, DECODE_UNITS as UNITS};
 
 /// The shared memory of a tile's cube.
@@ -54,38 +54,42 @@ pub fn partial_at(
     ((bh * tiles + tile) * g + h) * comptime!(d_v + 2)
 }
 
-/// Stages the `g` query rows of `(b, hk)` of `q [B, 1, H_q, d_k]`, times `scale`.
+/// Element offset of row `row` of group `bh = b * H_kv + hk` in a contiguous cache `[B, H_kv,
+/// slots, d]`.
+#[cube]
+pub fn cache_row(bh: usize, row: usize, slots: usize, #[comptime] d: usize) -> usize {
+    (bh * slots + row) * d
+}
+
+/// Stages the `g` query rows of group `bh = b * H_kv + hk` of `q [B, 1, H_q, d_k]`
+/// (contiguous), times `scale`.
 #[cube]
 pub fn stage_queries<F: Float>(
-    q: &Tensor<F>,
+    q: &Array<F>,
     shared: &mut TileShared,
-    b: usize,
-    hk: usize,
+    bh: usize,
     scale: f32,
     #[comptime] g: usize,
     #[comptime] d_k: usize,
 ) {
     let mut idx = UNIT_POS as usize;
     while idx < g * d_k {
-        let at = offset3::<F>(q, b, 0, hk * g + idx / d_k) + idx % d_k;
-        shared.queries[idx] = f32::cast_from(q[at]) * scale;
+        shared.queries[idx] = f32::cast_from(q[bh * comptime!(g * d_k) + idx]) * scale;
         idx += CUBE_DIM as usize;
     }
 }
 
-/// Stages rows `first..first + count` (`count <= TILE`) of `(b, hk)` of `src` (`[B, S, H_kv,
-/// d]` as vectors of `vector` elements, rows contiguous, any other strides) as f32 rows of
-/// `stride` in `shared.rows`; rows past `count` are zero. Units read consecutive vectors of a row
+/// Stages `count <= TILE` rows of `src` from element `rows_at` (rows of `d` elements one after
+/// the other, read as vectors of `vector` elements: [`cache_row`]) as f32 rows of `stride` in
+/// `shared.rows`; rows past `count` are zero. Units read consecutive vectors of a row
 /// (a plane's loads coalesce), and each unit's loads are unrolled so that they are all in flight
 /// at once: a tile is a few 16-byte loads a unit.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 pub fn stage_rows<F: Float, N: Size>(
-    src: &Tensor<Vector<F, N>>,
+    src: &Array<Vector<F, N>>,
     shared: &mut TileShared,
-    b: usize,
-    hk: usize,
-    first: usize,
+    rows_at: usize,
     count: usize,
     #[comptime] d: usize,
     #[comptime] stride: usize,
@@ -93,8 +97,7 @@ pub fn stage_rows<F: Float, N: Size>(
 ) {
     let unit = UNIT_POS as usize;
     let per_row = comptime!(d / vector);
-    let base = offset3::<Vector<F, N>>(src, b, first, hk);
-    let row_step = src.stride(1);
+    let base = rows_at / vector;
     #[unroll]
     for m in 0..comptime!((TILE * d / vector).div_ceil(UNITS)) {
         let idx = m * UNITS + unit;
@@ -102,7 +105,7 @@ pub fn stage_rows<F: Float, N: Size>(
         if idx < comptime!(TILE * d / vector) {
             let mut x = Vector::<f32, N>::new(0.0f32);
             if row < count {
-                x = Vector::<f32, N>::cast_from(src[(base + row * row_step) / vector + c]);
+                x = Vector::<f32, N>::cast_from(src[base + row * per_row + c]);
             }
             #[unroll]
             for e in 0..vector {
@@ -204,7 +207,7 @@ pub fn tile_softmax(shared: &mut TileShared, count: usize, #[comptime] g: usize)
 #[cube]
 pub fn write_partial(
     shared: &TileShared,
-    partials: &mut Tensor<f32>,
+    partials: &mut Array<f32>,
     at: usize,
     count: usize,
     #[comptime] g: usize,
@@ -254,22 +257,20 @@ pub fn write_partial(
     }
 }
 
-/// Stages key rows `first..first + count` of `(b, hk)` and scores them against the staged
-/// queries (the first half of a tile; [`finish_tile`] is the second).
+/// Stages `count` key rows from element `rows_at` ([`cache_row`]) and scores them against the
+/// staged queries (the first half of a tile; [`finish_tile`] is the second).
 #[cube]
 #[allow(clippy::too_many_arguments)]
 pub fn score_tile<F: Float, N: Size>(
-    keys: &Tensor<Vector<F, N>>,
+    keys: &Array<Vector<F, N>>,
     shared: &mut TileShared,
-    b: usize,
-    hk: usize,
-    first: usize,
+    rows_at: usize,
     count: usize,
     #[comptime] g: usize,
     #[comptime] d_k: usize,
     #[comptime] vector: usize,
 ) {
-    stage_rows::<F, N>(keys, shared, b, hk, first, count, d_k, comptime!(d_k + 1), vector);
+    stage_rows::<F, N>(keys, shared, rows_at, count, d_k, comptime!(d_k + 1), vector);
     sync_cube();
     tile_scores(shared, count, g, d_k);
     sync_cube();
@@ -278,7 +279,7 @@ pub fn score_tile<F: Float, N: Size>(
 /// Copies the tile's raw scaled scores to `scores[at + row * g + h]` (the compressed branch's,
 /// which the block selection reads).
 #[cube]
-pub fn keep_scores(shared: &TileShared, scores: &mut Tensor<f32>, at: usize, count: usize, #[comptime] g: usize) {
+pub fn keep_scores(shared: &TileShared, scores: &mut Array<f32>, at: usize, count: usize, #[comptime] g: usize) {
     let mut idx = UNIT_POS as usize;
     while idx < g * count {
         let (row, h) = (idx / g, idx % g);
@@ -287,24 +288,22 @@ pub fn keep_scores(shared: &TileShared, scores: &mut Tensor<f32>, at: usize, cou
     }
 }
 
-/// The scored tile's partial state, with the value rows `first..first + count` of `(b, hk)`
-/// (staged over the keys, whose loads overlap the softmax), into `partials[at..]`.
+/// The scored tile's partial state, with `count` value rows from element `rows_at`
+/// ([`cache_row`]; staged over the keys, whose loads overlap the softmax), into `partials[at..]`.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 pub fn finish_tile<F: Float, N: Size>(
     shared: &mut TileShared,
-    values: &Tensor<Vector<F, N>>,
-    partials: &mut Tensor<f32>,
-    b: usize,
-    hk: usize,
-    first: usize,
+    values: &Array<Vector<F, N>>,
+    partials: &mut Array<f32>,
+    rows_at: usize,
     count: usize,
     at: usize,
     #[comptime] g: usize,
     #[comptime] d_v: usize,
     #[comptime] vector: usize,
 ) {
-    stage_rows::<F, N>(values, shared, b, hk, first, count, d_v, d_v, vector);
+    stage_rows::<F, N>(values, shared, rows_at, count, d_v, d_v, vector);
     tile_softmax(shared, count, g);
     sync_cube();
     write_partial(shared, partials, at, count, g, d_v);

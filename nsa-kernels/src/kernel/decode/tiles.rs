@@ -5,9 +5,9 @@
 
 use cubecl::prelude::*;
 
-use super::tile::{finish_tile, keep_scores, partial_at, score_tile, stage_queries, TileShared};
+use super::tile::{cache_row, finish_tile, keep_scores, partial_at, score_tile, stage_queries, TileShared};
+use super::StepExtent;
 use crate::kernel::compression::visible::visible_blocks;
-use crate::kernel::primitives::rows::offset3;
 use crate::tile_sizes::DECODE_TILE as TILE;
 
 /// Tiles of [`TILE`] rows it takes to hold `rows` rows.
@@ -16,8 +16,8 @@ pub fn tiles_of(rows: usize) -> usize {
     (rows + TILE - 1) / TILE
 }
 
-/// `q [B, 1, H_q, d_k]`, the compressed blocks and the window ring (`[B, S, H_kv, d]` as vectors
-/// of `vector` elements, any strides but contiguous rows), the positions `[B]` -> the partials
+/// `q [B, 1, H_q, d_k]`, the compressed blocks and the window ring (`[B, H_kv, S, d]` as vectors
+/// of `vector` elements), the positions `[B]` -> the partials
 /// `[B * H_kv, tiles_c + tiles_w, g, 2 + d_v]` of the compressed branch's tiles
 /// (`tiles_c = ceil(N / TILE)`) then the window's, and the compressed branch's scaled scores
 /// `[B * H_kv, N, g]`. Tiles past the visible blocks or the ring's filled slots write nothing
@@ -25,14 +25,15 @@ pub fn tiles_of(rows: usize) -> usize {
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 pub fn decode_tiles<F: Float, I: Int, N: Size>(
-    q: &Tensor<F>,
-    compressed_k: &Tensor<Vector<F, N>>,
-    compressed_v: &Tensor<Vector<F, N>>,
-    window_k: &Tensor<Vector<F, N>>,
-    window_v: &Tensor<Vector<F, N>>,
-    positions: &Tensor<I>,
-    partials: &mut Tensor<f32>,
-    scores: &mut Tensor<f32>,
+    q: &Array<F>,
+    compressed_k: &Array<Vector<F, N>>,
+    compressed_v: &Array<Vector<F, N>>,
+    window_k: &Array<Vector<F, N>>,
+    window_v: &Array<Vector<F, N>>,
+    positions: &Array<I>,
+    partials: &mut Array<f32>,
+    scores: &mut Array<f32>,
+    extent: StepExtent,
     scale: f32,
     #[comptime] length: usize,
     #[comptime] stride: usize,
@@ -42,38 +43,39 @@ pub fn decode_tiles<F: Float, I: Int, N: Size>(
     #[comptime] vector: usize,
     #[define(F, I)] _dtypes: [StorageType; 2],
 ) {
-    let h_kv = compressed_k.shape(2);
     let (tile, bh) = (CUBE_POS_X as usize, CUBE_POS_Y as usize);
-    let (b, hk) = (bh / h_kv, bh % h_kv);
-    let t = u32::cast_from(positions[b]) as usize;
-    let n_compressed = compressed_k.shape(1);
+    let t = u32::cast_from(positions[bh / extent.h_kv]) as usize;
+    let n_compressed = extent.n_compressed;
     let tiles_c = tiles_of(n_compressed);
     let compressed = tile < tiles_c;
     let mut first = tile * TILE;
     let mut end = visible_blocks(t, n_compressed, length, stride);
+    let mut slots = n_compressed;
     if !compressed {
         first = (tile - tiles_c) * TILE;
-        end = min(t + 1, window_k.shape(1));
+        end = min(t + 1, extent.ring);
+        slots = extent.ring;
     }
     if first >= end {
         terminate!();
     }
     let count = min(end - first, TILE);
-    let at = partial_at(bh, tile, 0, partials.shape(1), g, d_v);
+    let at = partial_at(bh, tile, 0, extent.tiles, g, d_v);
+    let (keys_at, values_at) = (cache_row(bh, first, slots, d_k), cache_row(bh, first, slots, d_v));
 
     let mut shared = TileShared::new(g, d_k, d_v);
-    stage_queries::<F>(q, &mut shared, b, hk, scale, g, d_k);
+    stage_queries::<F>(q, &mut shared, bh, scale, g, d_k);
     if compressed {
-        score_tile::<F, N>(compressed_k, &mut shared, b, hk, first, count, g, d_k, vector);
+        score_tile::<F, N>(compressed_k, &mut shared, keys_at, count, g, d_k, vector);
         keep_scores(&shared, scores, (bh * n_compressed + first) * g, count, g);
-        finish_tile::<F, N>(&mut shared, compressed_v, partials, b, hk, first, count, at, g, d_v, vector);
+        finish_tile::<F, N>(&mut shared, compressed_v, partials, values_at, count, at, g, d_v, vector);
     } else {
-        score_tile::<F, N>(window_k, &mut shared, b, hk, first, count, g, d_k, vector);
-        finish_tile::<F, N>(&mut shared, window_v, partials, b, hk, first, count, at, g, d_v, vector);
+        score_tile::<F, N>(window_k, &mut shared, keys_at, count, g, d_k, vector);
+        finish_tile::<F, N>(&mut shared, window_v, partials, values_at, count, at, g, d_v, vector);
     }
 }
 
-/// `q`, the selected branch's cache (`[B, S, H_kv, d]` as vectors of `vector` elements), the
+/// `q`, the selected branch's cache (`[B, H_kv, S, d]` as vectors of `vector` elements), the
 /// positions and the block lists
 /// `[B, 1, H_kv, n]` -> the partials `[B * H_kv, first_tile + n * parts, g, 2 + d_v]`: tile
 /// `first_tile + slot * parts + part` holds rows `part * TILE..` of the slot's block (`parts = ceil(block_size / TILE)`),
@@ -81,12 +83,13 @@ pub fn decode_tiles<F: Float, I: Int, N: Size>(
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 pub fn decode_selected_tiles<F: Float, I: Int, N: Size>(
-    q: &Tensor<F>,
-    selected_k: &Tensor<Vector<F, N>>,
-    selected_v: &Tensor<Vector<F, N>>,
-    positions: &Tensor<I>,
-    list: &Tensor<I>,
-    partials: &mut Tensor<f32>,
+    q: &Array<F>,
+    selected_k: &Array<Vector<F, N>>,
+    selected_v: &Array<Vector<F, N>>,
+    positions: &Array<I>,
+    list: &Array<I>,
+    partials: &mut Array<f32>,
+    extent: StepExtent,
     scale: f32,
     #[comptime] first_tile: usize,
     #[comptime] block_size: usize,
@@ -96,13 +99,11 @@ pub fn decode_selected_tiles<F: Float, I: Int, N: Size>(
     #[comptime] vector: usize,
     #[define(F, I)] _dtypes: [StorageType; 2],
 ) {
-    let h_kv = selected_k.shape(2);
     let (tile, bh) = (CUBE_POS_X as usize, CUBE_POS_Y as usize);
-    let (b, hk) = (bh / h_kv, bh % h_kv);
-    let t = u32::cast_from(positions[b]) as usize;
+    let t = u32::cast_from(positions[bh / extent.h_kv]) as usize;
     let parts = comptime!(block_size.div_ceil(TILE));
     let (slot, part) = (tile / parts, tile % parts);
-    let j = i32::cast_from(list[offset3::<I>(list, b, 0, hk) + slot * list.stride(3)]);
+    let j = i32::cast_from(list[bh * extent.n + slot]);
     let mut first = 0usize;
     let mut count = 0usize;
     if j >= 0 {
@@ -113,10 +114,11 @@ pub fn decode_selected_tiles<F: Float, I: Int, N: Size>(
             count = min(end - first, TILE);
         }
     }
-    let at = partial_at(bh, first_tile + tile, 0, partials.shape(1), g, d_v);
+    let at = partial_at(bh, first_tile + tile, 0, extent.tiles, g, d_v);
+    let (keys_at, values_at) = (cache_row(bh, first, extent.max_len, d_k), cache_row(bh, first, extent.max_len, d_v));
 
     let mut shared = TileShared::new(g, d_k, d_v);
-    stage_queries::<F>(q, &mut shared, b, hk, scale, g, d_k);
-    score_tile::<F, N>(selected_k, &mut shared, b, hk, first, count, g, d_k, vector);
-    finish_tile::<F, N>(&mut shared, selected_v, partials, b, hk, first, count, at, g, d_v, vector);
+    stage_queries::<F>(q, &mut shared, bh, scale, g, d_k);
+    score_tile::<F, N>(selected_k, &mut shared, keys_at, count, g, d_k, vector);
+    finish_tile::<F, N>(&mut shared, selected_v, partials, values_at, count, at, g, d_v, vector);
 }

@@ -10,28 +10,36 @@
 
 use cubecl::prelude::*;
 
-use crate::kernel::primitives::rows::offset3;
+/// The slots of each cache a step writes (tail, selected store, window ring).
+#[derive(CubeType, CubeLaunch, Clone, Copy)]
+pub struct CacheSlots {
+    pub tail: usize,
+    pub selected: usize,
+    pub window: usize,
+}
 
-/// `projected [B, W]` (contiguous), `gate_bias [3 H]`, the rotation rows `cos, sin [B, d_k]`
-/// (contiguous) and the positions `[B]` -> `queries [B, 1, H, d_k]` and `gates [B, 1, 3, H]`
-/// (contiguous), and the caches `[B, H_kv, S, d]` (any strides) written at slot `t % S` (the
-/// selected branch's store has a slot per position, so `t % S = t`).
+/// `projected [B, W]`, `gate_bias [3 H]`, the rotation rows `cos, sin [B, d_k]` and the
+/// positions `[B]` -> `queries [B, 1, H, d_k]` and `gates [B, 1, 3, H]`, and the caches
+/// `[B, H_kv, S, d]` written at slot `t % S` (the selected branch's store has a slot per
+/// position, so `t % S = t`), each with its `S` in `slots`. All contiguous: as arrays, whose
+/// lengths go with the launch where a tensor's shape and strides would be uploaded.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 pub fn decode_write<F: Float, I: Int>(
-    projected: &Tensor<F>,
-    gate_bias: &Tensor<F>,
-    cos: &Tensor<F>,
-    sin: &Tensor<F>,
-    positions: &Tensor<I>,
-    tail_k: &mut Tensor<F>,
-    tail_v: &mut Tensor<F>,
-    selected_k: &mut Tensor<F>,
-    selected_v: &mut Tensor<F>,
-    window_k: &mut Tensor<F>,
-    window_v: &mut Tensor<F>,
-    queries: &mut Tensor<F>,
-    gates: &mut Tensor<F>,
+    projected: &Array<F>,
+    gate_bias: &Array<F>,
+    cos: &Array<F>,
+    sin: &Array<F>,
+    positions: &Array<I>,
+    tail_k: &mut Array<F>,
+    tail_v: &mut Array<F>,
+    selected_k: &mut Array<F>,
+    selected_v: &mut Array<F>,
+    window_k: &mut Array<F>,
+    window_v: &mut Array<F>,
+    queries: &mut Array<F>,
+    gates: &mut Array<F>,
+    slots: CacheSlots,
     #[comptime] heads: usize,
     #[comptime] kv_heads: usize,
     #[comptime] d_k: usize,
@@ -58,13 +66,15 @@ pub fn decode_write<F: Float, I: Int>(
             let k = j - comptime!(heads * d_k);
             let set = k / comptime!(kv_heads * d_k);
             let (hk, i) = ((k / d_k) % kv_heads, k % d_k);
-            put_set::<F>(tail_k, selected_k, window_k, set, b, hk, t, i, value, kv_sets);
+            let at = Put { set, b, hk, t, i };
+            put_set::<F>(tail_k, selected_k, window_k, &slots, at, value, kv_heads, d_k, kv_sets);
         }
     } else if j < gates_at {
         let k = j - rotated;
         let set = k / comptime!(kv_heads * d_v);
         let (hk, i) = ((k / d_v) % kv_heads, k % d_v);
-        put_set::<F>(tail_v, selected_v, window_v, set, b, hk, t, i, projected[row + j], kv_sets);
+        let at = Put { set, b, hk, t, i };
+        put_set::<F>(tail_v, selected_v, window_v, &slots, at, projected[row + j], kv_heads, d_v, kv_sets);
     } else {
         let k = j - gates_at;
         let z = f32::cast_from(projected[row + j]) + f32::cast_from(gate_bias[k]);
@@ -75,14 +85,7 @@ pub fn decode_write<F: Float, I: Int>(
 /// Column `j` of the row at `row` rotated with its pair: RoPE on interleaved pairs `(2i, 2i+1)`,
 /// `(e, o) -> (e cos - o sin, e sin + o cos)`, the rotation's cosine and sine at `angle`.
 #[cube]
-fn rotate<F: Float>(
-    projected: &Tensor<F>,
-    cos: &Tensor<F>,
-    sin: &Tensor<F>,
-    row: usize,
-    j: usize,
-    angle: usize,
-) -> f32 {
+fn rotate<F: Float>(projected: &Array<F>, cos: &Array<F>, sin: &Array<F>, row: usize, j: usize, angle: usize) -> f32 {
     let x = f32::cast_from(projected[row + j]);
     // The pair's other column: `j + 1` for an even column, `j - 1` for an odd one.
     let p = f32::cast_from(projected[row + j + 1 - 2 * (j % 2)]);
@@ -90,40 +93,49 @@ fn rotate<F: Float>(
     x * f32::cast_from(cos[angle]) + swapped * f32::cast_from(sin[angle])
 }
 
-/// Writes `value` (element `i` of KV head `hk`, sequence `b`, position `t`) into the caches of
-/// the branches that read set `set`.
-#[cube]
-#[allow(clippy::too_many_arguments, clippy::collapsible_else_if)]
-fn put_set<F: Float>(
-    tail: &mut Tensor<F>,
-    selected: &mut Tensor<F>,
-    window: &mut Tensor<F>,
+/// Where a value goes: element `i` of KV head `hk` of sequence `b` at position `t`, of key or
+/// value set `set`.
+#[derive(CubeType, Clone, Copy)]
+struct Put {
     set: usize,
     b: usize,
     hk: usize,
     t: usize,
     i: usize,
+}
+
+/// Writes `value` at `at` into the caches of the branches that read its set (`d` elements a
+/// row).
+#[cube]
+#[allow(clippy::too_many_arguments, clippy::collapsible_else_if)]
+fn put_set<F: Float>(
+    tail: &mut Array<F>,
+    selected: &mut Array<F>,
+    window: &mut Array<F>,
+    slots: &CacheSlots,
+    at: Put,
     value: F,
+    #[comptime] kv_heads: usize,
+    #[comptime] d: usize,
     #[comptime] kv_sets: usize,
 ) {
     if comptime!(kv_sets == 1) {
-        put::<F>(tail, b, hk, t, i, value);
-        put::<F>(selected, b, hk, t, i, value);
-        put::<F>(window, b, hk, t, i, value);
+        tail[slot_at(&at, slots.tail, kv_heads, d)] = value;
+        selected[slot_at(&at, slots.selected, kv_heads, d)] = value;
+        window[slot_at(&at, slots.window, kv_heads, d)] = value;
     } else {
-        if set == 0 {
-            put::<F>(tail, b, hk, t, i, value);
-        } else if set == 1 {
-            put::<F>(selected, b, hk, t, i, value);
+        if at.set == 0 {
+            tail[slot_at(&at, slots.tail, kv_heads, d)] = value;
+        } else if at.set == 1 {
+            selected[slot_at(&at, slots.selected, kv_heads, d)] = value;
         } else {
-            put::<F>(window, b, hk, t, i, value);
+            window[slot_at(&at, slots.window, kv_heads, d)] = value;
         }
     }
 }
 
-/// `cache[b, hk, t % S, i] = value` for a cache of `S` slots.
+/// The index of `at` in a contiguous cache `[B, H_kv, S, d]` of `S = slots`: slot `t % S`.
 #[cube]
-fn put<F: Float>(cache: &mut Tensor<F>, b: usize, hk: usize, t: usize, i: usize, value: F) {
-    let at = offset3::<F>(cache, b, hk, t % cache.shape(2));
-    cache[at + i * cache.stride(3)] = value;
+fn slot_at(at: &Put, slots: usize, #[comptime] kv_heads: usize, #[comptime] d: usize) -> usize {
+    ((at.b * kv_heads + at.hk) * slots + at.t % slots) * d + at.i
 }

@@ -130,7 +130,7 @@ pub fn select_top_n<F: Float, I: Int, V: Size>(
         n,
     );
     if cube.active {
-        write_list::<I>(list, &chosen, &taken, offset3::<I>(list, b, t, hk), r, lane, n);
+        write_list::<I, Tensor<I>>(list, &chosen, &taken, offset3::<I>(list, b, t, hk), r, lane, n);
     }
 }
 
@@ -283,8 +283,8 @@ pub(crate) fn merge_best(
 /// their rank among the chosen) and `-1` in the unused slots, to `list[base..base + n]`.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn write_list<I: Int>(
-    list: &mut Tensor<I>,
+pub(crate) fn write_list<I: Int, L: ListMut<I>>(
+    list: &mut L,
     chosen: &SharedMemory<u32>,
     taken: &SharedMemory<u32>,
     base: usize,
@@ -303,9 +303,9 @@ pub(crate) fn write_list<I: Int>(
                     rank += 1;
                 }
             }
-            list[base + rank] = I::cast_from(j);
+            list.write(base + rank, I::cast_from(j));
         } else {
-            list[base + slot] = I::new(-1);
+            list.write(base + slot, I::new(-1));
         }
         slot += LANES;
     }

@@ -113,7 +113,7 @@ pub fn select_top_n_mma<F: Float, I: Int, N: Size>(
     let mut taken = SharedMemory::<u32>::new(rows);
     take_best_in_plane(&mut scores, &mut chosen, &mut taken, start / block_size, t / block_size, r, lane, blocks, n);
     if cube.active {
-        write_list::<I>(list, &chosen, &taken, offset3::<I>(list, b, t, hk), r, lane, n);
+        write_list::<I, Tensor<I>>(list, &chosen, &taken, offset3::<I>(list, b, t, hk), r, lane, n);
     }
 }
 
