@@ -110,7 +110,7 @@ fn cases<B: DecodeAttentionBackend>(device: &B::Device, tol: f64, silu_tol: f64)
     check::<B>(device, Input::Silu, true, [11, 300, 36], silu_tol);
     check::<B>(device, Input::Plain, true, [1, 64, 6], tol);
     check::<B>(device, Input::Norm, true, [2, 40, 7], tol);
-    // Past one chunk of `k` (a slice reads at most 8 of a chunk's 1,024).
+    // Past one chunk of `k` (a slice reads at most 8 of a chunk's 512).
     check::<B>(device, Input::Norm, true, [6, 1100, 20], tol);
     // The attention branches' gated mix: heads of 16 and of 3 columns.
     check::<B>(device, Input::Mix(4), true, [5, 64, 36], tol);

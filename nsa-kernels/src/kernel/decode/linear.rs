@@ -38,10 +38,8 @@ pub struct LinearShape {
 
 /// Units of a cube.
 pub const LINEAR_UNITS: usize = 256;
-/// Column vectors a cube serves: two (at 16-byte vectors, one 32-byte sector of a weight row a
-/// slice), so that a product's columns spread over many cubes, each walking `k` in few chunks (a
-/// product this thin is bound by its chain of load latencies, not by bandwidth).
-pub const LINEAR_VECTORS: usize = 2;
+/// Column vectors a cube serves.
+pub const LINEAR_VECTORS: usize = 4;
 /// Slices of `k` a cube's units split between them.
 pub const LINEAR_SLICES: usize = LINEAR_UNITS / LINEAR_VECTORS;
 /// Units of a plane where the kernel exchanges by plane shuffles.
