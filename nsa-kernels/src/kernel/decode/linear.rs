@@ -229,14 +229,6 @@ pub fn decode_linear<F: Float, N: Size>(
     let chunk = comptime!(per_slice * LINEAR_SLICES);
     let mut shared = SharedMemory::<f32>::new(comptime!(linear_shared_words(rows, vector, per_slice, plane_exchange)));
     let mut scale = SharedMemory::<f32>::new(rows);
-    // Each chunk's weights are loaded before its `f(x)` is staged, so that their loads are in
-    // flight meanwhile; the first chunk's before the norm's squares are summed, too. Past `k`
-    // the clamped rows meet staged zeros and add nothing.
-    let mut weights = Array::<Vector<F, N>>::new(per_slice);
-    #[unroll]
-    for i in 0..per_slice {
-        weights[i] = w[min(slice + i * LINEAR_SLICES, k - 1) * pitch + column];
-    }
     if comptime!(norm) {
         row_scales::<F>(x, &mut shared, &mut scale, &shape, first, epsilon, rows, plane_exchange);
     }
@@ -248,11 +240,12 @@ pub fn decode_linear<F: Float, N: Size>(
     }
     let mut base = 0;
     while base < k {
-        if base > 0 {
-            #[unroll]
-            for i in 0..per_slice {
-                weights[i] = w[min(base + slice + i * LINEAR_SLICES, k - 1) * pitch + column];
-            }
+        // The chunk's weights first, so that their loads are in flight while `f(x)` is staged.
+        // Past `k` the clamped rows meet staged zeros and add nothing.
+        let mut weights = Array::<Vector<F, N>>::new(per_slice);
+        #[unroll]
+        for i in 0..per_slice {
+            weights[i] = w[min(base + slice + i * LINEAR_SLICES, k - 1) * pitch + column];
         }
         stage_chunk::<F>(
             x,
@@ -289,15 +282,14 @@ pub fn decode_linear<F: Float, N: Size>(
 
     let in_cube = CUBE_POS_X as usize * LINEAR_VECTORS + lane < vectors;
     if comptime!(plane_exchange) {
-        // A plane holds `PLANE / LINEAR_VECTORS` slices of the lanes: xor over the slice bits,
-        // then the planes' sums meet in shared memory, word `(plane LINEAR_VECTORS + lane) rows
-        // vector + i`.
+        // A plane holds eight slices of the four lanes: xor over the slice bits, then the
+        // planes' sums meet in shared memory, word `(plane LINEAR_VECTORS + lane) rows vector + i`.
         let width = comptime!(rows * vector);
         #[unroll]
         for i in 0..rows * vector {
             let mut v = sums[i];
             #[unroll]
-            for step in 0..comptime!((PLANE / LINEAR_VECTORS).trailing_zeros()) {
+            for step in 0..3u32 {
                 v += plane_shuffle_xor(v, comptime!((LINEAR_VECTORS as u32) << step));
             }
             sums[i] = v;
