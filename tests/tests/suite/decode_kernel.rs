@@ -121,6 +121,8 @@ fn decode_kernel_matches_the_spec_on_wgpu() {
     check(Selection { length: 16, stride: 8, block_size: 96, n: 5 }, [1250, 14, 130, 1399]);
     // A compressed key per position: more tiles than a merge's units take in one pass.
     check(Selection { length: 8, stride: 1, block_size: 32, n: 10 }, [3150, 5, 77, 3199]);
+    // More selection blocks (394) than the top-n's cube has units (256): a unit scans several.
+    check(Selection { length: 8, stride: 4, block_size: 8, n: 10 }, [3150, 5, 77, 3199]);
 }
 
 fn check(selection: Selection, positions: [usize; 4]) {
