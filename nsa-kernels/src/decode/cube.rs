@@ -105,13 +105,12 @@ fn launch<R: CubeRuntime>(
     let outputs = [o_compressed, o_selected, o_window];
     let dtypes = [q.dtype.into(), int.into()];
     let tile_dim = CubeDim::new_1d(DECODE_UNITS as u32);
-    let groups = (b * h_kv) as u32;
     let tiles = tiles_c + tiles_w + tiles_s;
     let extent = Extent { groups: b * h_kv, h_kv, n_compressed, ring, max_len, tiles, n };
 
     decode_tiles::launch::<R>(
         &client,
-        CubeCount::new_2d((tiles_c + tiles_w) as u32, groups),
+        CubeCount::new_2d(extent.first_selected() as u32, extent.groups as u32),
         tile_dim,
         vector,
         q.clone().into_array_arg(),
@@ -132,11 +131,10 @@ fn launch<R: CubeRuntime>(
         vector,
         dtypes,
     );
-    let step = StepLaunch { groups, vector, scale, g, d_k, d_v, dtypes, extent };
+    let step = StepLaunch { vector, scale, g, d_k, d_v, dtypes, extent };
     launch_select(&client, [&partials, &scores], &positions, &list, selection, SelectExtent { keys, blocks }, step);
-    let merged = MergeExtent { n_compressed, ring, first_selected: tiles_c + tiles_w };
-    launch_selected(&client, q, [selected_k, selected_v], &positions, &list, &partials, selection, merged, step);
-    launch_merge(&client, partials, positions, outputs.clone(), selection, merged, step);
+    launch_selected(&client, q, [selected_k, selected_v], &positions, &list, &partials, selection, step);
+    launch_merge(&client, partials, positions, outputs.clone(), selection, step);
     (outputs, list)
 }
 
@@ -169,7 +167,6 @@ fn selection_extent<R: CubeRuntime>(
 /// What a step's launches share.
 #[derive(Clone, Copy)]
 struct StepLaunch {
-    groups: u32,
     vector: usize,
     scale: f32,
     g: usize,
@@ -192,23 +189,20 @@ struct Extent {
 }
 
 impl Extent {
+    /// The first selected tile of a group's partials: the compressed branch's tiles and the
+    /// window's come before it.
+    fn first_selected(self) -> usize {
+        self.n_compressed.div_ceil(DECODE_TILE) + self.ring.div_ceil(DECODE_TILE)
+    }
+
     fn arg<R: CubeRuntime>(self) -> StepExtentLaunch<R> {
         let Extent { groups, h_kv, n_compressed, ring, max_len, tiles, n } = self;
         StepExtentLaunch::new(groups, h_kv, n_compressed, ring, max_len, tiles, n)
     }
 }
 
-/// Where a step's partials lie: the compressed branch's tiles (of `n_compressed` keys), the
-/// window's (of `ring` slots), then the selected blocks' from `first_selected`.
-#[derive(Clone, Copy)]
-struct MergeExtent {
-    n_compressed: usize,
-    ring: usize,
-    first_selected: usize,
-}
-
-/// The selected branch after the selection: the chosen blocks' tiles into `partials` from
-/// `extent.first_selected`.
+/// The selected branch after the selection: the chosen blocks' tiles into `partials` after the
+/// other branches' ([`Extent::first_selected`]).
 #[allow(clippy::too_many_arguments)]
 fn launch_selected<R: CubeRuntime>(
     client: &ComputeClient<R>,
@@ -218,14 +212,13 @@ fn launch_selected<R: CubeRuntime>(
     list: &CubeTensor<R>,
     partials: &CubeTensor<R>,
     selection: Selection,
-    extent: MergeExtent,
     launch: StepLaunch,
 ) {
-    let StepLaunch { groups, vector, scale, g, d_k, d_v, dtypes, extent: sizes } = launch;
-    let tiles_s = partials.meta.shape()[1] - extent.first_selected;
+    let StepLaunch { vector, scale, g, d_k, d_v, dtypes, extent } = launch;
+    let first = extent.first_selected();
     decode_selected_tiles::launch::<R>(
         client,
-        CubeCount::new_2d(tiles_s as u32, groups),
+        CubeCount::new_2d((extent.tiles - first) as u32, extent.groups as u32),
         CubeDim::new_1d(DECODE_UNITS as u32),
         vector,
         q.into_array_arg(),
@@ -234,9 +227,9 @@ fn launch_selected<R: CubeRuntime>(
         positions.clone().into_array_arg(),
         list.clone().into_array_arg(),
         partials.clone().into_array_arg(),
-        sizes.arg(),
+        extent.arg(),
         scale,
-        extent.first_selected,
+        first,
         selection.block_size,
         g,
         d_k,
@@ -253,20 +246,19 @@ fn launch_merge<R: CubeRuntime>(
     positions: CubeTensor<R>,
     [o_compressed, o_selected, o_window]: [CubeTensor<R>; 3],
     selection: Selection,
-    extent: MergeExtent,
     launch: StepLaunch,
 ) {
-    let StepLaunch { groups, g, d_v, dtypes, extent: sizes, .. } = launch;
+    let StepLaunch { g, d_v, dtypes, extent, .. } = launch;
     decode_merge::launch::<R>(
         client,
-        CubeCount::new_2d(groups * g as u32, 3),
+        CubeCount::new_2d((extent.groups * g) as u32, 3),
         CubeDim::new_1d(MERGE_UNITS as u32),
         partials.into_array_arg(),
         positions.into_array_arg(),
         o_compressed.into_array_arg(),
         o_selected.into_array_arg(),
         o_window.into_array_arg(),
-        sizes.arg(),
+        extent.arg(),
         extent.n_compressed,
         extent.ring,
         selection.length,
@@ -294,11 +286,11 @@ fn launch_select<R: CubeRuntime>(
     extent: SelectExtent,
     launch: StepLaunch,
 ) {
-    let StepLaunch { groups, g, d_v, dtypes, extent: sizes, .. } = launch;
+    let StepLaunch { g, d_v, dtypes, extent: sizes, .. } = launch;
     let SelectExtent { keys, blocks } = extent;
     decode_select::launch::<R>(
         client,
-        CubeCount::new_1d(groups),
+        CubeCount::new_1d(sizes.groups as u32),
         CubeDim::new_2d(SELECTION_LANES as u32, SELECT_PLANES as u32),
         partials.clone().into_array_arg(),
         scores.clone().into_array_arg(),

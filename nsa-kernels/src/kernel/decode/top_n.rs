@@ -7,7 +7,7 @@
 
 use cubecl::prelude::*;
 
-use crate::kernel::selection::top_n::{force_blocks, TAKEN};
+use crate::kernel::selection::top_n::{force_blocks, lane_best, TAKEN};
 use crate::tile_sizes::SELECTION_LANES as LANES;
 
 /// The better of two candidates: the higher score, ties to the lower block.
@@ -15,24 +15,6 @@ use crate::tile_sizes::SELECTION_LANES as LANES;
 fn better(s1: f32, j1: u32, s2: f32, j2: u32) -> (f32, u32) {
     let second = s2 > s1 || (s2 == s1 && j2 < j1);
     (select(second, s2, s1), select(second, j2, j1))
-}
-
-/// The best untaken block among `unit, unit + units, ..` up to `current`: `(TAKEN, 0)` when
-/// none is left.
-#[cube]
-fn unit_best(scores: &SharedMemory<f32>, current: usize, unit: usize, #[comptime] units: usize) -> (f32, u32) {
-    let mut best = f32::new(TAKEN);
-    let mut best_j = 0u32;
-    let mut j = unit;
-    while j <= current {
-        // Ascending `j`: a strict comparison keeps the lower index of a tie.
-        if scores[j] > best {
-            best = scores[j];
-            best_j = j as u32;
-        }
-        j += units;
-    }
-    (best, best_j)
 }
 
 /// The cube's best candidate, returned to every unit. `exchange` holds `2 units` words; `round`
@@ -116,7 +98,7 @@ pub fn cube_top_n(
     sync_cube();
     let mut score_row = SharedMemory::<f32>::new(comptime!(2 * units));
     let mut block_row = SharedMemory::<u32>::new(comptime!(2 * units));
-    let (first_best, first_j) = unit_best(scores, current, unit, units);
+    let (first_best, first_j) = lane_best(scores, 0, 0, current, unit, units);
     let mut best = first_best;
     let mut best_j = first_j;
     // Block 0 is always forced, so at most `n - 1` blocks are chosen by score.
@@ -128,7 +110,7 @@ pub fn cube_top_n(
             }
             if j as usize % units == unit {
                 scores[j as usize] = TAKEN;
-                let (s2, j2) = unit_best(scores, current, unit, units);
+                let (s2, j2) = lane_best(scores, 0, 0, current, unit, units);
                 best = s2;
                 best_j = j2;
             }

@@ -32,7 +32,7 @@ pub fn take_best_in_plane(
     let mut count = force_blocks(scores, chosen, first, current, r, lane, blocks, n);
     // The first block is always forced, so at most `n - 1` blocks are chosen by score.
     for _round in 0..comptime!(n - 1) {
-        let (lane_score, lane_block) = lane_best(scores, row, first, current, lane);
+        let (lane_score, lane_block) = lane_best(scores, row, first, current, lane, LANES);
         let mut best = lane_score;
         let mut best_j = lane_block;
         // Butterfly: after the five exchanges every lane holds the plane's best.

@@ -162,7 +162,7 @@ pub(crate) fn take_best(
     let at = r * LANES;
     // The first block is always forced, so at most `n - 1` blocks are chosen by score.
     for _round in 0..comptime!(n - 1) {
-        let (best, best_j) = lane_best(scores, row, first, current, lane);
+        let (best, best_j) = lane_best(scores, row, first, current, lane, LANES);
         best_score[at + lane] = best;
         best_block[at + lane] = best_j;
         // Halvings of the plane: `LANES` is 32.
@@ -186,7 +186,7 @@ pub(crate) fn take_best(
 }
 
 /// The best block of query row `r` (scores from `row`) among those lane `lane` scans
-/// (`lane, lane + LANES, ..` from `first` up to `current`) and none taken: its score and index,
+/// (`lane, lane + stride, ..` from `first` up to `current`) and none taken: its score and index,
 /// `TAKEN` and 0 when none is left.
 #[cube]
 pub(crate) fn lane_best(
@@ -195,6 +195,7 @@ pub(crate) fn lane_best(
     first: usize,
     current: usize,
     lane: usize,
+    #[comptime] stride: usize,
 ) -> (f32, u32) {
     let mut best = f32::new(TAKEN);
     let mut best_j = 0u32;
@@ -206,7 +207,7 @@ pub(crate) fn lane_best(
             best = s;
             best_j = j as u32;
         }
-        j += LANES;
+        j += stride;
     }
     (best, best_j)
 }
