@@ -5,11 +5,11 @@ use burn::module::Module;
 use burn::nn::Linear;
 use burn::tensor::{backend::Backend, Tensor};
 
-use super::projection::{apply, linear, merge_heads, split_heads, KvProjection, KvProjectionConfig};
+use super::projection::{apply, linear, tokens_first_heads, KvProjection, KvProjectionConfig};
 use crate::config::NsaConfig;
 use crate::rope::{Rope, RopeConfig};
 use nsa_kernels::sparse::reference;
-use nsa_kernels::{Documents, GemmBackend, Keys};
+use nsa_kernels::{sparse_attention, Documents, Keys, SparseAttentionBackend};
 
 #[derive(Module, Debug)]
 pub struct DenseAttention<B: Backend> {
@@ -46,17 +46,21 @@ impl DenseAttentionConfig {
     }
 }
 
-impl<B: GemmBackend> DenseAttention<B> {
+impl<B: SparseAttentionBackend> DenseAttention<B> {
     /// `x: [B, T, dim]` -> `[B, T, dim]`, each position attending its own document's with
     /// `documents`.
     pub fn forward(&self, x: Tensor<B, 3>, documents: Option<&Documents<B>>) -> Tensor<B, 3> {
         let c = &self.config;
-        let [_, t, _] = x.dims();
-        let q = self.rope.apply(split_heads(apply(&self.query, x.clone()), c.n_heads), documents).swap_dims(1, 2);
+        let [b, t, _] = x.dims();
+        let q = self.rope.apply_tokens_first(tokens_first_heads(apply(&self.query, x.clone()), c.n_heads), documents);
         let (k, v) = self.kv.forward(x, &self.rope, documents);
-        // Causal attention is a window as long as the sequence: the reference every kernel is
-        // held to, with the probabilities materialised (`B * H * T^2`).
-        let (out, _) = reference::forward(q, k, v, &Keys::window(t, documents));
-        apply(&self.output, merge_heads(out.swap_dims(1, 2)))
+        // Causal attention is a window as long as the row: NSA's fused window kernels (flash
+        // attention, nothing `T x T` kept), or the reference with its probabilities materialised.
+        let keys = Keys::window(t, documents);
+        let (out, _) = match c.fused_kernels {
+            true => sparse_attention(q, k, v, &keys),
+            false => reference::forward(q, k, v, &keys),
+        };
+        apply(&self.output, out.reshape([b, t, c.n_heads * c.d_v]))
     }
 }

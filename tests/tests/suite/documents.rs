@@ -5,10 +5,12 @@
 //! (WGPU, Mesa lavapipe in CI) against that reference path.
 
 use burn::backend::wgpu::{CubeBackend, WgpuDevice, WgpuRuntime};
+use burn::backend::Autodiff;
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::{backend::AutodiffBackend, Int, Tensor, TensorData};
 use nsa_core::{
-    lm_loss, AttentionKind, Documents, NsaAttention, NsaAttentionConfig, NsaConfig, NsaLm, NsaLmConfig, Phi,
+    lm_loss, AttentionKind, DenseAttention, DenseAttentionConfig, Documents, NsaAttention, NsaAttentionConfig,
+    NsaConfig, NsaLm, NsaLmConfig, Phi,
 };
 use nsa_tests::reference::nsa_reference;
 use nsa_tests::{
@@ -95,8 +97,8 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for Grads<'_, B> {
     }
 }
 
-fn param_grads<M: Module<A64>>(module: &M, grads: &<A64 as AutodiffBackend>::Gradients) -> Vec<Vec<f64>> {
-    let mut visitor = Grads::<A64> { grads, out: Vec::new() };
+fn param_grads<B: AutodiffBackend, M: Module<B>>(module: &M, grads: &B::Gradients) -> Vec<Vec<f64>> {
+    let mut visitor = Grads::<B> { grads, out: Vec::new() };
     module.visit(&mut visitor);
     visitor.out
 }
@@ -204,6 +206,42 @@ fn the_wgpu_kernels_keep_to_each_document() {
     assert_eq!(blocks, want_blocks, "selected blocks");
     let err = max_rel_err(&out, &want_out);
     assert!(err <= 1e-5, "outputs differ from the reference path by {err:e}");
+}
+
+/// The dense layer on the fused window kernels (a window as long as the row) against its
+/// reference path on the same device, unpacked and packed: outputs, and the gradients of the
+/// input and of every weight.
+#[test]
+fn the_dense_layer_on_the_wgpu_window_kernels_matches_its_reference() {
+    type Wgpu = Autodiff<CubeBackend<WgpuRuntime, f32, i32, u32>>;
+    let (cfg, device) = (layer_config(), WgpuDevice::default());
+    let mut rng = fresh_rng("dense_layer_on_the_window_kernels");
+    let fused: DenseAttention<Wgpu> =
+        randomized(DenseAttentionConfig::new(cfg.clone(), T).init(&device), &mut rng, 0.4);
+    let mut reference = fused.clone();
+    reference.config.fused_kernels = false;
+    let (x, _) = random_input::<Wgpu>(&mut rng, ROWS.len(), T, cfg.dim, &device);
+    let x = x.require_grad();
+    let seed = Tensor::<Wgpu, 3>::from_data(
+        TensorData::new(normal(&mut rng, ROWS.len() * T * cfg.dim, 1.0), [ROWS.len(), T, cfg.dim]),
+        &device,
+    );
+    let documents = packed(cfg.document_alignment(), &device);
+    for documents in [None, Some(&documents)] {
+        let run = |layer: &DenseAttention<Wgpu>| {
+            let out = layer.forward(x.clone(), documents);
+            let grads = (out.clone() * seed.clone()).sum().backward();
+            let mut all = vec![to_vec(out), to_vec(x.grad(&grads).unwrap())];
+            all.extend(param_grads(layer, &grads));
+            all
+        };
+        let (got, want) = (run(&fused), run(&reference));
+        for (i, (got, want)) in got.iter().zip(&want).enumerate() {
+            let err = max_rel_err(got, want);
+            let what = ["output", "input gradient"].get(i).copied().unwrap_or("a weight's gradient");
+            assert!(err <= 1e-5, "packed {}: {what} ({i}) differs from the reference by {err:e}", documents.is_some());
+        }
+    }
 }
 
 #[test]
