@@ -2,6 +2,8 @@
 
 use std::path::PathBuf;
 
+use nsa_core::AttentionKind;
+
 use crate::config::{BackendKind, Precision, RunConfig};
 
 /// What selects and overrides a run's configuration: shared by `nsa train`, `nsa bench-train`
@@ -36,6 +38,18 @@ pub struct RunArgs {
     /// (sets `model.attention.fused_kernels = false`).
     #[arg(long)]
     pub reference_attention: bool,
+    /// Overrides `model.attention.attention` (`nsa` or `dense`): the same run with full causal
+    /// attention, for comparisons.
+    #[arg(long, value_parser = parse_attention)]
+    pub attention: Option<AttentionKind>,
+}
+
+fn parse_attention(name: &str) -> Result<AttentionKind, String> {
+    match name {
+        "nsa" => Ok(AttentionKind::Nsa),
+        "dense" => Ok(AttentionKind::Dense),
+        other => Err(format!("unknown attention `{other}` (nsa, dense)")),
+    }
 }
 
 /// The config a command runs without `--config` (a fresh clone's tiny model).
@@ -71,6 +85,9 @@ impl RunArgs {
         }
         if self.reference_attention {
             cfg.model.attention.fused_kernels = false;
+        }
+        if let Some(kind) = self.attention {
+            cfg.model.attention.attention = kind;
         }
     }
 }
