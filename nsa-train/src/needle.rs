@@ -35,6 +35,8 @@ pub struct NeedleCell {
     pub depth: u32,
     pub correct: usize,
     pub trials: usize,
+    /// What the model gave back for each key, as text: what a miss said.
+    pub answers: Vec<String>,
 }
 
 impl NeedleCell {
@@ -73,7 +75,8 @@ pub fn needle_in_a_haystack<B: DecodeAttentionBackend>(
             let done = generate(model, &prompts, &greedy, Some(end_of_text), device, |_, _| {})?;
             let correct =
                 keys.iter().zip(&done.tokens).filter(|(key, answer)| answers(tokenizer, answer, **key)).count();
-            let cell = NeedleCell { length, depth, correct, trials: opts.trials };
+            let answers = done.tokens.iter().map(|answer| tokenizer.decode(answer)).collect();
+            let cell = NeedleCell { length, depth, correct, trials: opts.trials, answers };
             progress(&cell);
             cells.push(cell);
         }

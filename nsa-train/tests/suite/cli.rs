@@ -130,6 +130,16 @@ fn scores_held_out_text(dir: &std::path::Path, out: &str) {
     // This model's 32 tokens hold no haystack: the needle alone is longer.
     assert_fails_with(&["eval", "needle", "--checkpoint", &out, "--backend", "cpu"], "no room for filler");
     assert_fails_with(&["eval", "needle", "--checkpoint", &out, "--depths", "50,120"], "percentages from 0 to 100");
+    // Run past the trained length, a haystack fits.
+    let args = ["eval", "needle", "--checkpoint", &out, "--context", "128", "--lengths", "100", "--depths", "50"];
+    let output = Command::new(env!("CARGO_BIN_EXE_nsa"))
+        .args(args)
+        .args(["--trials", "1", "--backend", "cpu"])
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(text.lines().any(|line| line.trim_start().starts_with("100 ")), "{text}");
 }
 
 /// `nsa plot` of the run in `out`.

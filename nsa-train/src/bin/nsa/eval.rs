@@ -49,10 +49,15 @@ pub(crate) struct NeedleArgs {
     /// A run directory (its newest checkpoint) or one checkpoint directory.
     #[arg(long)]
     checkpoint: PathBuf,
-    /// Haystack lengths in tokens (`k` = 1024), question included (default: 1k, 4k, 16k, 64k, those
-    /// that fit the model's seq_len with the answer, or the longest that does).
+    /// Haystack lengths in tokens (`k` = 1024), question included (default: those of 1k, 4k, 16k
+    /// and 64k shorter than the longest that fits the model's seq_len with the answer, and that
+    /// longest).
     #[arg(long, value_delimiter = ',', value_parser = parse_length)]
     lengths: Vec<usize>,
+    /// The context the model runs at, in tokens (default: the seq_len it trained at): a longer
+    /// one asks how retrieval holds past the trained length, at positions it never saw.
+    #[arg(long, value_parser = parse_length)]
+    context: Option<usize>,
     /// Needle depths, percent of the filler before it.
     #[arg(long, value_delimiter = ',', default_value = "0,10,20,30,40,50,60,70,80,90,100")]
     depths: Vec<u32>,
@@ -145,7 +150,11 @@ fn needle(args: NeedleArgs) -> Result<(), String> {
     if args.trials == 0 || args.depths.iter().any(|&d| d > 100) || args.depths.is_empty() {
         return Err("--trials takes a number of at least 1 and --depths percentages from 0 to 100".into());
     }
-    let loaded = Loaded::open(&args.checkpoint, &args.run_on)?;
+    let mut loaded = Loaded::open(&args.checkpoint, &args.run_on)?;
+    if let Some(context) = args.context {
+        // The RoPE table is the only part sized by seq_len, and it is built, not loaded.
+        loaded.cfg.model.seq_len = context;
+    }
     let tokenizer = loaded.tokenizer()?;
     let lengths = match args.lengths.is_empty() {
         true => default_lengths(loaded.cfg.model.seq_len),
@@ -166,14 +175,13 @@ fn needle(args: NeedleArgs) -> Result<(), String> {
     Ok(())
 }
 
-/// 1k, 4k, 16k and 64k where they fit `seq_len` with the answer; else the longest that does.
+/// 1k, 4k, 16k and 64k where they fit `seq_len` with the answer, and the longest that does (the
+/// length the model trained at).
 fn default_lengths(seq_len: usize) -> Vec<usize> {
-    let fits: Vec<usize> =
-        [1, 4, 16, 64].map(|k| k * 1024).into_iter().filter(|l| l + ANSWER_TOKENS <= seq_len).collect();
-    match fits.is_empty() {
-        true => vec![seq_len.saturating_sub(ANSWER_TOKENS)],
-        false => fits,
-    }
+    let longest = seq_len.saturating_sub(ANSWER_TOKENS);
+    let mut lengths: Vec<usize> = [1, 4, 16, 64].map(|k| k * 1024).into_iter().filter(|&l| l < longest).collect();
+    lengths.push(longest);
+    lengths
 }
 
 fn run_needle<B: DecodeAttentionBackend>(
@@ -192,4 +200,16 @@ fn run_needle<B: DecodeAttentionBackend>(
             cell.length, cell.depth, cell.correct, cell.trials
         );
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_lengths_end_at_the_longest_haystack_the_model_takes() {
+        assert_eq!(default_lengths(16384), [1024, 4096, 16376]);
+        assert_eq!(default_lengths(4096 + ANSWER_TOKENS), [1024, 4096]);
+        assert_eq!(default_lengths(128), [120]);
+    }
 }
