@@ -32,7 +32,7 @@ fn tiny_model() -> (NsaLm<B>, usize) {
 
 /// The copy task's windows of `seq_len + 1` tokens: training and validation.
 fn windows(seq_len: usize) -> (Vec<Vec<u32>>, Vec<Vec<u32>>) {
-    let (train, valid) = splits(SyntheticTask::Copy, seq_len, 64, 42);
+    let (train, valid) = splits(SyntheticTask::Copy, seq_len, 1, 64, 42);
     let all = |s: &PackedSplit| (0..s.num_windows()).map(|w| s.window(w).to_vec()).collect();
     (all(&train), all(&valid))
 }

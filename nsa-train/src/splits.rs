@@ -23,8 +23,10 @@ pub fn load_splits(cfg: &RunConfig, paths: &[PathBuf]) -> Result<(PackedSplit, P
     }
     if let Some(task) = cfg.data.synthetic_task().map_err(|e| DataError(e.to_string()))? {
         let t = &cfg.train;
+        // NSA's alignment whatever the attention, so a dense run reads the same documents.
+        let align = cfg.model.attention.document_alignment();
         let windows = (t.steps * t.batch_size * t.devices.len() * t.grad_accumulation).clamp(64, 1 << 16);
-        let (train, valid) = synthetic::splits(task, seq_len, windows, cfg.train.seed);
+        let (train, valid) = synthetic::splits(task, seq_len, align, windows, cfg.train.seed);
         return Ok((train, valid, tokenizer));
     }
     let found = read_documents(paths)?;

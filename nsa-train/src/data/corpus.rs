@@ -81,6 +81,21 @@ impl PackedSplit {
         Self { tokens, seq_len, documents: None }
     }
 
+    /// Documents of tokens laid end to end, each its own (packed as documents, unaligned), and
+    /// `last` as the last window's last target: each document's last target is the next's first
+    /// token, not its own.
+    pub fn from_documents(docs: impl IntoIterator<Item = Vec<u32>>, seq_len: usize, last: u32) -> Self {
+        let mut tokens = Vec::new();
+        let mut spans = DocumentSpans::default();
+        for doc in docs {
+            let start = tokens.len();
+            tokens.extend(doc);
+            spans.push(start, tokens.len() - 1);
+        }
+        tokens.push(last);
+        Self { tokens, seq_len, documents: Some(spans) }
+    }
+
     /// The split with passkey windows ([`passkey::window`]) making up `share` of its windows:
     /// appended after its whole windows (a partial last one is dropped), so each is a window of
     /// its own (and, packed as documents, a document), and the seeded order mixes them among the

@@ -44,6 +44,39 @@ pub fn window(tokenizer: &Tokenizer, length: usize, rng: &mut impl Rng) -> Resul
     Ok(tokens)
 }
 
+/// One training window of the task as documents that fill its `length` tokens: haystacks of
+/// lengths drawn log-uniformly from the shortest to all that is left, each with its answer, so a
+/// window teaches several keys and every distance up to the window. Each document but the last
+/// is a multiple of `align` long, so each starts where packed documents may.
+pub fn documents(
+    tokenizer: &Tokenizer,
+    length: usize,
+    align: usize,
+    rng: &mut impl Rng,
+) -> Result<Vec<Vec<u32>>, String> {
+    let shortest = shortest_window().next_multiple_of(align);
+    let mut docs = Vec::new();
+    let mut left = length;
+    while left > 0 {
+        let take = match left < 2 * shortest {
+            true => left,
+            false => {
+                let drawn = (shortest as f64 * (left as f64 / shortest as f64).powf(rng.random::<f64>())) as usize;
+                let drawn = (drawn / align * align).max(shortest);
+                // What is left after this one must hold a haystack too.
+                if left - drawn < shortest {
+                    left
+                } else {
+                    drawn
+                }
+            }
+        };
+        docs.push(window(tokenizer, take, rng)?);
+        left -= take;
+    }
+    Ok(docs)
+}
+
 /// The shortest haystack with filler around the needle, in bytes.
 pub fn shortest_haystack() -> usize {
     needle(10_000).len() + QUESTION.len() + 1

@@ -17,9 +17,10 @@ pub enum SyntheticTask {
     /// `k1 v1 k2 v2 ... ? k_i v_i`: random key/value letter pairs, then queries of earlier keys
     /// whose values are predictable from context.
     Recall,
-    /// Passkey retrieval as `nsa eval needle` asks it: each window one haystack (a five-digit key
-    /// at a random depth of filler, the question at the end) and its answer, so a model learns
-    /// to find the key wherever it is.
+    /// Passkey retrieval as `nsa eval needle` asks it: each window haystacks of random lengths
+    /// up to the window (a five-digit key at a random depth of filler, the question at the end)
+    /// and their answers, packed as documents, so a model learns to find the key wherever it is
+    /// at every distance.
     Passkey,
 }
 
@@ -27,7 +28,7 @@ const ALPHABET: u32 = 16;
 const LETTER: u32 = b'a' as u32;
 
 /// A stream of `num_tokens` tokens of the task (bytes: lowercase letters and punctuation).
-pub fn generate(task: SyntheticTask, num_tokens: usize, span: usize, seed: u64) -> Vec<u32> {
+fn generate(task: SyntheticTask, num_tokens: usize, span: usize, seed: u64) -> Vec<u32> {
     let mut rng = StdRng::seed_from_u64(seed);
     let letter = |rng: &mut StdRng| LETTER + rng.random_range(0..ALPHABET);
     let mut out = Vec::with_capacity(num_tokens + 2 * span + 2);
@@ -40,11 +41,7 @@ pub fn generate(task: SyntheticTask, num_tokens: usize, span: usize, seed: u64) 
                 out.extend(&s);
                 out.push(u32::from(b'\n'));
             }
-            SyntheticTask::Passkey => {
-                // `span` is the window: one haystack and its answer fill it.
-                let window = passkey::window(&Tokenizer::Bytes, span, &mut rng);
-                out.extend(window.expect("the config's check leaves room for a haystack"));
-            }
+            SyntheticTask::Passkey => unreachable!("passkey windows are documents: see `passkey_split`"),
             SyntheticTask::Recall => {
                 let keys: Vec<u32> = (0..span).map(|i| LETTER + i as u32 % ALPHABET).collect();
                 let values: Vec<u32> = (0..span).map(|_| letter(&mut rng)).collect();
@@ -63,13 +60,31 @@ pub fn generate(task: SyntheticTask, num_tokens: usize, span: usize, seed: u64) 
     out
 }
 
-/// Train and validation splits of a task, from disjoint seeds.
-pub fn splits(task: SyntheticTask, seq_len: usize, train_windows: usize, seed: u64) -> (PackedSplit, PackedSplit) {
-    let span = match task {
-        SyntheticTask::Passkey => seq_len,
-        _ => (seq_len / 8).clamp(2, ALPHABET as usize),
+/// Train and validation splits of a task, from disjoint seeds; `align` is where the passkey
+/// task's documents may start (the model's document alignment).
+pub fn splits(
+    task: SyntheticTask,
+    seq_len: usize,
+    align: usize,
+    train_windows: usize,
+    seed: u64,
+) -> (PackedSplit, PackedSplit) {
+    let make = |windows: usize, seed| match task {
+        SyntheticTask::Passkey => passkey_split(seq_len, align, windows, seed),
+        _ => {
+            let span = (seq_len / 8).clamp(2, ALPHABET as usize);
+            PackedSplit::from_tokens(generate(task, windows * seq_len + 1, span, seed), seq_len)
+        }
     };
-    let make =
-        |windows: usize, seed| PackedSplit::from_tokens(generate(task, windows * seq_len + 1, span, seed), seq_len);
     (make(train_windows, seed), make((train_windows / 10).max(4), seed ^ 0x5eed))
+}
+
+/// `windows` windows of passkey documents ([`passkey::documents`]), each attending only itself.
+fn passkey_split(seq_len: usize, align: usize, windows: usize, seed: u64) -> PackedSplit {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let bytes = Tokenizer::Bytes;
+    let docs = (0..windows).flat_map(|_| {
+        passkey::documents(&bytes, seq_len, align, &mut rng).expect("the config's check leaves room for a haystack")
+    });
+    PackedSplit::from_documents(docs.collect::<Vec<_>>(), seq_len, bytes.eod())
 }

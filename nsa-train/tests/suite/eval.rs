@@ -89,7 +89,7 @@ fn the_haystack_hides_the_key_at_its_depth_and_the_needle_eval_counts_keys() {
     let mut seen = 0;
     let cells = needle_in_a_haystack(&model, &bytes, &opts, &Default::default(), |_| seen += 1).unwrap();
     assert_eq!((cells.len(), seen), (4, 4));
-    assert!(cells.iter().all(|c| c.trials == 2 && c.correct <= 2));
+    assert!(cells.iter().all(|c| c.trials == 2 && c.correct <= 2 && c.answers.len() == 2));
     assert_eq!(table(&cells, &opts.lengths, &opts.depths).lines().count(), 3, "a header and a row per length");
     let too_long = NeedleOptions { lengths: vec![125], ..opts };
     let err = needle_in_a_haystack(&model, &bytes, &too_long, &Default::default(), |_| {}).unwrap_err();
@@ -97,20 +97,33 @@ fn the_haystack_hides_the_key_at_its_depth_and_the_needle_eval_counts_keys() {
 }
 
 #[test]
-fn the_passkey_task_fills_each_window_with_a_haystack_and_its_answer() {
+fn the_passkey_task_fills_each_window_with_haystacks_and_their_answers() {
     use nsa_train::data::synthetic::{splits, SyntheticTask};
     let bytes = Tokenizer::from_spec("bytes").unwrap();
-    let (train, valid) = splits(SyntheticTask::Passkey, 128, 12, 5);
+    let (t, align) = (1024, 16);
+    let (train, valid) = splits(SyntheticTask::Passkey, t, align, 12, 5);
     assert!(train.num_windows() >= 12 && valid.num_windows() >= 4);
-    let mut depths = std::collections::BTreeSet::new();
+    let spans = train.documents().expect("the haystacks are documents");
+    let (mut lengths, mut depths) = (std::collections::BTreeSet::new(), std::collections::BTreeSet::new());
     for w in 0..train.num_windows() {
-        let text = bytes.decode(&train.window(w)[..128]);
-        let key = &text[text.find("The pass key is ").expect("a needle") + 16..][..5];
-        assert!(key.bytes().all(|b| b.is_ascii_digit()), "{text:?}");
-        assert!(text.ends_with(&format!(" What is the pass key? The pass key is {key}.\n")), "{text:?}");
-        depths.insert(text.find("The pass key is").unwrap());
+        let (mut starts, mut targets) = (Vec::new(), vec![0i64; t]);
+        spans.mark(w * t, t, &mut starts, &mut targets);
+        let bounds: Vec<usize> = (0..t).filter(|&p| starts[p] as usize == p).chain([t]).collect();
+        for doc in bounds.windows(2) {
+            let (a, b) = (doc[0], doc[1]);
+            assert_eq!(a % align, 0, "documents start aligned");
+            assert!(targets[a..b - 1].iter().all(|&target| target >= 0), "a document's own targets count");
+            assert_eq!(targets[b - 1], -1, "a document's last target is the next one's first token");
+            let text = bytes.decode(&train.window(w)[a..b]);
+            let key = &text[text.find("The pass key is ").expect("a needle") + 16..][..5];
+            assert!(key.bytes().all(|b| b.is_ascii_digit()), "{text:?}");
+            assert!(text.ends_with(&format!(" What is the pass key? The pass key is {key}.\n")), "{text:?}");
+            lengths.insert(b - a);
+            depths.insert(100 * text.find("The pass key is").unwrap() / (b - a));
+        }
     }
-    assert!(depths.len() > 3, "the needle moves between windows: {depths:?}");
+    assert!(lengths.len() > 5 && lengths.first() < Some(&256) && lengths.last() > Some(&512), "{lengths:?}");
+    assert!(depths.len() > 5, "the needle moves between haystacks: {depths:?}");
 
     let mut cfg = common::tiny_run(&common::scratch("passkey"), 1);
     cfg.data.synthetic = "passkey".into();
