@@ -203,7 +203,8 @@ fn aux_stats<B: Backend>(aux: &[NsaAux<B>]) -> Option<Tensor<B, 1>> {
         .map(|a| {
             let gates = a.gates.clone().cast(DType::F32); // [B, T, 3, H]
             let means = gates.clone().mean_dim(0).mean_dim(1).mean_dim(3).reshape([3]);
-            let shares = gates.clone() / gates.sum_dim(2);
+            // A position whose three gates all round to 0 in bf16 has no shares: 0, not 0 / 0.
+            let shares = gates.clone() / gates.sum_dim(2).clamp_min(1e-12);
             let entropy = (shares.clone() * shares.clamp_min(1e-12).log()).sum_dim(2).mean().neg();
             let selected = a.blocks.clone().greater_equal_elem(0).float().cast(DType::F32).sum_dim(3).mean();
             Tensor::cat(vec![means, entropy, selected], 0)
