@@ -272,13 +272,20 @@ mod tests {
         spin_for_the_profiler(Instant::now() + Duration::from_millis(300));
         let profile = profiler.stop();
         let folded = profile.folded();
-        let busy: usize = folded
-            .lines()
-            .filter(|line| line.contains("spin_for_the_profiler"))
-            .map(|line| line.rsplit(' ').next().and_then(|n| n.parse::<usize>().ok()).unwrap_or(0))
-            .sum();
-        // One sample a millisecond of wall time: most of the 300 land in the spin.
-        assert!(busy >= 100, "{busy} samples in the busy function; the profile:\n{folded}");
+        let samples = |frame: &str| -> usize {
+            folded
+                .lines()
+                .filter(|line| line.contains(frame))
+                .map(|line| line.rsplit(' ').next().and_then(|n| n.parse::<usize>().ok()).unwrap_or(0))
+                .sum()
+        };
+        let (busy, test) = (samples("spin_for_the_profiler"), samples("samples_find_the_busy_function"));
+        // One sample a millisecond of wall time, fewer when a loaded machine delays the sampler:
+        // most of this test's samples land in the spin whatever their number.
+        assert!(
+            busy >= 20 && 2 * busy >= test,
+            "{busy} of {test} samples in the busy function; the profile:\n{folded}"
+        );
         let summary = profile.summary(5);
         assert!(summary.contains("spin_for_the_profiler"), "the summary names the busy function:\n{summary}");
     }
