@@ -103,18 +103,24 @@ fn param_grads<B: AutodiffBackend, M: Module<B>>(module: &M, grads: &B::Gradient
     visitor.out
 }
 
+/// A packed batch's input (tracking its gradient) and a random seed for its output's gradient.
+fn input_and_seed<B: AutodiffBackend>(
+    rng: &mut rand::rngs::StdRng,
+    dim: usize,
+    device: &B::Device,
+) -> (Tensor<B, 3>, Tensor<B, 3>) {
+    let (x, _) = random_input::<B>(rng, ROWS.len(), T, dim, device);
+    let seed = Tensor::from_data(TensorData::new(normal(rng, ROWS.len() * T * dim, 1.0), [ROWS.len(), T, dim]), device);
+    (x.require_grad(), seed)
+}
+
 #[test]
 fn a_packed_row_has_the_gradients_of_its_documents_alone() {
     let cfg = layer_config();
     let device = Default::default();
     let mut rng = fresh_rng("packed_gradients");
     let layer: NsaAttention<A64> = randomized(NsaAttentionConfig::new(cfg.clone(), T).init(&device), &mut rng, 0.4);
-    let (x, _) = random_input::<A64>(&mut rng, ROWS.len(), T, cfg.dim, &device);
-    let x = x.require_grad();
-    let seed = Tensor::<A64, 3>::from_data(
-        TensorData::new(normal(&mut rng, ROWS.len() * T * cfg.dim, 1.0), [ROWS.len(), T, cfg.dim]),
-        &device,
-    );
+    let (x, seed) = input_and_seed::<A64>(&mut rng, cfg.dim, &device);
     let documents = packed(cfg.document_alignment(), &device);
     let grads = (layer.forward_with_aux(x.clone(), Some(&documents)).0 * seed.clone()).sum().backward();
     let packed_dx = to_vec(x.grad(&grads).unwrap());
@@ -220,12 +226,7 @@ fn the_dense_layer_on_the_wgpu_window_kernels_matches_its_reference() {
         randomized(DenseAttentionConfig::new(cfg.clone(), T).init(&device), &mut rng, 0.4);
     let mut reference = fused.clone();
     reference.config.fused_kernels = false;
-    let (x, _) = random_input::<Wgpu>(&mut rng, ROWS.len(), T, cfg.dim, &device);
-    let x = x.require_grad();
-    let seed = Tensor::<Wgpu, 3>::from_data(
-        TensorData::new(normal(&mut rng, ROWS.len() * T * cfg.dim, 1.0), [ROWS.len(), T, cfg.dim]),
-        &device,
-    );
+    let (x, seed) = input_and_seed::<Wgpu>(&mut rng, cfg.dim, &device);
     let documents = packed(cfg.document_alignment(), &device);
     for documents in [None, Some(&documents)] {
         let run = |layer: &DenseAttention<Wgpu>| {
