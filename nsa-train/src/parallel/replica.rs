@@ -213,3 +213,24 @@ fn aux_stats<B: Backend>(aux: &[NsaAux<B>]) -> Option<Tensor<B, 1>> {
     let n = per_layer.len();
     (n > 0).then(|| Tensor::stack::<2>(per_layer, 0).mean_dim(0).reshape([5]))
 }
+
+#[cfg(test)]
+mod tests {
+    use burn::backend::Flex;
+    use burn::tensor::{Int, Tensor, TensorData};
+    use nsa_core::NsaAux;
+
+    use super::aux_stats;
+
+    #[test]
+    fn gates_that_are_all_zero_have_an_entropy_of_zero() {
+        let device = Default::default();
+        // Position 0: gates (0.5, 0.5, 0): ln 2. Position 1: all three 0, as bf16 can round them.
+        let gates =
+            Tensor::<Flex, 4>::from_data(TensorData::new(vec![0.5f32, 0.5, 0.0, 0.0, 0.0, 0.0], [1, 2, 3, 1]), &device);
+        let blocks = Tensor::<Flex, 4, Int>::from_data(TensorData::new(vec![0i64, -1], [1, 2, 1, 1]), &device);
+        let stats: Vec<f32> = aux_stats(&[NsaAux { gates, blocks }]).unwrap().into_data().to_vec().unwrap();
+        let entropy = stats[3];
+        assert!((entropy - std::f32::consts::LN_2 / 2.0).abs() < 1e-6, "{stats:?}");
+    }
+}
