@@ -35,15 +35,28 @@ pub struct NeedleCell {
     pub depth: u32,
     pub correct: usize,
     pub trials: usize,
+    /// The keys hidden, one per trial.
+    pub keys: Vec<u32>,
     /// What the model gave back for each key, as text: what a miss said.
     pub answers: Vec<String>,
+    /// The keys' digits given back in place, over all trials: partial retrieval, which a
+    /// model learning the task shows before whole keys (chance is a tenth of the digits).
+    pub digits: usize,
 }
 
 impl NeedleCell {
     pub fn accuracy(&self) -> f64 {
         self.correct as f64 / self.trials.max(1) as f64
     }
+
+    /// The share of the keys' digits given back in place.
+    pub fn digit_accuracy(&self) -> f64 {
+        self.digits as f64 / (KEY_DIGITS * self.trials).max(1) as f64
+    }
 }
+
+/// Digits in a key (`10_000..100_000`).
+pub const KEY_DIGITS: usize = 5;
 
 /// Runs every (length, depth) of `opts`, calling `progress` after each cell.
 pub fn needle_in_a_haystack<B: DecodeAttentionBackend>(
@@ -75,8 +88,9 @@ pub fn needle_in_a_haystack<B: DecodeAttentionBackend>(
             let done = generate(model, &prompts, &greedy, Some(end_of_text), device, |_, _| {})?;
             let correct =
                 keys.iter().zip(&done.tokens).filter(|(key, answer)| answers(tokenizer, answer, **key)).count();
-            let answers = done.tokens.iter().map(|answer| tokenizer.decode(answer)).collect();
-            let cell = NeedleCell { length, depth, correct, trials: opts.trials, answers };
+            let answers: Vec<String> = done.tokens.iter().map(|answer| tokenizer.decode(answer)).collect();
+            let digits = keys.iter().zip(&answers).map(|(&key, answer)| digits_in_place(answer, key)).sum();
+            let cell = NeedleCell { length, depth, correct, trials: opts.trials, keys, answers, digits };
             progress(&cell);
             cells.push(cell);
         }
@@ -87,6 +101,11 @@ pub fn needle_in_a_haystack<B: DecodeAttentionBackend>(
 /// Whether the generated tokens give `key` back first (after any spaces).
 fn answers(tokenizer: &Tokenizer, answer: &[u32], key: u32) -> bool {
     tokenizer.decode(answer).trim_start().starts_with(&key.to_string())
+}
+
+/// How many of `key`'s digits `answer` gives back in place (after any spaces).
+fn digits_in_place(answer: &str, key: u32) -> usize {
+    key.to_string().bytes().zip(answer.trim_start().bytes()).filter(|(k, a)| k == a).count()
 }
 
 /// The accuracy table: one row per length, one column per depth.
@@ -136,5 +155,13 @@ mod tests {
         assert!(!says(" 4821"), "a key cut short");
         assert!(!says(" the key 48213"), "the key later in the answer");
         assert!(!says(" 48231"));
+    }
+
+    #[test]
+    fn digits_count_in_place_after_spaces() {
+        assert_eq!(digits_in_place(" 12345.\n", 12345), 5);
+        assert_eq!(digits_in_place(" 12945.\n", 12345), 4);
+        assert_eq!(digits_in_place(" 23451.\n", 12345), 0, "shifted digits are not in place");
+        assert_eq!(digits_in_place(" 12", 12345), 2);
     }
 }

@@ -81,16 +81,20 @@ impl PackedSplit {
         Self { tokens, seq_len, documents: None }
     }
 
-    /// Documents of tokens laid end to end, each its own (packed as documents, unaligned), and
-    /// `last` as the last window's last target: each document's last target is the next's first
-    /// token, not its own.
-    pub fn from_documents(docs: impl IntoIterator<Item = Vec<u32>>, seq_len: usize, last: u32) -> Self {
+    /// Passkey examples laid end to end, each a document of its own (packed as documents,
+    /// unaligned) whose targets are its answer alone, and `last` as the last window's last
+    /// target. Scoring the answer alone puts all of the loss on retrieval: the filler is the
+    /// same few sentences, learnt early, and the needle's key is random, so neither teaches
+    /// reading the key back.
+    pub fn from_examples(examples: impl IntoIterator<Item = passkey::Example>, seq_len: usize, last: u32) -> Self {
         let mut tokens = Vec::new();
         let mut spans = DocumentSpans::default();
-        for doc in docs {
+        for example in examples {
             let start = tokens.len();
-            tokens.extend(doc);
-            spans.push(start, tokens.len() - 1);
+            tokens.extend(example.tokens);
+            // The question's last token predicts the answer's first; the document's last
+            // target is the next one's first token, not its own.
+            spans.push_scored(start, start + example.answer_at - 1, tokens.len() - 1);
         }
         tokens.push(last);
         Self { tokens, seq_len, documents: Some(spans) }
@@ -148,47 +152,61 @@ impl PackedSplit {
     }
 }
 
-/// Packed documents' places in a split's stream, in order: each document's first position and
-/// the end of its own targets (its end-of-document id's position: that position's target is the
-/// padding or the next document).
+/// Packed documents' places in a split's stream, in order.
 #[derive(Debug, Clone, Default)]
 pub struct DocumentSpans {
-    spans: Vec<(usize, usize)>,
+    spans: Vec<Span>,
+}
+
+/// One document's place in the stream.
+#[derive(Debug, Clone, Copy)]
+struct Span {
+    /// Its first position.
+    start: usize,
+    /// The first position whose target is scored: `start` unless a prompt comes first.
+    scored_from: usize,
+    /// The end of its scored targets (its end-of-document id's position: that position's
+    /// target is the padding or the next document).
+    targets_end: usize,
 }
 
 impl DocumentSpans {
     /// How many targets are the documents' own: what a loss over the split averages.
     pub fn targets(&self) -> usize {
-        self.spans.iter().map(|&(start, end)| end.saturating_sub(start)).sum()
+        self.spans.iter().map(|s| s.targets_end.saturating_sub(s.scored_from)).sum()
     }
 
     fn push(&mut self, start: usize, targets_end: usize) {
-        self.spans.push((start, targets_end));
+        self.push_scored(start, start, targets_end);
+    }
+
+    fn push_scored(&mut self, start: usize, scored_from: usize, targets_end: usize) {
+        self.spans.push(Span { start, scored_from, targets_end });
     }
 
     /// Drops what lies at or after stream position `end`.
     fn truncate(&mut self, end: usize) {
-        self.spans.retain(|&(start, _)| start < end);
+        self.spans.retain(|s| s.start < end);
         if let Some(last) = self.spans.last_mut() {
-            last.1 = last.1.min(end);
+            last.targets_end = last.targets_end.min(end);
         }
     }
 
     /// For the `len` positions from stream position `from` (a window): each position's
     /// document start within the window (a document begun before `from` restarts at 0: a piece
     /// of a long document), appended to `starts`; and `-1` written to the `targets` of positions
-    /// whose target is not their document's own.
+    /// whose target is not their document's own or not scored.
     pub fn mark(&self, from: usize, len: usize, starts: &mut Vec<i64>, targets: &mut [i64]) {
-        let mut k = self.spans.partition_point(|&(start, _)| start <= from).saturating_sub(1);
+        let mut k = self.spans.partition_point(|s| s.start <= from).saturating_sub(1);
         for (p, target) in targets.iter_mut().enumerate().take(len) {
             let at = from + p;
-            while k + 1 < self.spans.len() && self.spans[k + 1].0 <= at {
+            while k + 1 < self.spans.len() && self.spans[k + 1].start <= at {
                 k += 1;
             }
             // The first document starts the stream, so every position lies in a span.
-            let (start, targets_end) = self.spans[k];
+            let Span { start, scored_from, targets_end } = self.spans[k];
             starts.push((start.max(from) - from) as i64);
-            if at >= targets_end {
+            if at < scored_from || at >= targets_end {
                 *target = -1;
             }
         }

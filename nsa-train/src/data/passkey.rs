@@ -36,12 +36,25 @@ pub fn haystack(tokenizer: &Tokenizer, length: usize, depth: u32, key: u32) -> R
 /// One training window of the task: `length` tokens, a haystack with a random key at a random
 /// depth and its answer.
 pub fn window(tokenizer: &Tokenizer, length: usize, rng: &mut impl Rng) -> Result<Vec<u32>, String> {
+    Ok(example(tokenizer, length, rng)?.tokens)
+}
+
+/// A haystack followed by its answer, and where the answer starts.
+pub struct Example {
+    pub tokens: Vec<u32>,
+    /// The index of the answer's first token: the tokens before it are the question.
+    pub answer_at: usize,
+}
+
+/// A [`window`] with where its answer starts.
+fn example(tokenizer: &Tokenizer, length: usize, rng: &mut impl Rng) -> Result<Example, String> {
     let key = rng.random_range(10_000..100_000);
     let reply = tokenizer.encode(&answer(key)).map_err(|e| e.to_string())?;
     let room = length.saturating_sub(reply.len());
     let mut tokens = haystack(tokenizer, room, rng.random_range(0..=100), key)?;
+    let answer_at = tokens.len();
     tokens.extend(reply);
-    Ok(tokens)
+    Ok(Example { tokens, answer_at })
 }
 
 /// One training window of the task as documents that fill its `length` tokens: haystacks of
@@ -53,7 +66,7 @@ pub fn documents(
     length: usize,
     align: usize,
     rng: &mut impl Rng,
-) -> Result<Vec<Vec<u32>>, String> {
+) -> Result<Vec<Example>, String> {
     let shortest = shortest_window().next_multiple_of(align);
     let mut docs = Vec::new();
     let mut left = length;
@@ -71,7 +84,7 @@ pub fn documents(
                 }
             }
         };
-        docs.push(window(tokenizer, take, rng)?);
+        docs.push(example(tokenizer, take, rng)?);
         left -= take;
     }
     Ok(docs)

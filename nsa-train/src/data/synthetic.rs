@@ -20,7 +20,7 @@ pub enum SyntheticTask {
     /// Passkey retrieval as `nsa eval needle` asks it: each window haystacks of random lengths
     /// up to the window (a five-digit key at a random depth of filler, the question at the end)
     /// and their answers, packed as documents, so a model learns to find the key wherever it is
-    /// at every distance.
+    /// at every distance. The loss is the answers' alone.
     Passkey,
 }
 
@@ -86,5 +86,5 @@ fn passkey_split(seq_len: usize, align: usize, windows: usize, seed: u64) -> Pac
     let docs = (0..windows).flat_map(|_| {
         passkey::documents(&bytes, seq_len, align, &mut rng).expect("the config's check leaves room for a haystack")
     });
-    PackedSplit::from_documents(docs.collect::<Vec<_>>(), seq_len, bytes.eod())
+    PackedSplit::from_examples(docs.collect::<Vec<_>>(), seq_len, bytes.eod())
 }

@@ -89,7 +89,8 @@ fn the_haystack_hides_the_key_at_its_depth_and_the_needle_eval_counts_keys() {
     let mut seen = 0;
     let cells = needle_in_a_haystack(&model, &bytes, &opts, &Default::default(), |_| seen += 1).unwrap();
     assert_eq!((cells.len(), seen), (4, 4));
-    assert!(cells.iter().all(|c| c.trials == 2 && c.correct <= 2 && c.answers.len() == 2));
+    assert!(cells.iter().all(|c| c.trials == 2 && c.correct <= 2 && c.answers.len() == 2 && c.keys.len() == 2));
+    assert!(cells.iter().all(|c| c.digits <= 10 && c.digits >= 5 * c.correct), "whole keys count their digits");
     assert_eq!(table(&cells, &opts.lengths, &opts.depths).lines().count(), 3, "a header and a row per length");
     let too_long = NeedleOptions { lengths: vec![125], ..opts };
     let err = needle_in_a_haystack(&model, &bytes, &too_long, &Default::default(), |_| {}).unwrap_err();
@@ -98,6 +99,7 @@ fn the_haystack_hides_the_key_at_its_depth_and_the_needle_eval_counts_keys() {
 
 #[test]
 fn the_passkey_task_fills_each_window_with_haystacks_and_their_answers() {
+    use nsa_train::data::passkey;
     use nsa_train::data::synthetic::{splits, SyntheticTask};
     let bytes = Tokenizer::from_spec("bytes").unwrap();
     let (t, align) = (1024, 16);
@@ -112,12 +114,16 @@ fn the_passkey_task_fills_each_window_with_haystacks_and_their_answers() {
         for doc in bounds.windows(2) {
             let (a, b) = (doc[0], doc[1]);
             assert_eq!(a % align, 0, "documents start aligned");
-            assert!(targets[a..b - 1].iter().all(|&target| target >= 0), "a document's own targets count");
-            assert_eq!(targets[b - 1], -1, "a document's last target is the next one's first token");
             let text = bytes.decode(&train.window(w)[a..b]);
             let key = &text[text.find("The pass key is ").expect("a needle") + 16..][..5];
             assert!(key.bytes().all(|b| b.is_ascii_digit()), "{text:?}");
             assert!(text.ends_with(&format!(" What is the pass key? The pass key is {key}.\n")), "{text:?}");
+            // The loss is the answer's alone: the targets scored are its tokens, in order.
+            let scored: Vec<usize> = (a..b).filter(|&p| targets[p] >= 0).collect();
+            let answer = passkey::answer(key.parse().unwrap());
+            assert_eq!(scored, (b - 1 - answer.len()..b - 1).collect::<Vec<_>>(), "{text:?}");
+            let inputs = train.window(w);
+            assert_eq!(bytes.decode(&scored.iter().map(|&p| inputs[p + 1]).collect::<Vec<_>>()), answer);
             lengths.insert(b - a);
             depths.insert(100 * text.find("The pass key is").unwrap() / (b - a));
         }

@@ -120,7 +120,15 @@ fn a_runs_metrics_become_its_charts() {
 
 #[test]
 fn the_needle_heat_map_colours_each_cell_by_its_accuracy() {
-    let cell = |length, depth, correct| NeedleCell { length, depth, correct, trials: 4, answers: Vec::new() };
+    let cell = |length, depth, correct| NeedleCell {
+        length,
+        depth,
+        correct,
+        trials: 4,
+        keys: Vec::new(),
+        answers: Vec::new(),
+        digits: 0,
+    };
     let cells = [cell(1024, 0, 4), cell(1024, 50, 2), cell(4096, 0, 0), cell(4096, 50, 1)];
     let map = heat_map(&cells, &[1024, 4096], &[0, 50]);
     assert_eq!(map.values, vec![vec![Some(1.0), Some(0.5)], vec![Some(0.0), Some(0.25)]]);
