@@ -27,34 +27,43 @@ pub enum SyntheticTask {
 const ALPHABET: u32 = 16;
 const LETTER: u32 = b'a' as u32;
 
-/// A stream of `num_tokens` tokens of the task (bytes: lowercase letters and punctuation).
-fn generate(task: SyntheticTask, num_tokens: usize, span: usize, seed: u64) -> Vec<u32> {
-    let mut rng = StdRng::seed_from_u64(seed);
-    let letter = |rng: &mut StdRng| LETTER + rng.random_range(0..ALPHABET);
-    let mut out = Vec::with_capacity(num_tokens + 2 * span + 2);
-    while out.len() < num_tokens {
-        match task {
-            SyntheticTask::Copy => {
-                let s: Vec<u32> = (0..span).map(|_| letter(&mut rng)).collect();
-                out.extend(&s);
-                out.push(u32::from(b'|'));
-                out.extend(&s);
-                out.push(u32::from(b'\n'));
-            }
-            SyntheticTask::Passkey => unreachable!("passkey windows are documents: see `passkey_split`"),
-            SyntheticTask::Recall => {
-                let keys: Vec<u32> = (0..span).map(|i| LETTER + i as u32 % ALPHABET).collect();
-                let values: Vec<u32> = (0..span).map(|_| letter(&mut rng)).collect();
-                for (k, v) in keys.iter().zip(&values) {
-                    out.extend([*k, *v]);
-                }
-                for _ in 0..span {
-                    let i = rng.random_range(0..span);
-                    out.extend([u32::from(b'?'), keys[i], values[i]]);
-                }
-                out.push(u32::from(b'\n'));
-            }
+/// A stream of `num_tokens` tokens of the copy task (bytes: lowercase letters and punctuation).
+fn copy_stream(num_tokens: usize, span: usize, seed: u64) -> Vec<u32> {
+    stream(num_tokens, seed, |rng, out| {
+        let s: Vec<u32> = (0..span).map(|_| letter(rng)).collect();
+        out.extend(&s);
+        out.push(u32::from(b'|'));
+        out.extend(&s);
+        out.push(u32::from(b'\n'));
+    })
+}
+
+/// A stream of `num_tokens` tokens of the recall task (bytes: lowercase letters and punctuation).
+fn recall_stream(num_tokens: usize, span: usize, seed: u64) -> Vec<u32> {
+    stream(num_tokens, seed, |rng, out| {
+        let keys: Vec<u32> = (0..span).map(|i| LETTER + i as u32 % ALPHABET).collect();
+        let values: Vec<u32> = (0..span).map(|_| letter(rng)).collect();
+        for (k, v) in keys.iter().zip(&values) {
+            out.extend([*k, *v]);
         }
+        for _ in 0..span {
+            let i = rng.random_range(0..span);
+            out.extend([u32::from(b'?'), keys[i], values[i]]);
+        }
+        out.push(u32::from(b'\n'));
+    })
+}
+
+fn letter(rng: &mut StdRng) -> u32 {
+    LETTER + rng.random_range(0..ALPHABET)
+}
+
+/// `num_tokens` tokens of examples that `example` appends, seeded.
+fn stream(num_tokens: usize, seed: u64, mut example: impl FnMut(&mut StdRng, &mut Vec<u32>)) -> Vec<u32> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut out = Vec::with_capacity(num_tokens);
+    while out.len() < num_tokens {
+        example(&mut rng, &mut out);
     }
     out.truncate(num_tokens);
     out
@@ -69,12 +78,11 @@ pub fn splits(
     train_windows: usize,
     seed: u64,
 ) -> (PackedSplit, PackedSplit) {
+    let span = (seq_len / 8).clamp(2, ALPHABET as usize);
     let make = |windows: usize, seed| match task {
+        SyntheticTask::Copy => PackedSplit::from_tokens(copy_stream(windows * seq_len + 1, span, seed), seq_len),
+        SyntheticTask::Recall => PackedSplit::from_tokens(recall_stream(windows * seq_len + 1, span, seed), seq_len),
         SyntheticTask::Passkey => passkey_split(seq_len, align, windows, seed),
-        _ => {
-            let span = (seq_len / 8).clamp(2, ALPHABET as usize);
-            PackedSplit::from_tokens(generate(task, windows * seq_len + 1, span, seed), seq_len)
-        }
     };
     (make(train_windows, seed), make((train_windows / 10).max(4), seed ^ 0x5eed))
 }
