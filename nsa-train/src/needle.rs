@@ -86,9 +86,8 @@ pub fn needle_in_a_haystack<B: DecodeAttentionBackend>(
             // models read all of it alike.
             let end_of_text = EndOfText { id: tokenizer.eod(), packing: Packing::Stream };
             let done = generate(model, &prompts, &greedy, Some(end_of_text), device, |_, _| {})?;
-            let correct =
-                keys.iter().zip(&done.tokens).filter(|(key, answer)| answers(tokenizer, answer, **key)).count();
             let answers: Vec<String> = done.tokens.iter().map(|answer| tokenizer.decode(answer)).collect();
+            let correct = keys.iter().zip(&answers).filter(|(&key, answer)| answers_with(answer, key)).count();
             let digits = keys.iter().zip(&answers).map(|(&key, answer)| digits_in_place(answer, key)).sum();
             let cell = NeedleCell { length, depth, correct, trials: opts.trials, keys, answers, digits };
             progress(&cell);
@@ -98,14 +97,26 @@ pub fn needle_in_a_haystack<B: DecodeAttentionBackend>(
     Ok(cells)
 }
 
-/// Whether the generated tokens give `key` back first (after any spaces).
-fn answers(tokenizer: &Tokenizer, answer: &[u32], key: u32) -> bool {
-    tokenizer.decode(answer).trim_start().starts_with(&key.to_string())
+/// What an answer gives back: the generated text after any spaces the model put first.
+fn given_back(answer: &str) -> &str {
+    answer.trim_start()
 }
 
-/// How many of `key`'s digits `answer` gives back in place (after any spaces).
+/// Whether the generated text gives `key` back first.
+fn answers_with(answer: &str, key: u32) -> bool {
+    given_back(answer).starts_with(&key.to_string())
+}
+
+/// How many of `key`'s digits `answer` gives back in place.
 fn digits_in_place(answer: &str, key: u32) -> usize {
-    key.to_string().bytes().zip(answer.trim_start().bytes()).filter(|(k, a)| k == a).count()
+    key.to_string().bytes().zip(given_back(answer).bytes()).filter(|(k, a)| k == a).count()
+}
+
+/// The share of all the cells' key digits given back in place.
+pub fn digit_share(cells: &[NeedleCell]) -> f64 {
+    let digits: usize = cells.iter().map(|c| c.digits).sum();
+    let trials: usize = cells.iter().map(|c| c.trials).sum();
+    digits as f64 / (KEY_DIGITS * trials).max(1) as f64
 }
 
 /// The accuracy table: one row per length, one column per depth.
@@ -148,8 +159,7 @@ mod tests {
 
     #[test]
     fn an_answer_counts_when_it_starts_with_the_key() {
-        let bytes = Tokenizer::from_spec("bytes").unwrap();
-        let says = |text: &str| answers(&bytes, &bytes.encode(text).unwrap(), 48213);
+        let says = |text: &str| answers_with(text, 48213);
         assert!(says(" 48213. Remember"));
         assert!(says("48213"));
         assert!(!says(" 4821"), "a key cut short");
@@ -163,5 +173,21 @@ mod tests {
         assert_eq!(digits_in_place(" 12945.\n", 12345), 4);
         assert_eq!(digits_in_place(" 23451.\n", 12345), 0, "shifted digits are not in place");
         assert_eq!(digits_in_place(" 12", 12345), 2);
+    }
+
+    #[test]
+    fn the_digit_share_counts_every_trial() {
+        let cell = |trials: usize, digits: usize| NeedleCell {
+            length: 64,
+            depth: 0,
+            correct: 0,
+            trials,
+            keys: vec![10_000; trials],
+            answers: vec![String::new(); trials],
+            digits,
+        };
+        assert_eq!(digit_share(&[cell(2, 10), cell(2, 0)]), 0.5);
+        assert_eq!(digit_share(&[cell(4, 5)]), 0.25);
+        assert_eq!(digit_share(&[]), 0.0);
     }
 }

@@ -45,7 +45,7 @@ pub fn load_splits(cfg: &RunConfig, paths: &[PathBuf]) -> Result<(PackedSplit, P
         let docs = docs.iter().filter(|d| is_validation(d, permille) == held_out).map(String::as_str);
         PackedSplit::pack_as(docs, &tokenizer, seq_len, packing, align)
     };
-    let train = split(false)?.with_passkeys(cfg.data.passkey_share, &tokenizer, cfg.train.seed)?;
+    let train = split(false)?.with_passkeys(cfg.data.passkey_share, &tokenizer, align, cfg.train.seed)?;
     let valid = split(true)?;
     Ok((train, valid, tokenizer))
 }

@@ -87,24 +87,39 @@ impl PackedSplit {
     /// same few sentences, learnt early, and the needle's key is random, so neither teaches
     /// reading the key back.
     pub fn from_examples(examples: impl IntoIterator<Item = passkey::Example>, seq_len: usize, last: u32) -> Self {
-        let mut tokens = Vec::new();
-        let mut spans = DocumentSpans::default();
+        let mut split = Self { tokens: Vec::new(), seq_len, documents: Some(DocumentSpans::default()) };
         for example in examples {
-            let start = tokens.len();
-            tokens.extend(example.tokens);
-            // The question's last token predicts the answer's first; the document's last
-            // target is the next one's first token, not its own.
-            spans.push_scored(start, start + example.answer_at - 1, tokens.len() - 1);
+            split.push_example(example);
         }
-        tokens.push(last);
-        Self { tokens, seq_len, documents: Some(spans) }
+        split.tokens.push(last);
+        split
     }
 
-    /// The split with passkey windows ([`passkey::window`]) making up `share` of its windows:
-    /// appended after its whole windows (a partial last one is dropped), so each is a window of
-    /// its own (and, packed as documents, a document), and the seeded order mixes them among the
-    /// text's.
-    pub fn with_passkeys(mut self, share: f64, tokenizer: &Tokenizer, seed: u64) -> Result<Self, DataError> {
+    /// Appends a passkey example: a document whose scored targets are its answer alone when the
+    /// split is packed as documents.
+    fn push_example(&mut self, example: passkey::Example) {
+        let start = self.tokens.len();
+        self.tokens.extend(example.tokens);
+        if let Some(spans) = &mut self.documents {
+            // The question's last token predicts the answer's first; the document's last
+            // target is the next one's first token, not its own.
+            spans.push_scored(start, start + example.answer_at - 1, self.tokens.len() - 1);
+        }
+    }
+
+    /// The split with passkey windows making up `share` of its windows, each filled with
+    /// haystacks as the passkey task's ([`passkey::documents`], starting at multiples of
+    /// `align`): appended after its whole windows (a partial last one is dropped), so each is a
+    /// window of its own, and the seeded order mixes them among the text's. Packed as
+    /// documents, a haystack attends to itself alone and only its answer is scored, as in
+    /// `synthetic = "passkey"`; as a stream, the windows are text like any other.
+    pub fn with_passkeys(
+        mut self,
+        share: f64,
+        tokenizer: &Tokenizer,
+        align: usize,
+        seed: u64,
+    ) -> Result<Self, DataError> {
         let text_windows = self.num_windows();
         let count = (text_windows as f64 * share / (1.0 - share)).round() as usize;
         if count == 0 {
@@ -117,11 +132,8 @@ impl PackedSplit {
         }
         let mut rng = StdRng::seed_from_u64(seed);
         for _ in 0..count {
-            let start = self.tokens.len();
-            self.tokens.extend(passkey::window(tokenizer, self.seq_len, &mut rng).map_err(DataError)?);
-            if let Some(spans) = &mut self.documents {
-                // The window's last target is the next window's first token: not its own.
-                spans.push(start, self.tokens.len() - 1);
+            for example in passkey::documents(tokenizer, self.seq_len, align, &mut rng).map_err(DataError)? {
+                self.push_example(example);
             }
         }
         // The last window's last target.

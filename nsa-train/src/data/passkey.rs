@@ -33,12 +33,6 @@ pub fn haystack(tokenizer: &Tokenizer, length: usize, depth: u32, key: u32) -> R
     Ok([&filler[..at], &needle, &filler[at..], &question].concat())
 }
 
-/// One training window of the task: `length` tokens, a haystack with a random key at a random
-/// depth and its answer.
-pub fn window(tokenizer: &Tokenizer, length: usize, rng: &mut impl Rng) -> Result<Vec<u32>, String> {
-    Ok(example(tokenizer, length, rng)?.tokens)
-}
-
 /// A haystack followed by its answer, and where the answer starts.
 pub struct Example {
     pub tokens: Vec<u32>,
@@ -46,7 +40,7 @@ pub struct Example {
     pub answer_at: usize,
 }
 
-/// A [`window`] with where its answer starts.
+/// A haystack with a random key at a random depth and its answer, `length` tokens in all.
 fn example(tokenizer: &Tokenizer, length: usize, rng: &mut impl Rng) -> Result<Example, String> {
     let key = rng.random_range(10_000..100_000);
     let reply = tokenizer.encode(&answer(key)).map_err(|e| e.to_string())?;
@@ -95,7 +89,7 @@ pub fn shortest_haystack() -> usize {
     needle(10_000).len() + QUESTION.len() + 1
 }
 
-/// The shortest [`window`] (a haystack and its answer), in bytes.
+/// The shortest haystack and its answer, in bytes.
 pub fn shortest_window() -> usize {
     shortest_haystack() + answer(10_000).len()
 }

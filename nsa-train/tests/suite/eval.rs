@@ -6,7 +6,7 @@ use burn::backend::Flex;
 use burn::tensor::ElementConversion;
 use nsa_core::{lm_loss, NsaLm, NsaLmConfig};
 use nsa_train::data::batch::batch;
-use nsa_train::data::corpus::Packing;
+use nsa_train::data::corpus::{PackedSplit, Packing};
 use nsa_train::data::tokenizer::Tokenizer;
 use nsa_train::evaluate::{evaluate, EvalText};
 use nsa_train::needle::{haystack, needle_in_a_haystack, table, NeedleOptions};
@@ -97,35 +97,47 @@ fn the_haystack_hides_the_key_at_its_depth_and_the_needle_eval_counts_keys() {
     assert!(err.contains("pass the model's seq_len of 128"), "{err}");
 }
 
+/// Checks that window `w` of `split` holds passkey haystacks, each a document starting at a
+/// multiple of `align`, ending in its question and answer, with its answer's targets alone
+/// scored; gives back each haystack's length and its needle's depth in percent.
+fn passkey_haystacks(split: &PackedSplit, w: usize, align: usize) -> Vec<(usize, usize)> {
+    use nsa_train::data::passkey;
+    let bytes = Tokenizer::from_spec("bytes").unwrap();
+    let t = split.seq_len();
+    let spans = split.documents().expect("the haystacks are documents");
+    let (mut starts, mut targets) = (Vec::new(), vec![0i64; t]);
+    spans.mark(w * t, t, &mut starts, &mut targets);
+    let bounds: Vec<usize> = (0..t).filter(|&p| starts[p] as usize == p).chain([t]).collect();
+    let inputs = split.window(w);
+    let mut found = Vec::new();
+    for doc in bounds.windows(2) {
+        let (a, b) = (doc[0], doc[1]);
+        assert_eq!(a % align, 0, "documents start aligned");
+        let text = bytes.decode(&inputs[a..b]);
+        let key = &text[text.find("The pass key is ").expect("a needle") + 16..][..5];
+        assert!(key.bytes().all(|b| b.is_ascii_digit()), "{text:?}");
+        assert!(text.ends_with(&format!(" What is the pass key? The pass key is {key}.\n")), "{text:?}");
+        // The loss is the answer's alone: the targets scored are its tokens, in order.
+        let scored: Vec<usize> = (a..b).filter(|&p| targets[p] >= 0).collect();
+        let answer = passkey::answer(key.parse().unwrap());
+        assert_eq!(scored, (b - 1 - answer.len()..b - 1).collect::<Vec<_>>(), "{text:?}");
+        assert_eq!(bytes.decode(&scored.iter().map(|&p| inputs[p + 1]).collect::<Vec<_>>()), answer);
+        found.push((b - a, 100 * text.find("The pass key is").unwrap() / (b - a)));
+    }
+    found
+}
+
 #[test]
 fn the_passkey_task_fills_each_window_with_haystacks_and_their_answers() {
-    use nsa_train::data::passkey;
     use nsa_train::data::synthetic::{splits, SyntheticTask};
-    let bytes = Tokenizer::from_spec("bytes").unwrap();
     let (t, align) = (1024, 16);
     let (train, valid) = splits(SyntheticTask::Passkey, t, align, 12, 5);
     assert!(train.num_windows() >= 12 && valid.num_windows() >= 4);
-    let spans = train.documents().expect("the haystacks are documents");
     let (mut lengths, mut depths) = (std::collections::BTreeSet::new(), std::collections::BTreeSet::new());
     for w in 0..train.num_windows() {
-        let (mut starts, mut targets) = (Vec::new(), vec![0i64; t]);
-        spans.mark(w * t, t, &mut starts, &mut targets);
-        let bounds: Vec<usize> = (0..t).filter(|&p| starts[p] as usize == p).chain([t]).collect();
-        for doc in bounds.windows(2) {
-            let (a, b) = (doc[0], doc[1]);
-            assert_eq!(a % align, 0, "documents start aligned");
-            let text = bytes.decode(&train.window(w)[a..b]);
-            let key = &text[text.find("The pass key is ").expect("a needle") + 16..][..5];
-            assert!(key.bytes().all(|b| b.is_ascii_digit()), "{text:?}");
-            assert!(text.ends_with(&format!(" What is the pass key? The pass key is {key}.\n")), "{text:?}");
-            // The loss is the answer's alone: the targets scored are its tokens, in order.
-            let scored: Vec<usize> = (a..b).filter(|&p| targets[p] >= 0).collect();
-            let answer = passkey::answer(key.parse().unwrap());
-            assert_eq!(scored, (b - 1 - answer.len()..b - 1).collect::<Vec<_>>(), "{text:?}");
-            let inputs = train.window(w);
-            assert_eq!(bytes.decode(&scored.iter().map(|&p| inputs[p + 1]).collect::<Vec<_>>()), answer);
-            lengths.insert(b - a);
-            depths.insert(100 * text.find("The pass key is").unwrap() / (b - a));
+        for (length, depth) in passkey_haystacks(&train, w, align) {
+            lengths.insert(length);
+            depths.insert(depth);
         }
     }
     assert!(lengths.len() > 5 && lengths.first() < Some(&256) && lengths.last() > Some(&512), "{lengths:?}");
@@ -139,8 +151,8 @@ fn the_passkey_task_fills_each_window_with_haystacks_and_their_answers() {
     cfg.validate().unwrap();
 }
 
-/// `passkey_share` mixes passkey windows among a text's training windows in the share asked
-/// for, leaving the text's windows and the validation split as they were.
+/// `passkey_share` mixes the passkey task's windows among a text's training windows in the
+/// share asked for, leaving the text's windows and the validation split as they were.
 #[test]
 fn passkey_share_mixes_retrieval_windows_into_text() {
     use nsa_train::splits::load_splits;
@@ -148,28 +160,28 @@ fn passkey_share_mixes_retrieval_windows_into_text() {
     let text: String = (0..3000).map(|i| format!("Document {i} says the river runs west.\n\n\n")).collect();
     std::fs::write(dir.join("corpus.txt"), text).unwrap();
     let mut cfg = common::tiny_run(&dir, 1);
-    cfg.model.seq_len = 128;
+    let t = 512;
+    cfg.model.seq_len = t;
     cfg.data.synthetic = "none".into();
+    let align = cfg.model.document_alignment();
     let paths = [dir.join("corpus.txt")];
     let (plain, plain_valid, bytes) = load_splits(&cfg, &paths).unwrap();
     cfg.data.passkey_share = 0.25;
     cfg.validate().unwrap();
     let (mixed, valid, _) = load_splits(&cfg, &paths).unwrap();
 
-    let is_passkey = |w: &[u32]| bytes.decode(&w[..128]).contains(" What is the pass key? The pass key is ");
+    let is_passkey = |w: &[u32]| bytes.decode(&w[..t]).contains(" What is the pass key? The pass key is ");
     let (text_windows, all) = (plain.num_windows(), mixed.num_windows());
     assert!(text_windows > 40, "{text_windows}");
     let keys = (0..all).filter(|&w| is_passkey(mixed.window(w))).count();
     assert_eq!(all - keys, text_windows, "every text window kept");
     assert!((keys as f64 / all as f64 - 0.25).abs() < 0.02, "{keys} of {all}");
     for w in 0..text_windows {
-        assert_eq!(mixed.window(w)[..128], plain.window(w)[..128], "text window {w}");
+        assert_eq!(mixed.window(w)[..t], plain.window(w)[..t], "text window {w}");
     }
-    for w in text_windows..all {
-        let text = bytes.decode(&mixed.window(w)[..128]);
-        let key = &text[text.find("The pass key is ").expect("a needle") + 16..][..5];
-        assert!(text.ends_with(&format!("The pass key is {key}.\n")), "{text:?}");
-    }
+    // The passkey windows are the task's: several haystacks each, the answers alone scored.
+    let haystacks: usize = (text_windows..all).map(|w| passkey_haystacks(&mixed, w, align).len()).sum();
+    assert!(2 * haystacks > 3 * keys, "{haystacks} haystacks in {keys} windows");
     assert_eq!(valid.num_tokens(), plain_valid.num_tokens(), "validation stays text");
 
     for (share, synthetic, seq_len, needle) in

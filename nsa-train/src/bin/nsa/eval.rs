@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use nsa_core::{DecodeAttentionBackend, SparseAttentionBackend};
 use nsa_train::data::tokenizer::Tokenizer;
 use nsa_train::evaluate::{evaluate, EvalText, Evaluation};
-use nsa_train::needle::{heat_map, needle_in_a_haystack, table, NeedleCell, NeedleOptions, ANSWER_TOKENS, KEY_DIGITS};
+use nsa_train::needle::{digit_share, heat_map, needle_in_a_haystack, table, NeedleCell, NeedleOptions, ANSWER_TOKENS};
 use nsa_train::plot::write_png;
 use nsa_train::with_inference_backend;
 
@@ -165,12 +165,7 @@ fn needle(args: NeedleArgs) -> Result<(), String> {
         run_needle::<B>(&loaded, &tokenizer, &opts, &device)
     })?;
     print!("{}", table(&cells, &opts.lengths, &opts.depths));
-    let digits: usize = cells.iter().map(|c| c.digits).sum();
-    let trials: usize = cells.iter().map(|c| c.trials).sum();
-    println!(
-        "key digits given back in place: {:.1}% (chance 10%)",
-        100.0 * digits as f64 / (KEY_DIGITS * trials) as f64
-    );
+    println!("key digits given back in place: {:.1}% (chance 10%)", 100.0 * digit_share(&cells));
     if let Some(path) = args.heat_map {
         write_png(&heat_map(&cells, &opts.lengths, &opts.depths).draw(), &path)?;
     }
