@@ -35,6 +35,10 @@ fn config_and_data_errors_are_one_line() {
     );
     assert_fails_with(&["train", "--config", &cfg("c.toml", "[model.attention]\nl = 24\n")], "`model.attention.l`");
     assert_fails_with(&["train", "--config", &cfg("d.toml", "[data]\nsynthetic = \"sort\"\n")], "unknown task `sort`");
+    assert_fails_with(
+        &["train", "--config", &cfg("f.toml", &tiny_model(32, 32)), "--lr", "0"],
+        "`train.lr`: must be a finite number > 0",
+    );
     let ok_cfg = cfg("e.toml", &tiny_model(32, 32));
     let out = dir.join("run").display().to_string();
     assert_fails_with(
@@ -69,9 +73,13 @@ fn train_then_generate_from_the_checkpoint() {
         &out,
         "--backend",
         "cpu",
+        "--lr",
+        "3e-4",
     ]);
     assert!(ok, "{stderr}");
     assert!(std::path::Path::new(&out).join("checkpoints/step-00000004/model.mpk").exists());
+    let saved = std::fs::read_to_string(std::path::Path::new(&out).join("config.toml")).unwrap();
+    assert!(saved.contains("lr = 0.0003\n"), "the flag's learning rate is the run's: {saved}");
     let metrics = std::fs::read_to_string(std::path::Path::new(&out).join("metrics.jsonl")).unwrap();
     assert_eq!(metrics.lines().filter(|l| l.contains("\"loss\"")).count(), 2);
     generates_from(&dir, &out);

@@ -24,6 +24,9 @@ pub(crate) struct TrainArgs {
     resume: bool,
     #[arg(long)]
     steps: Option<usize>,
+    /// Peak learning rate (`train.lr`).
+    #[arg(long)]
+    lr: Option<f64>,
     /// Run directory (config, metrics.jsonl, checkpoints).
     #[arg(long)]
     out: Option<String>,
@@ -37,6 +40,9 @@ pub(crate) fn train(args: TrainArgs) -> Result<ExitCode, String> {
         args.run.apply(cfg);
         if let Some(steps) = args.steps {
             cfg.train.steps = steps;
+        }
+        if let Some(lr) = args.lr {
+            cfg.train.lr = lr;
         }
         if args.no_dashboard {
             cfg.train.dashboard = false;
