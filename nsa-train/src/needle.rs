@@ -119,21 +119,22 @@ pub fn digit_share(cells: &[NeedleCell]) -> f64 {
     digits as f64 / (KEY_DIGITS * trials).max(1) as f64
 }
 
-/// The accuracy table: one row per length, one column per depth.
+/// The accuracy table: one row per length, one column per depth, then the row's mean and the
+/// share of its keys' digits given back in place (what a model still learning the task shows).
 pub fn table(cells: &[NeedleCell], lengths: &[usize], depths: &[u32]) -> String {
     let mut out = format!("{:>8}", "length");
     for depth in depths {
         out += &format!(" {:>5}", format!("{depth}%"));
     }
-    out += "   mean\n";
+    out += "   mean  digits\n";
     for &length in lengths {
-        let row: Vec<&NeedleCell> = cells.iter().filter(|c| c.length == length).collect();
+        let row: Vec<NeedleCell> = cells.iter().filter(|c| c.length == length).cloned().collect();
         out += &format!("{length:>8}");
         for cell in &row {
             out += &format!(" {:>5.2}", cell.accuracy());
         }
         let mean = row.iter().map(|c| c.accuracy()).sum::<f64>() / row.len().max(1) as f64;
-        out += &format!("   {mean:.2}\n");
+        out += &format!("   {mean:.2}  {:>5.1}%\n", 100.0 * digit_share(&row));
     }
     out
 }
@@ -175,19 +176,32 @@ mod tests {
         assert_eq!(digits_in_place(" 12", 12345), 2);
     }
 
-    #[test]
-    fn the_digit_share_counts_every_trial() {
-        let cell = |trials: usize, digits: usize| NeedleCell {
-            length: 64,
-            depth: 0,
-            correct: 0,
+    fn cell(length: usize, depth: u32, trials: usize, correct: usize, digits: usize) -> NeedleCell {
+        NeedleCell {
+            length,
+            depth,
+            correct,
             trials,
             keys: vec![10_000; trials],
             answers: vec![String::new(); trials],
             digits,
-        };
-        assert_eq!(digit_share(&[cell(2, 10), cell(2, 0)]), 0.5);
-        assert_eq!(digit_share(&[cell(4, 5)]), 0.25);
+        }
+    }
+
+    #[test]
+    fn the_digit_share_counts_every_trial() {
+        assert_eq!(digit_share(&[cell(64, 0, 2, 0, 10), cell(64, 0, 2, 0, 0)]), 0.5);
+        assert_eq!(digit_share(&[cell(64, 0, 4, 0, 5)]), 0.25);
         assert_eq!(digit_share(&[]), 0.0);
+    }
+
+    #[test]
+    fn the_table_gives_each_length_its_keys_and_digits() {
+        let cells = [cell(64, 0, 4, 1, 8), cell(64, 100, 4, 3, 16), cell(128, 0, 4, 0, 2), cell(128, 100, 4, 0, 0)];
+        let table = table(&cells, &[64, 128], &[0, 100]);
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(lines[0].split_whitespace().collect::<Vec<_>>(), ["length", "0%", "100%", "mean", "digits"]);
+        assert_eq!(lines[1].split_whitespace().collect::<Vec<_>>(), ["64", "0.25", "0.75", "0.50", "60.0%"]);
+        assert_eq!(lines[2].split_whitespace().collect::<Vec<_>>(), ["128", "0.00", "0.00", "0.00", "5.0%"]);
     }
 }
