@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use nsa_backend_kind::BackendKind;
 
 mod bench_decode;
+mod bench_needle;
 mod bench_train;
 mod decode_kernels;
 mod test;
@@ -55,6 +56,10 @@ enum Task {
     /// attention's per layer, beside the anchor's SDPA (torch.profiler) with `--anchor`.
     /// `launch`: what one kernel launch costs the host (`nsa-bench launch`; after `--`:
     /// --launches).
+    /// `needle`: a recipe trained with NSA and then with dense attention (`nsa train`; after
+    /// `--`: its arguments, e.g. --config configs/nsa-125m-passkey-16k.toml), each asked for keys
+    /// by `nsa eval needle` (--lengths, --context, --trials), side by side per length; the runs,
+    /// their JSON and heat maps under `--out` (`nsa/`, `dense/`, `needle-nsa.json`, ...).
     Bench {
         #[arg(value_enum)]
         what: BenchKind,
@@ -69,6 +74,15 @@ enum Task {
         /// `decode`: the step's kernels' device times instead of its wall clock (needs `ncu`).
         #[arg(long)]
         kernels: bool,
+        /// `needle`: the haystack lengths asked (`nsa eval needle --lengths`, e.g. 1k,4k,16376).
+        #[arg(long)]
+        lengths: Option<String>,
+        /// `needle`: the context the runs are asked at (`nsa eval needle --context`, e.g. 32k).
+        #[arg(long)]
+        context: Option<String>,
+        /// `needle`: keys per length and depth.
+        #[arg(long, default_value_t = 4)]
+        trials: usize,
         /// Where results go (`bench-train.json`, `anchor.jsonl`, `bench-train-1.json`,
         /// `kernels.json`, `gemm.json`, `profile.json`, `selection.json`, `launch.json`, `bench-decode.json`,
         /// `decode-anchor.jsonl`, `decode-kernels.csv`).
@@ -94,7 +108,7 @@ enum Task {
 const DEFAULT_OUT: &str = "runs/bench";
 
 /// How to build `nsa` (or `nsa-bench`), and the arguments passed on to it.
-#[derive(clap::Args)]
+#[derive(clap::Args, Clone)]
 pub(crate) struct NsaArgs {
     #[arg(long, value_enum, default_value_t = BackendKind::Auto)]
     pub(crate) backend: BackendKind,
@@ -114,6 +128,7 @@ enum BenchKind {
     Selection,
     Decode,
     Launch,
+    Needle,
 }
 
 fn main() -> ExitCode {
@@ -145,6 +160,9 @@ fn main() -> ExitCode {
         Task::Bench { what: BenchKind::Decode, nsa: a, anchor, out, .. } => bench_decode::run(a, anchor, &out),
         Task::Bench { what: BenchKind::Train, nsa: a, anchor, scaling, out, .. } => {
             bench_train::run(a, anchor, scaling, &out)
+        }
+        Task::Bench { what: BenchKind::Needle, nsa: a, lengths, context, trials, out, .. } => {
+            bench_needle::run(a, bench_needle::NeedleAsk { lengths, context, trials }, &out)
         }
     }
 }
@@ -214,12 +232,32 @@ fn cargo_command(
     if a.release {
         cmd.arg("--release");
     }
-    cmd.args(["--", command, "--backend", backend.name()]).args(a.args).args(extra);
+    cmd.arg("--").args(command_line(command, backend, &a.args)).args(extra);
     announce_build(&format!(
         "`{bin}`: the first build compiles Burn and its GPU stacks, about 7 minutes on 2 cores; \
          later ones take seconds"
     ));
     run(&mut cmd)
+}
+
+/// `nsa COMMAND`'s arguments with `--backend`: after a subcommand (`eval needle`), where clap
+/// takes it, and left out for `plot`, which runs on no device.
+fn command_line(command: &str, backend: BackendKind, args: &[String]) -> Vec<String> {
+    let backend = ["--backend".to_string(), backend.name().to_string()];
+    let mut line = vec![command.to_string()];
+    match (command, args.first()) {
+        ("plot", _) => line.extend_from_slice(args),
+        ("eval", Some(sub)) if !sub.starts_with('-') => {
+            line.push(sub.clone());
+            line.extend(backend);
+            line.extend_from_slice(&args[1..]);
+        }
+        _ => {
+            line.extend(backend);
+            line.extend_from_slice(args);
+        }
+    }
+    line
 }
 
 pub(crate) fn cargo() -> String {
@@ -247,5 +285,24 @@ pub(crate) fn exit_code(status: std::process::ExitStatus) -> Result<(), ExitCode
     match status.code() {
         Some(0) => Ok(()),
         code => Err(ExitCode::from(code.unwrap_or(1).clamp(1, 255) as u8)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(command: &str, args: &str) -> String {
+        let args: Vec<String> = args.split_whitespace().map(String::from).collect();
+        command_line(command, BackendKind::Cpu, &args).join(" ")
+    }
+
+    #[test]
+    fn the_backend_goes_where_each_command_takes_it() {
+        assert_eq!(line("train", "--config c.toml"), "train --backend cpu --config c.toml");
+        assert_eq!(line("eval", "--checkpoint r --data d"), "eval --backend cpu --checkpoint r --data d");
+        assert_eq!(line("eval", "needle --checkpoint r"), "eval needle --backend cpu --checkpoint r");
+        assert_eq!(line("plot", "runs/a runs/b --out p"), "plot runs/a runs/b --out p");
+        assert_eq!(line("generate", ""), "generate --backend cpu");
     }
 }

@@ -1,0 +1,141 @@
+//! `cargo xtask bench needle`: the long-context recipe's benchmark in one invocation. The recipe
+//! (the arguments after `--`, for `nsa train`) is trained with NSA and then with dense attention,
+//! each run asked for keys by `nsa eval needle` with the same seed, and the two printed side by
+//! side per length: the keys given back and the keys' digits given back in place.
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use serde_json::Value;
+
+use crate::{nsa, NsaArgs};
+
+/// What `nsa eval needle` asks each run (passed on as given; it checks them).
+pub struct NeedleAsk {
+    pub lengths: Option<String>,
+    pub context: Option<String>,
+    pub trials: usize,
+}
+
+/// The two attentions compared, NSA first.
+const ATTENTIONS: [&str; 2] = ["nsa", "dense"];
+
+pub fn run(args: NsaArgs, ask: NeedleAsk, out: &Path) -> ExitCode {
+    if let Err(e) = std::fs::create_dir_all(out) {
+        eprintln!("error: {}: {e}", out.display());
+        return ExitCode::FAILURE;
+    }
+    for attention in ATTENTIONS {
+        let run_dir = out.join(attention).display().to_string();
+        let train = [&args.args[..], &["--attention".into(), attention.into(), "--out".into(), run_dir.clone()]];
+        let status = nsa("train", NsaArgs { args: train.concat(), ..args.clone() });
+        if status != ExitCode::SUCCESS {
+            return status;
+        }
+        let status = nsa("eval", NsaArgs { args: needle_args(&ask, &run_dir, out, attention), ..args.clone() });
+        if status != ExitCode::SUCCESS {
+            return status;
+        }
+    }
+    let cells = ATTENTIONS.map(|a| read_cells(&out.join(format!("needle-{a}.json"))));
+    match cells {
+        [Ok(nsa), Ok(dense)] => {
+            print!("{}", side_by_side(&nsa, &dense));
+            ExitCode::SUCCESS
+        }
+        [Err(e), _] | [_, Err(e)] => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `nsa eval needle`'s arguments for the run in `run_dir`: its JSON and heat map under `out`.
+fn needle_args(ask: &NeedleAsk, run_dir: &str, out: &Path, attention: &str) -> Vec<String> {
+    let file = |ext: &str| out.join(format!("needle-{attention}.{ext}")).display().to_string();
+    let mut args = ["needle", "--checkpoint", run_dir, "--seed", "0", "--json", &file("json")]
+        .into_iter()
+        .map(String::from)
+        .collect::<Vec<_>>();
+    args.extend(["--heat-map".into(), file("png"), "--trials".into(), ask.trials.to_string()]);
+    for (flag, value) in [("--lengths", &ask.lengths), ("--context", &ask.context)] {
+        if let Some(value) = value {
+            args.extend([flag.to_string(), value.clone()]);
+        }
+    }
+    args
+}
+
+/// One (length, depth) of a run: the trials, the keys given back and their digits in place.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Cell {
+    length: u64,
+    trials: u64,
+    correct: u64,
+    digits: u64,
+}
+
+fn read_cells(path: &Path) -> Result<Vec<Cell>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let json: Value = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    let cells = json.as_array().ok_or_else(|| format!("{}: not a list of cells", path.display()))?;
+    let field =
+        |c: &Value, name: &str| c[name].as_u64().ok_or_else(|| format!("{}: a cell has no `{name}`", path.display()));
+    cells
+        .iter()
+        .map(|c| {
+            let (length, trials) = (field(c, "length")?, field(c, "trials")?);
+            Ok(Cell { length, trials, correct: field(c, "correct")?, digits: field(c, "digits")? })
+        })
+        .collect()
+}
+
+/// Per length (in the order NSA's cells give them): each run's share of keys given back and of
+/// the keys' digits given back in place, over all depths.
+fn side_by_side(nsa: &[Cell], dense: &[Cell]) -> String {
+    let mut lengths: Vec<u64> = nsa.iter().map(|c| c.length).collect();
+    lengths.dedup();
+    let shares = |cells: &[Cell], length: u64| {
+        let row = cells.iter().filter(|c| c.length == length);
+        let (trials, correct, digits) = row.fold((0, 0, 0), |(t, k, d), c| (t + c.trials, k + c.correct, d + c.digits));
+        let of = |n: u64, d: u64| if d == 0 { f64::NAN } else { 100.0 * n as f64 / d as f64 };
+        format!("{:>9.1}% {:>9.1}%", of(correct, trials), of(digits, 5 * trials))
+    };
+    let mut text =
+        format!("{:>8} {:>10} {:>10} {:>10} {:>10}\n", "length", "NSA keys", "digits", "dense keys", "digits");
+    for length in lengths {
+        text += &format!("{length:>8} {} {}\n", shares(nsa, length), shares(dense, length));
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cell(length: u64, correct: u64, digits: u64) -> Cell {
+        Cell { length, trials: 4, correct, digits }
+    }
+
+    #[test]
+    fn each_length_gives_both_runs_keys_and_digits() {
+        let nsa = [cell(1024, 4, 20), cell(1024, 2, 14), cell(4096, 0, 2)];
+        let dense = [cell(1024, 1, 10), cell(1024, 0, 0), cell(4096, 0, 0)];
+        let table = side_by_side(&nsa, &dense);
+        let rows: Vec<Vec<&str>> = table.lines().map(|l| l.split_whitespace().collect()).collect();
+        assert_eq!(rows[1], ["1024", "75.0%", "85.0%", "12.5%", "25.0%"]);
+        assert_eq!(rows[2], ["4096", "0.0%", "10.0%", "0.0%", "0.0%"]);
+        assert_eq!(rows.len(), 3);
+    }
+
+    #[test]
+    fn eval_asks_with_the_seed_and_what_was_given() {
+        let ask = NeedleAsk { lengths: Some("1k,4k".into()), context: None, trials: 4 };
+        let args = needle_args(&ask, "out/nsa", Path::new("out"), "nsa").join(" ");
+        assert_eq!(
+            args,
+            "needle --checkpoint out/nsa --seed 0 --json out/needle-nsa.json --heat-map out/needle-nsa.png \
+             --trials 4 --lengths 1k,4k"
+        );
+    }
+}
