@@ -51,7 +51,7 @@ impl NeedleCell {
 
     /// The share of the keys' digits given back in place.
     pub fn digit_accuracy(&self) -> f64 {
-        self.digits as f64 / (KEY_DIGITS * self.trials).max(1) as f64
+        digit_share([self])
     }
 }
 
@@ -113,9 +113,8 @@ fn digits_in_place(answer: &str, key: u32) -> usize {
 }
 
 /// The share of all the cells' key digits given back in place.
-pub fn digit_share(cells: &[NeedleCell]) -> f64 {
-    let digits: usize = cells.iter().map(|c| c.digits).sum();
-    let trials: usize = cells.iter().map(|c| c.trials).sum();
+pub fn digit_share<'a>(cells: impl IntoIterator<Item = &'a NeedleCell>) -> f64 {
+    let (digits, trials) = cells.into_iter().fold((0, 0), |(d, t), c| (d + c.digits, t + c.trials));
     digits as f64 / (KEY_DIGITS * trials).max(1) as f64
 }
 
@@ -128,13 +127,13 @@ pub fn table(cells: &[NeedleCell], lengths: &[usize], depths: &[u32]) -> String 
     }
     out += "   mean  digits\n";
     for &length in lengths {
-        let row: Vec<NeedleCell> = cells.iter().filter(|c| c.length == length).cloned().collect();
+        let row: Vec<&NeedleCell> = cells.iter().filter(|c| c.length == length).collect();
         out += &format!("{length:>8}");
         for cell in &row {
             out += &format!(" {:>5.2}", cell.accuracy());
         }
         let mean = row.iter().map(|c| c.accuracy()).sum::<f64>() / row.len().max(1) as f64;
-        out += &format!("   {mean:.2}  {:>5.1}%\n", 100.0 * digit_share(&row));
+        out += &format!("   {mean:.2}  {:>5.1}%\n", 100.0 * digit_share(row.iter().copied()));
     }
     out
 }
@@ -193,6 +192,7 @@ mod tests {
         assert_eq!(digit_share(&[cell(64, 0, 2, 0, 10), cell(64, 0, 2, 0, 0)]), 0.5);
         assert_eq!(digit_share(&[cell(64, 0, 4, 0, 5)]), 0.25);
         assert_eq!(digit_share(&[]), 0.0);
+        assert_eq!(cell(64, 0, 2, 0, 3).digit_accuracy(), 0.3);
     }
 
     #[test]

@@ -8,6 +8,7 @@ use std::process::ExitCode;
 
 use serde_json::Value;
 
+use crate::bench_train::read_json;
 use crate::{nsa, NsaArgs};
 
 /// What `nsa eval needle` asks each run (passed on as given; it checks them).
@@ -76,8 +77,7 @@ struct Cell {
 }
 
 fn read_cells(path: &Path) -> Result<Vec<Cell>, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let json: Value = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    let json = read_json(path)?;
     let cells = json.as_array().ok_or_else(|| format!("{}: not a list of cells", path.display()))?;
     let field =
         |c: &Value, name: &str| c[name].as_u64().ok_or_else(|| format!("{}: a cell has no `{name}`", path.display()));
@@ -99,6 +99,7 @@ fn side_by_side(nsa: &[Cell], dense: &[Cell]) -> String {
         let row = cells.iter().filter(|c| c.length == length);
         let (trials, correct, digits) = row.fold((0, 0, 0), |(t, k, d), c| (t + c.trials, k + c.correct, d + c.digits));
         let of = |n: u64, d: u64| if d == 0 { f64::NAN } else { 100.0 * n as f64 / d as f64 };
+        // Five digits a key (`nsa eval needle`'s keys are 10000..99999).
         format!("{:>9.1}% {:>9.1}%", of(correct, trials), of(digits, 5 * trials))
     };
     let mut text =

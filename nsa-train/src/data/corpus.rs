@@ -108,7 +108,7 @@ impl PackedSplit {
     }
 
     /// The split with passkey windows making up `share` of its windows, each filled with
-    /// haystacks as the passkey task's ([`passkey::documents`], starting at multiples of
+    /// haystacks as the passkey task's ([`passkey::filled_windows`], starting at multiples of
     /// `align`): appended after its whole windows (a partial last one is dropped), so each is a
     /// window of its own, and the seeded order mixes them among the text's. Packed as
     /// documents, a haystack attends to itself alone and only its answer is scored, as in
@@ -131,10 +131,8 @@ impl PackedSplit {
             spans.truncate(end);
         }
         let mut rng = StdRng::seed_from_u64(seed);
-        for _ in 0..count {
-            for example in passkey::documents(tokenizer, self.seq_len, align, &mut rng).map_err(DataError)? {
-                self.push_example(example);
-            }
+        for example in passkey::filled_windows(tokenizer, self.seq_len, align, count, &mut rng).map_err(DataError)? {
+            self.push_example(example);
         }
         // The last window's last target.
         self.tokens.push(tokenizer.eod());

@@ -84,6 +84,21 @@ pub fn documents(
     Ok(docs)
 }
 
+/// `count` windows of the task, each [`documents`], their examples in order.
+pub fn filled_windows(
+    tokenizer: &Tokenizer,
+    length: usize,
+    align: usize,
+    count: usize,
+    rng: &mut impl Rng,
+) -> Result<Vec<Example>, String> {
+    let mut examples = Vec::new();
+    for _ in 0..count {
+        examples.extend(documents(tokenizer, length, align, rng)?);
+    }
+    Ok(examples)
+}
+
 /// The shortest haystack with filler around the needle, in bytes.
 pub fn shortest_haystack() -> usize {
     needle(10_000).len() + QUESTION.len() + 1

@@ -91,8 +91,7 @@ pub fn splits(
 fn passkey_split(seq_len: usize, align: usize, windows: usize, seed: u64) -> PackedSplit {
     let mut rng = StdRng::seed_from_u64(seed);
     let bytes = Tokenizer::Bytes;
-    let docs = (0..windows).flat_map(|_| {
-        passkey::documents(&bytes, seq_len, align, &mut rng).expect("the config's check leaves room for a haystack")
-    });
-    PackedSplit::from_examples(docs.collect::<Vec<_>>(), seq_len, bytes.eod())
+    let examples = passkey::filled_windows(&bytes, seq_len, align, windows, &mut rng)
+        .expect("the config's check leaves room for a haystack");
+    PackedSplit::from_examples(examples, seq_len, bytes.eod())
 }
