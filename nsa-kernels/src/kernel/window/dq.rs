@@ -159,21 +159,27 @@ impl<F: Float, N: Size> ChunkCompute for QueryGradients<F, N> {
         let dp = products_with_rows::<F, N>(def, &this.do_frags, &this.staged, v_at, lane, d_v, vs, key_tile);
         let needs_mask = tile_needs_mask(first, count, this.t0, this.t_end, span, this.last_start, key_tile);
         mask_and_scale(&mut ds, &this.lanes, first, count, span, this.scale, lane, needs_mask, key_tile);
-        score_gradients(&mut ds, &dp, &this.row_lse, &this.row_delta, key_tile);
+        score_gradients(&mut ds, &dp, &this.row_lse, &this.row_delta, this.scale, key_tile);
         accumulate_with_rows::<F, N>(def, &ds, &this.staged, at, lane, &mut this.dq, d_k, ks, key_tile);
     }
 }
 
 /// Scaled, masked scores in `s` become `ds = p (dp - delta)` in place, `p = exp(s - lse)` (0
-/// where masked), row `half` taking `lse[half]` and `delta[half]`.
+/// where masked), row `half` taking `lse[half]` and `delta[half]`. A masked score is
+/// `NEG_LARGE * scale` here, so the test is against `MASKED * scale`: against `MASKED` alone it
+/// would pass masked scores once `scale < 0.1` (`d_k > 100`), and a row with no key (the
+/// compressed branch before its document's first block, `lse = NEG_LARGE`) would get
+/// `exp(NEG_LARGE (scale - 1)) = inf`.
 #[cube]
 pub fn score_gradients(
     s: &mut Array<Pair<f32>>,
     dp: &Array<Pair<f32>>,
     lse: &Array<f32>,
     delta: &Array<f32>,
+    scale: f32,
     #[comptime] n_cols: usize,
 ) {
+    let masked = MASKED * scale;
     #[unroll]
     for j in 0..n_cols / MMA_N {
         #[unroll]
@@ -182,7 +188,7 @@ pub fn score_gradients(
             let d = dp[2 * j + half];
             #[unroll]
             for e in 0..2usize {
-                let p = select(x[e] > MASKED, (x[e] - lse[half]).exp(), 0.0f32);
+                let p = select(x[e] > masked, (x[e] - lse[half]).exp(), 0.0f32);
                 x[e] = p * (d[e] - delta[half]);
             }
             s[2 * j + half] = x;
