@@ -23,6 +23,7 @@ mod limits;
 /// On a CUDA device only (`--features cuda`).
 #[cfg(feature = "cuda")]
 mod manual_mma;
+mod masked_scores;
 mod mix;
 mod model;
 mod norm;
