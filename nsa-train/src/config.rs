@@ -87,6 +87,13 @@ pub struct TrainConfig {
     /// Run directory: config, metrics log and checkpoints.
     #[config(default = "String::from(\"runs/default\")")]
     pub out: String,
+    /// Weights to start from (empty: a fresh model): another run's directory (its newest intact
+    /// checkpoint) or one checkpoint directory, whose model is this one but for
+    /// [`INIT_MAY_CHANGE`]. The optimiser, step, data order and learning-rate schedule start
+    /// fresh, so a recipe trained at one length goes on at a longer one. `--resume` continues the
+    /// run's own checkpoint instead.
+    #[config(default = "String::new()")]
+    pub init: String,
     /// Device indices, one model replica each (data-parallel when more than one): every global
     /// batch is `batch_size x devices x grad_accumulation` sequences, each device reading its own
     /// share. The CPU backend runs every replica on the host.
@@ -168,6 +175,11 @@ pub const RESUME_MAY_CHANGE: [&str; 13] = [
     "train.peer_timeout_s",
     "model.attention.fused_kernels",
 ];
+
+/// Model settings a run started from another run's weights (`train.init`) may set apart from
+/// that run's: the length (no parameter depends on it), and what only draws a fresh model's
+/// initial weights or picks a path to the same function.
+pub const INIT_MAY_CHANGE: [&str; 4] = ["seq_len", "init_std", "attention.gate_init", "attention.fused_kernels"];
 
 /// The dotted names of the leaves where two TOML values differ, in key order.
 fn differences(a: &Value, b: &Value, at: &str, out: &mut Vec<String>) {
@@ -254,6 +266,30 @@ impl RunConfig {
                      model, batch and data; start a new run (--out) to change it",
                     show(self),
                     show(requested)
+                ))
+            }
+        }
+    }
+
+    /// `Ok` when this run's model is `init`'s (the run whose weights it starts from) but for
+    /// [`INIT_MAY_CHANGE`]; else an error naming the first other setting that differs.
+    pub fn check_init_from(&self, init: &RunConfig) -> Result<(), String> {
+        let value = |c: &RunConfig| Value::try_from(&c.model).expect("a model config serialises");
+        let mut changed = Vec::new();
+        differences(&value(init), &value(self), "", &mut changed);
+        match changed.into_iter().find(|name| !INIT_MAY_CHANGE.contains(&name.as_str())) {
+            None => Ok(()),
+            Some(name) => {
+                let show = |c: &RunConfig| {
+                    let v = value(c);
+                    let leaf = name.split('.').try_fold(&v, |v, part| v.get(part));
+                    leaf.map_or_else(|| "unset".to_string(), Value::to_string)
+                };
+                Err(format!(
+                    "train.init: the checkpoint's model has model.{name} = {}, this config {}: a run starts \
+                     from another's weights only with the same model (its seq_len may differ)",
+                    show(init),
+                    show(self)
                 ))
             }
         }

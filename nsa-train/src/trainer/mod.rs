@@ -6,6 +6,7 @@
 //! and checkpoint steps read their own values, and a checkpoint is only written after its step
 //! was read finite.
 
+mod init;
 mod queue;
 mod resume;
 
@@ -45,6 +46,8 @@ pub struct Trainer<B: TrainBackend> {
     metrics: MetricsLog,
     /// The checkpoint this run continued from.
     pub resumed_from: Option<PathBuf>,
+    /// The checkpoint whose weights this run started from (`train.init`).
+    pub initialised_from: Option<PathBuf>,
     /// Newer checkpoints that a resume found damaged and moved aside, one line each.
     pub set_aside: Vec<String>,
     /// Test hook: a failure to inject at one step.
@@ -54,7 +57,8 @@ pub struct Trainer<B: TrainBackend> {
 }
 
 impl<B: TrainBackend> Trainer<B> {
-    /// A fresh run, or, with `resume`, the newest checkpoint of `cfg.train.out`.
+    /// A fresh run (from `cfg.train.init`'s weights where it names a checkpoint), or, with
+    /// `resume`, the newest checkpoint of `cfg.train.out`.
     pub fn new(
         cfg: RunConfig,
         train: PackedSplit,
@@ -83,6 +87,13 @@ impl<B: TrainBackend> Trainer<B> {
         // so concurrent inits in one process can still interleave).
         B::seed(&device, t.seed);
         let model = cfg.model.init::<B>(&device);
+        let (model, initialised_from) = match (t.init.as_str(), resume) {
+            ("", _) | (_, true) => (model, None),
+            (path, false) => {
+                let (model, dir) = init::weights_from(Path::new(path), model, &cfg, &device)?;
+                (model, Some(dir))
+            }
+        };
         let compute_dtype = match t.precision {
             Precision::F32 => None,
             Precision::Bf16 => Some(FloatDType::BF16),
@@ -101,6 +112,7 @@ impl<B: TrainBackend> Trainer<B> {
             valid,
             run_dir,
             resumed_from: None,
+            initialised_from,
             set_aside: Vec::new(),
             fault: None,
             memory: None,

@@ -8,6 +8,7 @@ mod common;
 mod data;
 mod eval;
 mod generate;
+mod init;
 mod mixed_precision;
 mod parallel;
 mod plot;

@@ -27,6 +27,10 @@ pub(crate) struct TrainArgs {
     /// Peak learning rate (`train.lr`).
     #[arg(long)]
     lr: Option<f64>,
+    /// Start from this run's (or checkpoint directory's) weights, with a fresh optimiser and
+    /// schedule (`train.init`): its model may differ only in `seq_len`.
+    #[arg(long)]
+    init: Option<String>,
     /// Run directory (config, metrics.jsonl, checkpoints).
     #[arg(long)]
     out: Option<String>,
@@ -43,6 +47,9 @@ pub(crate) fn train(args: TrainArgs) -> Result<ExitCode, String> {
         }
         if let Some(lr) = args.lr {
             cfg.train.lr = lr;
+        }
+        if let Some(init) = &args.init {
+            cfg.train.init = init.clone();
         }
         if args.no_dashboard {
             cfg.train.dashboard = false;
@@ -85,6 +92,9 @@ fn run<B: nsa_train::TrainBackend>(
     trainer.spread(&devices, memory).map_err(|e| e.to_string())?;
     for line in &trainer.set_aside {
         eprintln!("warning: checkpoint {line}");
+    }
+    if let Some(dir) = &trainer.initialised_from {
+        eprintln!("weights from {}", dir.display());
     }
     if let Some(dir) = &trainer.resumed_from {
         eprintln!("resumed from {} (step {})", dir.display(), trainer.step);
