@@ -11,11 +11,15 @@ use serde_json::Value;
 use crate::bench_train::read_json;
 use crate::{nsa, NsaArgs};
 
-/// What `nsa eval needle` asks each run (passed on as given; it checks them).
+/// What `nsa eval needle` asks each run (passed on as given; it checks them), and where the runs
+/// start from.
 pub struct NeedleAsk {
     pub lengths: Option<String>,
     pub context: Option<String>,
     pub trials: usize,
+    /// An earlier `bench needle`'s `--out`: each run starts from its run of the same attention
+    /// (`nsa train --init DIR/nsa`, `DIR/dense`), e.g. the 16k recipe's, to go on at 64k.
+    pub init_from: Option<std::path::PathBuf>,
 }
 
 /// The two attentions compared, NSA first.
@@ -28,8 +32,8 @@ pub fn run(args: NsaArgs, ask: NeedleAsk, out: &Path) -> ExitCode {
     }
     for attention in ATTENTIONS {
         let run_dir = out.join(attention).display().to_string();
-        let train = [&args.args[..], &["--attention".into(), attention.into(), "--out".into(), run_dir.clone()]];
-        let status = nsa("train", NsaArgs { args: train.concat(), ..args.clone() });
+        let train = train_args(&args.args, attention, &run_dir, ask.init_from.as_deref());
+        let status = nsa("train", NsaArgs { args: train, ..args.clone() });
         if status != ExitCode::SUCCESS {
             return status;
         }
@@ -49,6 +53,17 @@ pub fn run(args: NsaArgs, ask: NeedleAsk, out: &Path) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `nsa train`'s arguments for the recipe `recipe` with `attention` into `run_dir`, starting
+/// from `init_from`'s run of the same attention where given.
+fn train_args(recipe: &[String], attention: &str, run_dir: &str, init_from: Option<&Path>) -> Vec<String> {
+    let mut args = recipe.to_vec();
+    args.extend(["--attention", attention, "--out", run_dir].map(String::from));
+    if let Some(dir) = init_from {
+        args.extend(["--init".to_string(), dir.join(attention).display().to_string()]);
+    }
+    args
 }
 
 /// `nsa eval needle`'s arguments for the run in `run_dir`: its JSON and heat map under `out`.
@@ -131,12 +146,21 @@ mod tests {
 
     #[test]
     fn eval_asks_with_the_seed_and_what_was_given() {
-        let ask = NeedleAsk { lengths: Some("1k,4k".into()), context: None, trials: 4 };
+        let ask = NeedleAsk { lengths: Some("1k,4k".into()), context: None, trials: 4, init_from: None };
         let args = needle_args(&ask, "out/nsa", Path::new("out"), "nsa").join(" ");
         assert_eq!(
             args,
             "needle --checkpoint out/nsa --seed 0 --json out/needle-nsa.json --heat-map out/needle-nsa.png \
              --trials 4 --lengths 1k,4k"
         );
+    }
+
+    #[test]
+    fn each_run_starts_from_the_earlier_run_of_its_attention() {
+        let recipe = ["--config".to_string(), "64k.toml".to_string()];
+        let plain = train_args(&recipe, "dense", "out/dense", None).join(" ");
+        assert_eq!(plain, "--config 64k.toml --attention dense --out out/dense");
+        let init = train_args(&recipe, "dense", "out/dense", Some(Path::new("runs/16k"))).join(" ");
+        assert_eq!(init, "--config 64k.toml --attention dense --out out/dense --init runs/16k/dense");
     }
 }

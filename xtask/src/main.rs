@@ -83,6 +83,10 @@ enum Task {
         /// `needle`: keys per length and depth.
         #[arg(long, default_value_t = 4)]
         trials: usize,
+        /// `needle`: an earlier `bench needle`'s `--out`; each run starts from its run of the same
+        /// attention (`nsa train --init`), e.g. the 16k recipe's for the 64k one.
+        #[arg(long)]
+        init_from: Option<PathBuf>,
         /// Where results go (`bench-train.json`, `anchor.jsonl`, `bench-train-1.json`,
         /// `kernels.json`, `gemm.json`, `profile.json`, `selection.json`, `launch.json`, `bench-decode.json`,
         /// `decode-anchor.jsonl`, `decode-kernels.csv`).
@@ -161,8 +165,8 @@ fn main() -> ExitCode {
         Task::Bench { what: BenchKind::Train, nsa: a, anchor, scaling, out, .. } => {
             bench_train::run(a, anchor, scaling, &out)
         }
-        Task::Bench { what: BenchKind::Needle, nsa: a, lengths, context, trials, out, .. } => {
-            bench_needle::run(a, bench_needle::NeedleAsk { lengths, context, trials }, &out)
+        Task::Bench { what: BenchKind::Needle, nsa: a, lengths, context, trials, init_from, out, .. } => {
+            bench_needle::run(a, bench_needle::NeedleAsk { lengths, context, trials, init_from }, &out)
         }
     }
 }

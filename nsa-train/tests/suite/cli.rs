@@ -85,6 +85,34 @@ fn train_then_generate_from_the_checkpoint() {
     generates_from(&dir, &out);
     scores_held_out_text(&dir, &out);
     plots_the_run(&dir, &out);
+    goes_on_at_a_longer_length(&dir, &cfg, &out);
+}
+
+/// `nsa train --init` from the run in `out`, at twice its length: the run starts from its weights
+/// and keeps the flag in its config.
+fn goes_on_at_a_longer_length(dir: &std::path::Path, cfg: &std::path::Path, out: &str) {
+    let longer = dir.join("run-64").display().to_string();
+    let corpus = dir.join("corpus.txt");
+    let (ok, stderr) = nsa(&[
+        "train",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--data",
+        corpus.to_str().unwrap(),
+        "--out",
+        &longer,
+        "--backend",
+        "cpu",
+        "--seq-len",
+        "64",
+        "--steps",
+        "2",
+        "--init",
+        out,
+    ]);
+    assert!(ok && stderr.contains("weights from "), "{stderr}");
+    let saved = std::fs::read_to_string(std::path::Path::new(&longer).join("config.toml")).unwrap();
+    assert!(saved.contains(&format!("init = \"{out}\"")) && saved.contains("seq_len = 64\n"), "{saved}");
 }
 
 /// `nsa generate` from the checkpoint in `out`: a prompt, a prompt file, several samples.
@@ -182,6 +210,19 @@ fn shipped_configs_load_as_run_configs() {
         }
     }
     assert!(loaded >= 8, "{loaded} configs");
+}
+
+/// The 64k passkey recipe starts from the 16k one's run, whose model is its own but for the length.
+#[test]
+fn the_64k_recipe_goes_on_from_the_16k_run() {
+    let load = |name: &str| {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs").join(name);
+        nsa_train::config::RunConfig::load(&path).unwrap()
+    };
+    let (short, long) = (load("nsa-125m-passkey-16k.toml"), load("nsa-125m-passkey-64k.toml"));
+    assert_eq!(long.train.init, short.train.out);
+    assert_eq!((short.model.seq_len, long.model.seq_len), (16384, 65536));
+    long.check_init_from(&short).unwrap();
 }
 
 /// Writes a small text corpus to `dir/corpus.txt`.
