@@ -158,10 +158,12 @@ pub struct RunConfig {
 }
 
 /// Settings a resumed run may change: none alters the model, the optimiser's state, the batch or
-/// the data order (`fused_kernels` picks another path to the same function). `train.steps`
-/// stretches the learning-rate schedule from the resumed step on.
-pub const RESUME_MAY_CHANGE: [&str; 13] = [
+/// the data order (`fused_kernels` picks another path to the same function; `train.init` is read
+/// only when a run starts). `train.steps` stretches the learning-rate schedule from the resumed
+/// step on.
+pub const RESUME_MAY_CHANGE: [&str; 14] = [
     "train.steps",
+    "train.init",
     "train.backend",
     "train.precision",
     "train.kernel_cache",

@@ -41,6 +41,10 @@ fn resolve_lays_flags_over_the_file_or_the_resumed_runs_config() {
         toml::to_string(&started).unwrap()
     );
 
+    // Where the run's weights started (`train.init`, read only at its start) may differ.
+    let cfg = RunConfig::resolve(None, &missing, Some(&out), true, |c| c.train.init = "runs/16k".into()).unwrap();
+    assert_eq!(cfg.train.init, "runs/16k");
+
     // A flag that changes the batch, or an explicit config with another model: refused.
     let err = RunConfig::resolve(None, &missing, Some(&out), true, |c| c.train.batch_size = 3).unwrap_err();
     assert!(err.contains("cannot change `train.batch_size` (8 in the run, 3 requested)"), "{err}");
