@@ -183,6 +183,20 @@ pub const RESUME_MAY_CHANGE: [&str; 14] = [
 /// initial weights or picks a path to the same function.
 pub const INIT_MAY_CHANGE: [&str; 4] = ["seq_len", "init_std", "attention.gate_init", "attention.fused_kernels"];
 
+/// The first setting (dotted name) where `a` and `b` differ outside `allowed`, and its value in
+/// each (`unset` where it is absent).
+fn first_change(a: &Value, b: &Value, allowed: &[&str]) -> Option<(String, String, String)> {
+    let mut changed = Vec::new();
+    differences(a, b, "", &mut changed);
+    let name = changed.into_iter().find(|name| !allowed.contains(&name.as_str()))?;
+    let show = |v: &Value| {
+        let leaf = name.split('.').try_fold(v, |v, part| v.get(part));
+        leaf.map_or_else(|| "unset".to_string(), Value::to_string)
+    };
+    let (x, y) = (show(a), show(b));
+    Some((name, x, y))
+}
+
 /// The dotted names of the leaves where two TOML values differ, in key order.
 fn differences(a: &Value, b: &Value, at: &str, out: &mut Vec<String>) {
     match (a, b) {
@@ -253,23 +267,12 @@ impl RunConfig {
     /// differs.
     pub fn check_resume_with(&self, requested: &RunConfig) -> Result<(), String> {
         let value = |c: &RunConfig| Value::try_from(c).expect("a config serialises");
-        let mut changed = Vec::new();
-        differences(&value(self), &value(requested), "", &mut changed);
-        match changed.into_iter().find(|name| !RESUME_MAY_CHANGE.contains(&name.as_str())) {
+        match first_change(&value(self), &value(requested), &RESUME_MAY_CHANGE) {
             None => Ok(()),
-            Some(name) => {
-                let show = |c: &RunConfig| {
-                    let v = value(c);
-                    let leaf = name.split('.').try_fold(&v, |v, part| v.get(part));
-                    leaf.map_or_else(|| "unset".to_string(), Value::to_string)
-                };
-                Err(format!(
-                    "--resume cannot change `{name}` ({} in the run, {} requested): a resumed run keeps its \
-                     model, batch and data; start a new run (--out) to change it",
-                    show(self),
-                    show(requested)
-                ))
-            }
+            Some((name, run, asked)) => Err(format!(
+                "--resume cannot change `{name}` ({run} in the run, {asked} requested): a resumed run keeps its \
+                 model, batch and data; start a new run (--out) to change it"
+            )),
         }
     }
 
@@ -277,23 +280,12 @@ impl RunConfig {
     /// [`INIT_MAY_CHANGE`]; else an error naming the first other setting that differs.
     pub fn check_init_from(&self, init: &RunConfig) -> Result<(), String> {
         let value = |c: &RunConfig| Value::try_from(&c.model).expect("a model config serialises");
-        let mut changed = Vec::new();
-        differences(&value(init), &value(self), "", &mut changed);
-        match changed.into_iter().find(|name| !INIT_MAY_CHANGE.contains(&name.as_str())) {
+        match first_change(&value(init), &value(self), &INIT_MAY_CHANGE) {
             None => Ok(()),
-            Some(name) => {
-                let show = |c: &RunConfig| {
-                    let v = value(c);
-                    let leaf = name.split('.').try_fold(&v, |v, part| v.get(part));
-                    leaf.map_or_else(|| "unset".to_string(), Value::to_string)
-                };
-                Err(format!(
-                    "train.init: the checkpoint's model has model.{name} = {}, this config {}: a run starts \
-                     from another's weights only with the same model (its seq_len may differ)",
-                    show(init),
-                    show(self)
-                ))
-            }
+            Some((name, theirs, ours)) => Err(format!(
+                "train.init: the checkpoint's model has model.{name} = {theirs}, this config {ours}: a run \
+                 starts from another's weights only with the same model (its seq_len may differ)"
+            )),
         }
     }
 
