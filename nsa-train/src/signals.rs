@@ -2,12 +2,16 @@
 //! step boundary: the loop sees the request before it queues its next step, finishes that step,
 //! writes a checkpoint, and `nsa train` exits with [`PREEMPTED`], so a job script can tell a
 //! preempted run (resume it with `--resume`) from a failed one. A second signal exits at once
-//! with [`FORCED`] and writes nothing more.
+//! with [`FORCED`] and writes nothing more, unless it comes within [`SAME_REQUEST`] of the first:
+//! `timeout` sends its SIGTERM to the process and again to its process group, and a scheduler may
+//! signal a job's processes and their group alike, so one request often arrives twice.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook::iterator::Signals;
 
 use crate::dashboard::Reporter;
 use crate::metrics::StepMetrics;
@@ -17,6 +21,8 @@ use crate::metrics::StepMetrics;
 pub const PREEMPTED: u8 = 75;
 /// Exit status after a second signal: stopped at once, no checkpoint of the current step.
 pub const FORCED: i32 = 130;
+/// Signals this soon after the first are the same request delivered again, not a second one.
+pub const SAME_REQUEST: Duration = Duration::from_secs(1);
 
 /// Whether SIGTERM or SIGINT has arrived since [`StopSignals::install`].
 #[derive(Clone)]
@@ -24,18 +30,49 @@ pub struct StopSignals {
     received: Arc<AtomicBool>,
 }
 
+/// What a signal arriving at `now` asks, given when the first one came.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Request {
+    /// The first: stop after the step in flight, with a checkpoint.
+    Stop,
+    /// The first again (within [`SAME_REQUEST`]).
+    Repeated,
+    /// A second, later signal: exit now.
+    Force,
+}
+
+/// The request of a signal at `now`, recording it in `first` when it is the first.
+pub fn request(first: &mut Option<Instant>, now: Instant) -> Request {
+    match *first {
+        None => {
+            *first = Some(now);
+            Request::Stop
+        }
+        Some(at) if now.saturating_duration_since(at) < SAME_REQUEST => Request::Repeated,
+        Some(_) => Request::Force,
+    }
+}
+
 impl StopSignals {
-    /// Routes SIGTERM and SIGINT to the flag; a signal that finds it already set exits the
-    /// process with [`FORCED`].
+    /// Routes SIGTERM and SIGINT to the flag through a thread of their own (the handlers only
+    /// wake it), which exits the process with [`FORCED`] on a second request.
     pub fn install() -> Result<Self, String> {
         let received = Arc::new(AtomicBool::new(false));
-        for signal in [SIGTERM, SIGINT] {
-            // Registered first, so it runs first: it exits only when an earlier signal has
-            // already set the flag that the next line's handler sets.
-            signal_hook::flag::register_conditional_shutdown(signal, FORCED, received.clone())
-                .and_then(|_| signal_hook::flag::register(signal, received.clone()))
-                .map_err(|e| format!("cannot handle signal {signal}: {e}"))?;
-        }
+        let mut signals = Signals::new([SIGTERM, SIGINT]).map_err(|e| format!("cannot handle signals: {e}"))?;
+        let flag = received.clone();
+        std::thread::Builder::new()
+            .name("stop-signals".into())
+            .spawn(move || {
+                let mut first = None;
+                for _ in signals.forever() {
+                    match request(&mut first, Instant::now()) {
+                        Request::Stop => flag.store(true, Ordering::SeqCst),
+                        Request::Repeated => {}
+                        Request::Force => std::process::exit(FORCED),
+                    }
+                }
+            })
+            .map_err(|e| format!("cannot start the signal thread: {e}"))?;
         Ok(Self { received })
     }
 
@@ -65,5 +102,21 @@ impl Reporter for Preemptible {
 
     fn stop_requested(&self) -> bool {
         self.signals.received() || self.inner.stop_requested()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_signal_repeated_at_once_is_one_request_and_a_later_one_forces() {
+        let t0 = Instant::now();
+        let mut first = None;
+        assert_eq!(request(&mut first, t0), Request::Stop);
+        assert_eq!(request(&mut first, t0 + Duration::from_millis(5)), Request::Repeated);
+        assert_eq!(request(&mut first, t0 + SAME_REQUEST / 2), Request::Repeated);
+        assert_eq!(request(&mut first, t0 + SAME_REQUEST), Request::Force);
+        assert_eq!(request(&mut first, t0 + 10 * SAME_REQUEST), Request::Force);
     }
 }

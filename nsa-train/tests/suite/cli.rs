@@ -309,8 +309,8 @@ fn bad_inputs_around_a_run_are_one_line_errors_and_lose_nothing() {
     assert!(kept >= 3, "damaged checkpoints are kept, set aside");
 }
 
-/// SIGTERM (a cluster's preemption) mid-run: the step in flight finishes and is checkpointed, the
-/// binary exits with `nsa_train::signals::PREEMPTED`, and `--resume` continues exactly: its
+/// SIGTERM (a cluster's preemption) mid-run, delivered twice at once: the step in flight finishes
+/// and is checkpointed, the binary exits with `nsa_train::signals::PREEMPTED`, and `--resume` continues exactly: its
 /// losses equal an uninterrupted run's (a constant learning rate, so the schedule does not
 /// depend on the step count).
 #[cfg(unix)]
@@ -335,8 +335,11 @@ fn a_preempted_run_checkpoints_exits_75_and_resumes_exactly() {
         assert!(child.try_wait().unwrap().is_none(), "the run ended before the signal");
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
-    let killed = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
-    assert!(killed.success());
+    // Twice, as `timeout` sends it (to the process, then to its process group): one request.
+    for _ in 0..2 {
+        let killed = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+        assert!(killed.success());
+    }
     let status = child.wait().unwrap();
     let mut stderr = String::new();
     std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
