@@ -6,14 +6,12 @@ use crate::common::{self, weights};
 use burn::backend::{Autodiff, Flex};
 use nsa_train::config::RunConfig;
 use nsa_train::dashboard::Collect;
-use nsa_train::splits::load_splits;
 use nsa_train::trainer::Trainer;
 
 type B = Autodiff<Flex>;
 
 fn trainer(cfg: RunConfig) -> Result<Trainer<B>, String> {
-    let (train, valid, _) = load_splits(&cfg, &[]).unwrap();
-    Trainer::<B>::new(cfg, train, valid, Default::default(), false)
+    common::new_trainer(cfg, false)
 }
 
 /// A tiny run of `steps` in `name` (checkpointed at its last step), with `init` as `train.init`.

@@ -20,8 +20,7 @@ use nsa_train::trainer::{lm_loss, Finish, Stop, Trainer};
 type B = Autodiff<Flex>;
 
 fn trainer(cfg: RunConfig, resume: bool) -> Trainer<B> {
-    let (train, valid, _) = load_splits(&cfg, &[]).unwrap();
-    Trainer::<B>::new(cfg, train, valid, Default::default(), resume).unwrap()
+    common::new_trainer(cfg, resume).unwrap()
 }
 
 /// A fresh tiny run of `steps` in a scratch directory `name`, its train settings changed by
@@ -177,8 +176,7 @@ fn checkpoints_keep_only_the_newest_k() {
     let kept: Vec<usize> = checkpoint::list(&dir).into_iter().map(|(s, _)| s).collect();
     assert_eq!(kept, vec![8, 9]);
     // A fresh run refuses to overwrite them.
-    let (train, valid, _) = load_splits(&cfg, &[]).unwrap();
-    let refused = Trainer::<B>::new(cfg, train, valid, Default::default(), false).err().unwrap();
+    let refused = common::new_trainer::<B>(cfg, false).err().unwrap();
     assert!(refused.contains("--resume"), "{refused}");
 }
 
@@ -195,8 +193,7 @@ fn a_checkpoint_of_another_phi_is_refused_with_the_fix() {
         cfg
     };
     trainer(with_phi(Phi::Linear), false).train_until(2, &mut Collect::default()).unwrap();
-    let (train, valid, _) = load_splits(&cfg, &[]).unwrap();
-    let refused = Trainer::<B>::new(with_phi(Phi::Mlp), train, valid, Default::default(), true).err().unwrap();
+    let refused = common::new_trainer::<B>(with_phi(Phi::Mlp), true).err().unwrap();
     assert!(refused.contains("phi = \"linear\"") && !refused.contains('\n'), "{refused}");
     assert_eq!(checkpoint::list(&dir).len(), 1, "the checkpoint was set aside");
     assert_eq!(trainer(with_phi(Phi::Linear), true).step, 2);

@@ -9,6 +9,9 @@ use burn::tensor::Tensor;
 
 use nsa_core::{NsaConfig, NsaLmConfig};
 use nsa_train::config::{DataConfig, RunConfig, TrainConfig};
+use nsa_train::splits::load_splits;
+use nsa_train::trainer::Trainer;
+use nsa_train::TrainBackend;
 
 /// A unique scratch directory under the target dir's tmp (removed first).
 pub fn scratch(name: &str) -> PathBuf {
@@ -94,4 +97,11 @@ pub fn seed_checkpoint(from: &Path, run_dir: &Path) {
         let file = file.unwrap().path();
         std::fs::copy(&file, step0.join(file.file_name().unwrap())).unwrap();
     }
+}
+
+/// A trainer of `cfg` on its own data splits on the default device (`resume`: from its newest
+/// checkpoint), or its one-line refusal.
+pub fn new_trainer<B: TrainBackend>(cfg: RunConfig, resume: bool) -> Result<Trainer<B>, String> {
+    let (train, valid, _) = load_splits(&cfg, &[]).unwrap();
+    Trainer::<B>::new(cfg, train, valid, Default::default(), resume)
 }
