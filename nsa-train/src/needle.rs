@@ -69,8 +69,8 @@ pub fn needle_in_a_haystack<B: DecodeAttentionBackend>(
     let seq_len = model.seq_len();
     if let Some(&long) = opts.lengths.iter().find(|&&l| l + ANSWER_TOKENS > seq_len) {
         return Err(format!(
-            "a haystack of {long} tokens and its {ANSWER_TOKENS}-token answer pass the model's seq_len of {seq_len}: \
-             give --lengths up to {}",
+            "a haystack of {long} tokens and its {ANSWER_TOKENS}-token answer exceed the model's context of {seq_len} \
+             tokens: give --lengths up to {} or a longer --context",
             seq_len.saturating_sub(ANSWER_TOKENS)
         ));
     }

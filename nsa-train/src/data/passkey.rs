@@ -24,8 +24,12 @@ pub fn answer(key: u32) -> String {
 pub fn haystack(tokenizer: &Tokenizer, length: usize, depth: u32, key: u32) -> Result<Vec<u32>, String> {
     let encode = |text: &str| tokenizer.encode(text).map_err(|e| e.to_string());
     let (needle, question) = (encode(&needle(key))?, encode(QUESTION)?);
-    let room = length.checked_sub(needle.len() + question.len()).filter(|&room| room > 0).ok_or_else(|| {
-        format!("a haystack of {length} tokens has no room for filler around the needle and the question")
+    let least = needle.len() + question.len() + 1;
+    let room = length.checked_sub(least - 1).filter(|&room| room > 0).ok_or_else(|| {
+        format!(
+            "a haystack of {length} tokens has no room for filler around the needle and the question: \
+             give lengths of at least {least}"
+        )
     })?;
     let unit = encode(FILLER)?;
     let filler: Vec<u32> = unit.iter().copied().cycle().take(room).collect();

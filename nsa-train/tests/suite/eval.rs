@@ -94,7 +94,7 @@ fn the_haystack_hides_the_key_at_its_depth_and_the_needle_eval_counts_keys() {
     assert_eq!(table(&cells, &opts.lengths, &opts.depths).lines().count(), 3, "a header and a row per length");
     let too_long = NeedleOptions { lengths: vec![125], ..opts };
     let err = needle_in_a_haystack(&model, &bytes, &too_long, &Default::default(), |_| {}).unwrap_err();
-    assert!(err.contains("pass the model's seq_len of 128"), "{err}");
+    assert!(err.contains("exceed the model's context of 128 tokens"), "{err}");
 }
 
 /// Checks that window `w` of `split` holds passkey haystacks, each a document starting at a
