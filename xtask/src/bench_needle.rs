@@ -56,12 +56,17 @@ pub fn run(args: NsaArgs, ask: NeedleAsk, out: &Path) -> ExitCode {
 }
 
 /// `nsa train`'s arguments for the recipe `recipe` with `attention` into `run_dir`, starting
-/// from `init_from`'s run of the same attention where given.
+/// from `init_from`'s run of the same attention where given. A `run_dir` that already holds
+/// checkpoints (an earlier `bench needle` stopped, or finished) goes on with `--resume`: what was
+/// trained is kept, a finished run ends at once, and another recipe is refused in one line.
 fn train_args(recipe: &[String], attention: &str, run_dir: &str, init_from: Option<&Path>) -> Vec<String> {
     let mut args = recipe.to_vec();
     args.extend(["--attention", attention, "--out", run_dir].map(String::from));
     if let Some(dir) = init_from {
         args.extend(["--init".to_string(), dir.join(attention).display().to_string()]);
+    }
+    if Path::new(run_dir).join("checkpoints").is_dir() {
+        args.push("--resume".to_string());
     }
     args
 }
@@ -162,5 +167,17 @@ mod tests {
         assert_eq!(plain, "--config 64k.toml --attention dense --out out/dense");
         let init = train_args(&recipe, "dense", "out/dense", Some(Path::new("runs/16k"))).join(" ");
         assert_eq!(init, "--config 64k.toml --attention dense --out out/dense --init runs/16k/dense");
+    }
+
+    #[test]
+    fn a_run_with_checkpoints_goes_on() {
+        let out = std::env::temp_dir().join(format!("xtask-needle-{}", std::process::id()));
+        let run = out.join("nsa").display().to_string();
+        let recipe = ["--config".to_string(), "16k.toml".to_string()];
+        assert!(!train_args(&recipe, "nsa", &run, None).contains(&"--resume".to_string()));
+        std::fs::create_dir_all(out.join("nsa/checkpoints")).unwrap();
+        let args = train_args(&recipe, "nsa", &run, None);
+        std::fs::remove_dir_all(&out).unwrap();
+        assert_eq!(args.last().map(String::as_str), Some("--resume"));
     }
 }
