@@ -68,7 +68,8 @@ impl StopSignals {
                     match request(&mut first, Instant::now()) {
                         Request::Stop => flag.store(true, Ordering::SeqCst),
                         Request::Repeated => {}
-                        Request::Force => std::process::exit(FORCED),
+                        // `_exit`: no exit handlers, which could wait on the device threads.
+                        Request::Force => signal_hook::low_level::exit(FORCED),
                     }
                 }
             })
