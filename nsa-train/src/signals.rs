@@ -32,7 +32,7 @@ pub struct StopSignals {
 
 /// What a signal arriving at `now` asks, given when the first one came.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Request {
+enum Request {
     /// The first: stop after the step in flight, with a checkpoint.
     Stop,
     /// The first again (within [`SAME_REQUEST`]).
@@ -42,7 +42,7 @@ pub enum Request {
 }
 
 /// The request of a signal at `now`, recording it in `first` when it is the first.
-pub fn request(first: &mut Option<Instant>, now: Instant) -> Request {
+fn request(first: &mut Option<Instant>, now: Instant) -> Request {
     match *first {
         None => {
             *first = Some(now);

@@ -25,12 +25,13 @@ pub fn haystack(tokenizer: &Tokenizer, length: usize, depth: u32, key: u32) -> R
     let encode = |text: &str| tokenizer.encode(text).map_err(|e| e.to_string());
     let (needle, question) = (encode(&needle(key))?, encode(QUESTION)?);
     let least = needle.len() + question.len() + 1;
-    let room = length.checked_sub(least - 1).filter(|&room| room > 0).ok_or_else(|| {
-        format!(
+    if length < least {
+        return Err(format!(
             "a haystack of {length} tokens has no room for filler around the needle and the question: \
              give lengths of at least {least}"
-        )
-    })?;
+        ));
+    }
+    let room = length - (least - 1);
     let unit = encode(FILLER)?;
     let filler: Vec<u32> = unit.iter().copied().cycle().take(room).collect();
     let at = room * depth.min(100) as usize / 100;

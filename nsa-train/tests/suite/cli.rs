@@ -310,9 +310,9 @@ fn bad_inputs_around_a_run_are_one_line_errors_and_lose_nothing() {
 }
 
 /// SIGTERM (a cluster's preemption) mid-run, delivered twice at once: the step in flight finishes
-/// and is checkpointed, the binary exits with `nsa_train::signals::PREEMPTED`, and `--resume` continues exactly: its
-/// losses equal an uninterrupted run's (a constant learning rate, so the schedule does not
-/// depend on the step count).
+/// and is checkpointed, the binary exits with `nsa_train::signals::PREEMPTED`, and `--resume`
+/// continues exactly: its losses equal an uninterrupted run's (a constant learning rate, so the
+/// schedule does not depend on the step count).
 #[cfg(unix)]
 #[test]
 fn a_preempted_run_checkpoints_exits_75_and_resumes_exactly() {
