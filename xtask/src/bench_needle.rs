@@ -87,13 +87,15 @@ fn needle_args(ask: &NeedleAsk, run_dir: &str, out: &Path, attention: &str) -> V
     args
 }
 
-/// One (length, depth) of a run: the trials, the keys given back and their digits in place.
+/// One (length, depth) of a run: the trials, the keys given back, their digits in place and the
+/// digits the keys hold.
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Cell {
     length: u64,
     trials: u64,
     correct: u64,
     digits: u64,
+    key_digits: u64,
 }
 
 fn read_cells(path: &Path) -> Result<Vec<Cell>, String> {
@@ -105,7 +107,9 @@ fn read_cells(path: &Path) -> Result<Vec<Cell>, String> {
         .iter()
         .map(|c| {
             let (length, trials) = (field(c, "length")?, field(c, "trials")?);
-            Ok(Cell { length, trials, correct: field(c, "correct")?, digits: field(c, "digits")? })
+            let keys = c["keys"].as_array().ok_or_else(|| format!("{}: a cell has no `keys`", path.display()))?;
+            let key_digits = keys.iter().map(|k| k.as_u64().map_or(0, |k| k.to_string().len() as u64)).sum();
+            Ok(Cell { length, trials, correct: field(c, "correct")?, digits: field(c, "digits")?, key_digits })
         })
         .collect()
 }
@@ -117,10 +121,10 @@ fn side_by_side(nsa: &[Cell], dense: &[Cell]) -> String {
     lengths.dedup();
     let shares = |cells: &[Cell], length: u64| {
         let row = cells.iter().filter(|c| c.length == length);
-        let (trials, correct, digits) = row.fold((0, 0, 0), |(t, k, d), c| (t + c.trials, k + c.correct, d + c.digits));
+        let (trials, correct, digits, key_digits) =
+            row.fold((0, 0, 0, 0), |(t, k, d, n), c| (t + c.trials, k + c.correct, d + c.digits, n + c.key_digits));
         let of = |n: u64, d: u64| if d == 0 { f64::NAN } else { 100.0 * n as f64 / d as f64 };
-        // Five digits a key (`nsa eval needle`'s keys are 10000..99999).
-        format!("{:>9.1}% {:>9.1}%", of(correct, trials), of(digits, 5 * trials))
+        format!("{:>9.1}% {:>9.1}%", of(correct, trials), of(digits, key_digits))
     };
     let mut text =
         format!("{:>8} {:>10} {:>10} {:>10} {:>10}\n", "length", "NSA keys", "digits", "dense keys", "digits");
@@ -135,7 +139,7 @@ mod tests {
     use super::*;
 
     fn cell(length: u64, correct: u64, digits: u64) -> Cell {
-        Cell { length, trials: 4, correct, digits }
+        Cell { length, trials: 4, correct, digits, key_digits: 20 }
     }
 
     #[test]
@@ -147,6 +151,23 @@ mod tests {
         assert_eq!(rows[1], ["1024", "75.0%", "85.0%", "12.5%", "25.0%"]);
         assert_eq!(rows[2], ["4096", "0.0%", "10.0%", "0.0%", "0.0%"]);
         assert_eq!(rows.len(), 3);
+    }
+
+    #[test]
+    fn a_cells_digits_are_counted_against_its_keys() {
+        let path = std::env::temp_dir().join(format!("xtask-needle-cells-{}.json", std::process::id()));
+        let json = r#"[{"length": 1024, "depth": 0, "correct": 1, "trials": 2, "keys": [12345, 67890],
+            "answers": ["12345", "6"], "digits": 6}]"#;
+        std::fs::write(&path, json).unwrap();
+        let cells = read_cells(&path);
+        std::fs::remove_file(&path).unwrap();
+        let cells = cells.unwrap();
+        assert_eq!(cells, [Cell { length: 1024, trials: 2, correct: 1, digits: 6, key_digits: 10 }]);
+        let rows = side_by_side(&cells, &cells);
+        assert_eq!(
+            rows.lines().nth(1).unwrap().split_whitespace().collect::<Vec<_>>(),
+            ["1024", "50.0%", "60.0%", "50.0%", "60.0%"]
+        );
     }
 
     #[test]
