@@ -107,8 +107,10 @@ fn read_cells(path: &Path) -> Result<Vec<Cell>, String> {
         .iter()
         .map(|c| {
             let (length, trials) = (field(c, "length")?, field(c, "trials")?);
-            let keys = c["keys"].as_array().ok_or_else(|| format!("{}: a cell has no `keys`", path.display()))?;
-            let key_digits = keys.iter().map(|k| k.as_u64().map_or(0, |k| k.to_string().len() as u64)).sum();
+            let no_keys = || format!("{}: a cell has no `keys`", path.display());
+            let keys = c["keys"].as_array().ok_or_else(no_keys)?;
+            let key_digits = keys.iter().map(|k| k.as_u64().map(|k| k.to_string().len() as u64)).sum::<Option<u64>>();
+            let key_digits = key_digits.ok_or_else(no_keys)?;
             Ok(Cell { length, trials, correct: field(c, "correct")?, digits: field(c, "digits")?, key_digits })
         })
         .collect()
