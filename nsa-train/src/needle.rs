@@ -5,7 +5,8 @@
 use nsa_core::{DecodeAttentionBackend, NsaLm};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
+use std::ops::ControlFlow;
 
 use crate::data::corpus::Packing;
 pub use crate::data::passkey::haystack;
@@ -29,7 +30,7 @@ pub struct NeedleOptions {
 }
 
 /// One (length, depth): how many keys came back.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct NeedleCell {
     pub length: usize,
     pub depth: u32,
@@ -42,6 +43,21 @@ pub struct NeedleCell {
     /// The keys' digits given back in place, over all trials: partial retrieval, which a
     /// model learning the task shows before whole keys (chance is a tenth of the digits).
     pub digits: usize,
+}
+
+/// What `nsa eval needle --json` writes, after every cell: what the cells were run on, whether
+/// every cell asked was run, and the cells so far. A stopped run's file is what `--resume` keeps.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NeedleReport {
+    /// The checkpoint directory the model was loaded from.
+    pub checkpoint: String,
+    /// The context the model ran at (`--context`, or the seq_len it trained at).
+    pub context: usize,
+    /// The backend and dtype it ran on, e.g. `cuda bf16`: answers may differ between them.
+    pub runs_on: String,
+    /// Whether every (length, depth) asked was run; false in a run stopped early.
+    pub complete: bool,
+    pub cells: Vec<NeedleCell>,
 }
 
 impl NeedleCell {
@@ -58,13 +74,19 @@ impl NeedleCell {
 /// Digits in a key (`10_000..100_000`).
 pub const KEY_DIGITS: usize = 5;
 
-/// Runs every (length, depth) of `opts`, calling `progress` after each cell.
+/// Runs every (length, depth) of `opts` in order, calling `progress` after each with the cells so
+/// far and whether the last was kept; a `Break` from it stops the run there, and the cells so far
+/// are its result. A cell of
+/// `kept` (an earlier, stopped run's) whose length, depth and keys are this cell's is taken as it
+/// is rather than run again: the keys are drawn from `opts.seed` in cell order, so only a run of
+/// the same options and seed draws them alike.
 pub fn needle_in_a_haystack<B: DecodeAttentionBackend>(
     model: &NsaLm<B>,
     tokenizer: &Tokenizer,
     opts: &NeedleOptions,
+    kept: &[NeedleCell],
     device: &B::Device,
-    mut progress: impl FnMut(&NeedleCell),
+    mut progress: impl FnMut(&[NeedleCell], bool) -> ControlFlow<()>,
 ) -> Result<Vec<NeedleCell>, String> {
     let seq_len = model.seq_len();
     if let Some(&long) = opts.lengths.iter().find(|&&l| l + ANSWER_TOKENS > seq_len) {
@@ -75,26 +97,44 @@ pub fn needle_in_a_haystack<B: DecodeAttentionBackend>(
         ));
     }
     let mut rng = StdRng::seed_from_u64(opts.seed);
-    let greedy = SampleOptions { max_tokens: ANSWER_TOKENS, temperature: 0.0, top_k: 0, top_p: 1.0, seed: opts.seed };
     let mut cells = Vec::new();
     for &length in &opts.lengths {
         for &depth in &opts.depths {
             let keys: Vec<u32> = (0..opts.trials).map(|_| rng.random_range(10_000..100_000)).collect();
-            let prompts =
-                keys.iter().map(|&key| haystack(tokenizer, length, depth, key)).collect::<Result<Vec<_>, _>>()?;
-            // A haystack is one document (it holds no end-of-text), so packed and streamed
-            // models read all of it alike.
-            let end_of_text = EndOfText { id: tokenizer.eod(), packing: Packing::Stream };
-            let done = generate(model, &prompts, &greedy, Some(end_of_text), device, |_, _| {})?;
-            let answers: Vec<String> = done.tokens.iter().map(|answer| tokenizer.decode(answer)).collect();
-            let correct = keys.iter().zip(&answers).filter(|(&key, answer)| answers_with(answer, key)).count();
-            let digits = keys.iter().zip(&answers).map(|(&key, answer)| digits_in_place(answer, key)).sum();
-            let cell = NeedleCell { length, depth, correct, trials: opts.trials, keys, answers, digits };
-            progress(&cell);
+            let earlier = kept.iter().find(|c| c.length == length && c.depth == depth && c.keys == keys);
+            let cell = match earlier {
+                Some(cell) => cell.clone(),
+                None => run_cell(model, tokenizer, opts, length, depth, keys, device)?,
+            };
             cells.push(cell);
+            if progress(&cells, earlier.is_some()).is_break() {
+                return Ok(cells);
+            }
         }
     }
     Ok(cells)
+}
+
+/// One (length, depth): each key hidden in its haystack, all asked for in one batch.
+fn run_cell<B: DecodeAttentionBackend>(
+    model: &NsaLm<B>,
+    tokenizer: &Tokenizer,
+    opts: &NeedleOptions,
+    length: usize,
+    depth: u32,
+    keys: Vec<u32>,
+    device: &B::Device,
+) -> Result<NeedleCell, String> {
+    let greedy = SampleOptions { max_tokens: ANSWER_TOKENS, temperature: 0.0, top_k: 0, top_p: 1.0, seed: opts.seed };
+    let prompts = keys.iter().map(|&key| haystack(tokenizer, length, depth, key)).collect::<Result<Vec<_>, _>>()?;
+    // A haystack is one document (it holds no end-of-text), so packed and streamed models read
+    // all of it alike.
+    let end_of_text = EndOfText { id: tokenizer.eod(), packing: Packing::Stream };
+    let done = generate(model, &prompts, &greedy, Some(end_of_text), device, |_, _| {})?;
+    let answers: Vec<String> = done.tokens.iter().map(|answer| tokenizer.decode(answer)).collect();
+    let correct = keys.iter().zip(&answers).filter(|(&key, answer)| answers_with(answer, key)).count();
+    let digits = keys.iter().zip(&answers).map(|(&key, answer)| digits_in_place(answer, key)).sum();
+    Ok(NeedleCell { length, depth, correct, trials: opts.trials, keys, answers, digits })
 }
 
 /// What an answer gives back: the generated text after any spaces the model put first.
@@ -119,7 +159,8 @@ pub fn digit_share<'a>(cells: impl IntoIterator<Item = &'a NeedleCell>) -> f64 {
 }
 
 /// The accuracy table: one row per length, one column per depth, then the row's mean and the
-/// share of its keys' digits given back in place (what a model still learning the task shows).
+/// share of its keys' digits given back in place (what a model still learning the task shows),
+/// both over the row's cells that were run.
 pub fn table(cells: &[NeedleCell], lengths: &[usize], depths: &[u32]) -> String {
     let mut out = format!("{:>8}", "length");
     for depth in depths {
@@ -129,10 +170,18 @@ pub fn table(cells: &[NeedleCell], lengths: &[usize], depths: &[u32]) -> String 
     for &length in lengths {
         let row: Vec<&NeedleCell> = cells.iter().filter(|c| c.length == length).collect();
         out += &format!("{length:>8}");
-        for cell in &row {
-            out += &format!(" {:>5.2}", cell.accuracy());
+        // A run stopped early has no cells past where it stopped: they read `-`.
+        for &depth in depths {
+            match row.iter().find(|c| c.depth == depth) {
+                Some(cell) => out += &format!(" {:>5.2}", cell.accuracy()),
+                None => out += &format!(" {:>5}", "-"),
+            }
         }
-        let mean = row.iter().map(|c| c.accuracy()).sum::<f64>() / row.len().max(1) as f64;
+        if row.is_empty() {
+            out += &format!("   {:>4}  {:>6}\n", "-", "-");
+            continue;
+        }
+        let mean = row.iter().map(|c| c.accuracy()).sum::<f64>() / row.len() as f64;
         out += &format!("   {mean:.2}  {:>5.1}%\n", 100.0 * digit_share(row.iter().copied()));
     }
     out

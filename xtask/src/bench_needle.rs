@@ -71,7 +71,9 @@ fn train_args(recipe: &[String], attention: &str, run_dir: &str, init_from: Opti
     args
 }
 
-/// `nsa eval needle`'s arguments for the run in `run_dir`: its JSON and heat map under `out`.
+/// `nsa eval needle`'s arguments for the run in `run_dir`: its JSON and heat map under `out`. A
+/// JSON of an eval stopped early (an earlier `bench needle` stopped there, after its run had
+/// finished training) is gone on from with `--resume`: its cells are kept.
 fn needle_args(ask: &NeedleAsk, run_dir: &str, out: &Path, attention: &str) -> Vec<String> {
     let file = |ext: &str| out.join(format!("needle-{attention}.{ext}")).display().to_string();
     let mut args = ["needle", "--checkpoint", run_dir, "--seed", "0", "--json", &file("json")]
@@ -83,6 +85,9 @@ fn needle_args(ask: &NeedleAsk, run_dir: &str, out: &Path, attention: &str) -> V
         if let Some(value) = value {
             args.extend([flag.to_string(), value.clone()]);
         }
+    }
+    if read_json(Path::new(&file("json"))).is_ok_and(|report| report["complete"] == false) {
+        args.push("--resume".to_string());
     }
     args
 }
@@ -98,9 +103,13 @@ struct Cell {
     key_digits: u64,
 }
 
+/// The cells of the report `nsa eval needle --json` wrote at `path`, which must have run them all.
 fn read_cells(path: &Path) -> Result<Vec<Cell>, String> {
     let json = read_json(path)?;
-    let cells = json.as_array().ok_or_else(|| format!("{}: not a list of cells", path.display()))?;
+    if json["complete"] != true {
+        return Err(format!("{}: not the report of a needle eval that ran every cell", path.display()));
+    }
+    let cells = json["cells"].as_array().ok_or_else(|| format!("{}: no list of cells", path.display()))?;
     let field =
         |c: &Value, name: &str| c[name].as_u64().ok_or_else(|| format!("{}: a cell has no `{name}`", path.display()));
     cells
@@ -158,11 +167,15 @@ mod tests {
     #[test]
     fn a_cells_digits_are_counted_against_its_keys() {
         let path = std::env::temp_dir().join(format!("xtask-needle-cells-{}.json", std::process::id()));
-        let json = r#"[{"length": 1024, "depth": 0, "correct": 1, "trials": 2, "keys": [12345, 67890],
+        let cells = r#"[{"length": 1024, "depth": 0, "correct": 1, "trials": 2, "keys": [12345, 67890],
             "answers": ["12345", "6"], "digits": 6}]"#;
-        std::fs::write(&path, json).unwrap();
+        let report = |complete: bool| format!(r#"{{"complete": {complete}, "cells": {cells}}}"#);
+        std::fs::write(&path, report(false)).unwrap();
+        let stopped = read_cells(&path);
+        std::fs::write(&path, report(true)).unwrap();
         let cells = read_cells(&path);
         std::fs::remove_file(&path).unwrap();
+        assert!(stopped.unwrap_err().contains("ran every cell"), "a stopped eval's cells are not a result");
         let cells = cells.unwrap();
         assert_eq!(cells, [Cell { length: 1024, trials: 2, correct: 1, digits: 6, key_digits: 10 }]);
         let rows = side_by_side(&cells, &cells);
@@ -181,6 +194,22 @@ mod tests {
             "needle --checkpoint out/nsa --seed 0 --json out/needle-nsa.json --heat-map out/needle-nsa.png \
              --trials 4 --lengths 1k,4k"
         );
+    }
+
+    #[test]
+    fn an_eval_stopped_early_goes_on() {
+        let out = std::env::temp_dir().join(format!("xtask-needle-eval-{}", std::process::id()));
+        std::fs::create_dir_all(&out).unwrap();
+        let ask = NeedleAsk { lengths: None, context: None, trials: 4, init_from: None };
+        let resumes = |complete: Option<bool>| {
+            if let Some(complete) = complete {
+                std::fs::write(out.join("needle-dense.json"), format!(r#"{{"complete": {complete}}}"#)).unwrap();
+            }
+            needle_args(&ask, "out/dense", &out, "dense").contains(&"--resume".to_string())
+        };
+        let seen = [resumes(None), resumes(Some(false)), resumes(Some(true))];
+        std::fs::remove_dir_all(&out).unwrap();
+        assert_eq!(seen, [false, true, false], "no report, a stopped one, a whole one");
     }
 
     #[test]

@@ -2,6 +2,8 @@
 //! perplexity and bits per byte derived from it, and a text too short for a window refused; the
 //! needle eval's haystacks and its counts.
 
+use std::ops::ControlFlow;
+
 use burn::backend::Flex;
 use burn::tensor::ElementConversion;
 use nsa_core::{lm_loss, NsaLm, NsaLmConfig};
@@ -9,7 +11,7 @@ use nsa_train::data::batch::batch;
 use nsa_train::data::corpus::{PackedSplit, Packing};
 use nsa_train::data::tokenizer::Tokenizer;
 use nsa_train::evaluate::{evaluate, EvalText};
-use nsa_train::needle::{haystack, needle_in_a_haystack, table, NeedleOptions};
+use nsa_train::needle::{haystack, needle_in_a_haystack, table, NeedleCell, NeedleOptions};
 
 use crate::common;
 
@@ -87,14 +89,67 @@ fn the_haystack_hides_the_key_at_its_depth_and_the_needle_eval_counts_keys() {
     let model = model(1, 128);
     let opts = NeedleOptions { lengths: vec![100, 120], depths: vec![0, 100], trials: 2, seed: 3 };
     let mut seen = 0;
-    let cells = needle_in_a_haystack(&model, &bytes, &opts, &Default::default(), |_| seen += 1).unwrap();
+    let cells = needle_in_a_haystack(&model, &bytes, &opts, &[], &Default::default(), |cells, kept| {
+        seen += 1;
+        assert_eq!((cells.len(), kept), (seen, false), "each call has the cells so far");
+        ControlFlow::Continue(())
+    })
+    .unwrap();
     assert_eq!((cells.len(), seen), (4, 4));
     assert!(cells.iter().all(|c| c.trials == 2 && c.correct <= 2 && c.answers.len() == 2 && c.keys.len() == 2));
     assert!(cells.iter().all(|c| c.digits <= 10 && c.digits >= 5 * c.correct), "whole keys count their digits");
     assert_eq!(table(&cells, &opts.lengths, &opts.depths).lines().count(), 3, "a header and a row per length");
     let too_long = NeedleOptions { lengths: vec![125], ..opts };
-    let err = needle_in_a_haystack(&model, &bytes, &too_long, &Default::default(), |_| {}).unwrap_err();
+    let err = needle_in_a_haystack(&model, &bytes, &too_long, &[], &Default::default(), go_on).unwrap_err();
     assert!(err.contains("exceed the model's context of 128 tokens"), "{err}");
+}
+
+fn go_on(_: &[NeedleCell], _: bool) -> ControlFlow<()> {
+    ControlFlow::Continue(())
+}
+
+#[test]
+fn a_stopped_needle_run_keeps_its_cells_and_goes_on_from_them() {
+    let bytes = Tokenizer::from_spec("bytes").unwrap();
+    let model = model(1, 128);
+    let opts = NeedleOptions { lengths: vec![100, 120], depths: vec![0, 50, 100], trials: 2, seed: 5 };
+    let device = Default::default();
+    let whole = needle_in_a_haystack(&model, &bytes, &opts, &[], &device, go_on).unwrap();
+    assert_eq!(whole.len(), 6);
+
+    // Stopped after its second cell: the two cells, the same as the whole run's.
+    let stop_at_two =
+        |cells: &[NeedleCell], _| if cells.len() == 2 { ControlFlow::Break(()) } else { ControlFlow::Continue(()) };
+    let stopped = needle_in_a_haystack(&model, &bytes, &opts, &[], &device, stop_at_two).unwrap();
+    assert_eq!(stopped, whole[..2]);
+
+    // Going on keeps those cells as they are (a marked answer shows it was not run again) and
+    // runs the rest: the whole run's cells.
+    let mut kept = stopped.clone();
+    kept[1].answers[0] = "kept".to_string();
+    let mut kept_flags = Vec::new();
+    let resumed = needle_in_a_haystack(&model, &bytes, &opts, &kept, &device, |_, was_kept| {
+        kept_flags.push(was_kept);
+        ControlFlow::Continue(())
+    })
+    .unwrap();
+    assert_eq!(kept_flags, [true, true, false, false, false, false]);
+    assert_eq!(resumed[1].answers[0], "kept");
+    assert_eq!(resumed[..1], whole[..1]);
+    assert_eq!(resumed[2..], whole[2..]);
+
+    // Cells of another seed hold other keys: none is kept.
+    let other = NeedleOptions { seed: 6, ..opts.clone() };
+    let mut theirs = needle_in_a_haystack(&model, &bytes, &other, &[], &device, go_on).unwrap();
+    theirs.iter_mut().for_each(|c| c.answers[0] = "theirs".to_string());
+    let fresh = needle_in_a_haystack(&model, &bytes, &opts, &theirs, &device, go_on).unwrap();
+    assert_eq!(fresh, whole);
+
+    // The table of a stopped run marks the cells it did not run.
+    let text = table(&stopped, &opts.lengths, &opts.depths);
+    let rows: Vec<Vec<&str>> = text.lines().skip(1).map(|l| l.split_whitespace().collect()).collect();
+    assert_eq!(rows[0][3], "-", "{text}");
+    assert_eq!(rows[1][1..], ["-"; 5], "{text}");
 }
 
 /// Checks that window `w` of `split` holds passkey haystacks, each a document starting at a

@@ -1,14 +1,18 @@
 //! `nsa eval`: a checkpoint's held-out loss, perplexity and bits per byte over text files;
 //! `nsa eval needle`: its passkey retrieval per context length and depth.
 
-use std::path::PathBuf;
+use std::ops::ControlFlow;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use nsa_core::{DecodeAttentionBackend, SparseAttentionBackend};
-use nsa_train::data::tokenizer::Tokenizer;
+use nsa_core::SparseAttentionBackend;
 use nsa_train::evaluate::{evaluate, EvalText, Evaluation};
-use nsa_train::needle::{digit_share, heat_map, needle_in_a_haystack, table, NeedleCell, NeedleOptions, ANSWER_TOKENS};
+use nsa_train::needle::{
+    digit_share, heat_map, needle_in_a_haystack, table, NeedleCell, NeedleOptions, NeedleReport, ANSWER_TOKENS,
+};
 use nsa_train::plot::write_png;
+use nsa_train::signals::{StopSignals, PREEMPTED};
 use nsa_train::with_inference_backend;
 
 use crate::trained::{Loaded, RunOn};
@@ -68,12 +72,17 @@ pub(crate) struct NeedleArgs {
     seed: u64,
     #[command(flatten)]
     run_on: RunOn,
-    /// Also write the cells as JSON here.
+    /// Also write the cells as JSON here, rewritten after each cell: a run stopped early (a
+    /// signal, an error) keeps the cells it ran.
     #[arg(long)]
     json: Option<PathBuf>,
     /// Also draw the accuracy per length and depth as a PNG heat map here.
     #[arg(long)]
     heat_map: Option<PathBuf>,
+    /// Go on from the `--json` of an earlier run stopped early: its cells are kept where this
+    /// run asks the same keys of the same checkpoint, and only the rest are run.
+    #[arg(long, requires = "json")]
+    resume: bool,
 }
 
 /// `4k` as 4096, `1000` as 1000.
@@ -88,7 +97,7 @@ fn parse_length(text: &str) -> Result<usize, String> {
     }
 }
 
-pub(crate) fn eval(args: EvalArgs) -> Result<(), String> {
+pub(crate) fn eval(args: EvalArgs) -> Result<ExitCode, String> {
     if let Some(EvalTask::Needle(args)) = args.task {
         return needle(args);
     }
@@ -120,7 +129,7 @@ pub(crate) fn eval(args: EvalArgs) -> Result<(), String> {
         let text = serde_json::to_string_pretty(&result).expect("the result serialises");
         std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
     }
-    Ok(())
+    Ok(ExitCode::SUCCESS)
 }
 
 /// What one `nsa eval` scores.
@@ -146,7 +155,7 @@ impl Job<'_> {
     }
 }
 
-fn needle(args: NeedleArgs) -> Result<(), String> {
+fn needle(args: NeedleArgs) -> Result<ExitCode, String> {
     if args.trials == 0 || args.depths.iter().any(|&d| d > 100) || args.depths.is_empty() {
         return Err("--trials takes a number of at least 1 and --depths percentages from 0 to 100".into());
     }
@@ -161,19 +170,99 @@ fn needle(args: NeedleArgs) -> Result<(), String> {
         false => args.lengths,
     };
     let opts = NeedleOptions { lengths, depths: args.depths, trials: args.trials, seed: args.seed };
+    let mut report = NeedleReport {
+        checkpoint: loaded.ckpt.display().to_string(),
+        context: loaded.cfg.model.seq_len,
+        runs_on: loaded.runs_on(),
+        complete: false,
+        cells: Vec::new(),
+    };
+    let kept = match (&args.json, args.resume) {
+        (Some(path), true) => kept_cells(path, &report)?,
+        _ => Vec::new(),
+    };
+    let signals = StopSignals::install()?;
+    let total = opts.lengths.len() * opts.depths.len();
     let cells = with_inference_backend!(loaded.kind, false, |B, device, _memory| {
-        run_needle::<B>(&loaded, &tokenizer, &opts, &device)
+        let model = loaded.model::<B>(&device)?;
+        needle_in_a_haystack(&model, &tokenizer, &opts, &kept, &device, |cells, was_kept| {
+            let cell = cells.last().expect("called after a cell");
+            eprintln!(
+                "needle: {}/{total}: length {} depth {}%: {}/{} keys, {:.0}% of their digits{}",
+                cells.len(),
+                cell.length,
+                cell.depth,
+                cell.correct,
+                cell.trials,
+                100.0 * cell.digit_accuracy(),
+                if was_kept { " (kept)" } else { "" }
+            );
+            if let Some(path) = &args.json {
+                let so_far = NeedleReport { cells: cells.to_vec(), ..report.clone() };
+                if let Err(e) = write_report(path, &so_far) {
+                    eprintln!("warning: {e}");
+                }
+            }
+            match signals.received() {
+                true => ControlFlow::Break(()),
+                false => ControlFlow::Continue(()),
+            }
+        })
     })?;
-    print!("{}", table(&cells, &opts.lengths, &opts.depths));
-    println!("key digits given back in place: {:.1}% (chance 10%)", 100.0 * digit_share(&cells));
+    report.complete = cells.len() == total;
+    report.cells = cells;
+    print!("{}", table(&report.cells, &opts.lengths, &opts.depths));
+    println!("key digits given back in place: {:.1}% (chance 10%)", 100.0 * digit_share(&report.cells));
     if let Some(path) = args.heat_map {
-        write_png(&heat_map(&cells, &opts.lengths, &opts.depths).draw(), &path)?;
+        write_png(&heat_map(&report.cells, &opts.lengths, &opts.depths).draw(), &path)?;
     }
-    if let Some(path) = args.json {
-        let text = serde_json::to_string_pretty(&cells).expect("the cells serialise");
-        std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
+    if let Some(path) = &args.json {
+        write_report(path, &report)?;
     }
-    Ok(())
+    if report.complete {
+        return Ok(ExitCode::SUCCESS);
+    }
+    let kept_where = match &args.json {
+        Some(path) => format!("{} holds them; run again with --resume to go on", path.display()),
+        None => "give --json FILE to keep them".to_string(),
+    };
+    eprintln!("stopped on a signal after {} of {total} cells: {kept_where}", report.cells.len());
+    Ok(ExitCode::from(PREEMPTED))
+}
+
+/// The cells of the report at `path` that a run described by `this` may keep: an error where the
+/// file cannot be read, or holds another checkpoint's or context's cells.
+fn kept_cells(path: &Path, this: &NeedleReport) -> Result<Vec<NeedleCell>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("--resume: {}: {e}", path.display()))?;
+    let earlier: NeedleReport = serde_json::from_str(&text)
+        .map_err(|e| format!("--resume: {} is not a report of nsa eval needle: {e}", path.display()))?;
+    let same_checkpoint =
+        match (Path::new(&earlier.checkpoint).canonicalize(), Path::new(&this.checkpoint).canonicalize()) {
+            (Ok(a), Ok(b)) => a == b,
+            _ => false,
+        };
+    if !same_checkpoint || earlier.context != this.context || earlier.runs_on != this.runs_on {
+        return Err(format!(
+            "--resume: {} holds cells of {} at a context of {} on {}, this run is {} at {} on {}: give another --json",
+            path.display(),
+            earlier.checkpoint,
+            earlier.context,
+            earlier.runs_on,
+            this.checkpoint,
+            this.context,
+            this.runs_on
+        ));
+    }
+    Ok(earlier.cells)
+}
+
+/// Writes `report` to `path` whole or not at all: a stop while writing leaves the last one.
+fn write_report(path: &Path, report: &NeedleReport) -> Result<(), String> {
+    let text = serde_json::to_string_pretty(report).expect("the report serialises");
+    let partial = path.with_extension("json.partial");
+    std::fs::write(&partial, text)
+        .and_then(|()| std::fs::rename(&partial, path))
+        .map_err(|e| format!("{}: {e}", path.display()))
 }
 
 /// 1k, 4k, 16k and 64k where they fit `seq_len` with the answer, and the longest that does (the
@@ -183,28 +272,6 @@ fn default_lengths(seq_len: usize) -> Vec<usize> {
     let mut lengths: Vec<usize> = [1, 4, 16, 64].map(|k| k * 1024).into_iter().filter(|&l| l < longest).collect();
     lengths.push(longest);
     lengths
-}
-
-fn run_needle<B: DecodeAttentionBackend>(
-    loaded: &Loaded,
-    tokenizer: &Tokenizer,
-    opts: &NeedleOptions,
-    device: &B::Device,
-) -> Result<Vec<NeedleCell>, String> {
-    let model = loaded.model::<B>(device)?;
-    let total = opts.lengths.len() * opts.depths.len();
-    let mut done = 0;
-    needle_in_a_haystack(&model, tokenizer, opts, device, |cell| {
-        done += 1;
-        eprintln!(
-            "needle: {done}/{total}: length {} depth {}%: {}/{} keys, {:.0}% of their digits",
-            cell.length,
-            cell.depth,
-            cell.correct,
-            cell.trials,
-            100.0 * cell.digit_accuracy()
-        );
-    })
 }
 
 #[cfg(test)]

@@ -59,7 +59,7 @@ fn run_command(cli: Cli) -> Result<ExitCode, String> {
         Command::BenchTrain(args) => bench::bench_train(args).map(|()| ExitCode::SUCCESS),
         Command::BenchDecode(args) => bench_decode::bench_decode(args).map(|()| ExitCode::SUCCESS),
         Command::Generate(args) => generate::generate(args).map(|()| ExitCode::SUCCESS),
-        Command::Eval(args) => eval::eval(args).map(|()| ExitCode::SUCCESS),
+        Command::Eval(args) => eval::eval(args),
         Command::Plot(args) => plot::plot(args).map(|()| ExitCode::SUCCESS),
     }
 }

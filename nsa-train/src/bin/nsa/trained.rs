@@ -47,6 +47,15 @@ impl Loaded {
         Ok(Self { cfg, ckpt, kind, dtype })
     }
 
+    /// The backend and dtype the model runs on, e.g. `cuda bf16`.
+    pub(crate) fn runs_on(&self) -> String {
+        let dtype = match self.dtype {
+            Some(FloatDType::BF16) => "bf16",
+            _ => "f32",
+        };
+        format!("{} {dtype}", self.kind.name())
+    }
+
     pub(crate) fn tokenizer(&self) -> Result<Tokenizer, String> {
         Tokenizer::from_spec(&self.cfg.data.tokenizer).map_err(|e| e.to_string())
     }
