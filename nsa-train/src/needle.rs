@@ -49,7 +49,7 @@ pub struct NeedleCell {
 /// every cell asked was run, and the cells so far. A stopped run's file is what `--resume` keeps.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct NeedleReport {
-    /// The checkpoint directory the model was loaded from.
+    /// The checkpoint directory the model was loaded from (an absolute path).
     pub checkpoint: String,
     /// The context the model ran at (`--context`, or the seq_len it trained at).
     pub context: usize,

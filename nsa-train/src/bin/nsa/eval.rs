@@ -171,7 +171,8 @@ fn needle(args: NeedleArgs) -> Result<ExitCode, String> {
     };
     let opts = NeedleOptions { lengths, depths: args.depths, trials: args.trials, seed: args.seed };
     let mut report = NeedleReport {
-        checkpoint: loaded.ckpt.display().to_string(),
+        // Absolute, so that `--resume` from another directory finds the same checkpoint.
+        checkpoint: loaded.ckpt.canonicalize().unwrap_or_else(|_| loaded.ckpt.clone()).display().to_string(),
         context: loaded.cfg.model.seq_len,
         runs_on: loaded.runs_on(),
         complete: false,
