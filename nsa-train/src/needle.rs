@@ -2,11 +2,12 @@
 //! a depth of filler text, the model asked for it at the end. Greedy decoding must give the key
 //! back; accuracy per (length, depth) over a number of keys.
 
+use std::ops::ControlFlow;
+
 use nsa_core::{DecodeAttentionBackend, NsaLm};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
-use std::ops::ControlFlow;
 
 use crate::data::corpus::Packing;
 pub use crate::data::passkey::haystack;
@@ -76,10 +77,9 @@ pub const KEY_DIGITS: usize = 5;
 
 /// Runs every (length, depth) of `opts` in order, calling `progress` after each with the cells so
 /// far and whether the last was kept; a `Break` from it stops the run there, and the cells so far
-/// are its result. A cell of
-/// `kept` (an earlier, stopped run's) whose length, depth and keys are this cell's is taken as it
-/// is rather than run again: the keys are drawn from `opts.seed` in cell order, so only a run of
-/// the same options and seed draws them alike.
+/// are its result. A cell of `kept` (an earlier, stopped run's) whose length, depth and keys are
+/// this cell's is taken as it is rather than run again: the keys are drawn from `opts.seed` in
+/// cell order, so only a run of the same options and seed draws them alike.
 pub fn needle_in_a_haystack<B: DecodeAttentionBackend>(
     model: &NsaLm<B>,
     tokenizer: &Tokenizer,
