@@ -297,6 +297,9 @@ fn wgpu_window_kernels_keep_to_each_document() {
     for case in [
         Case::new(&mut rng, dims(2, 37, 6, 1, 16, 8), Spec::Window { w: 8 }).packed(&mut rng),
         Case::new(&mut rng, dims(1, 70, 6, 1, 16, 8), Spec::Window { w: 24 }).packed(&mut rng),
+        // A window as long as the row (the dense layer's) over several key cubes: each cube's
+        // walk ends with the document of its last key.
+        Case::new(&mut rng, dims(1, 600, 6, 1, 16, 8), Spec::Window { w: 600 }).packed(&mut rng),
     ] {
         case.check::<A64>(&Default::default(), 1e-10);
         case.check::<Wgpu>(&WgpuDevice::default(), 1e-5);

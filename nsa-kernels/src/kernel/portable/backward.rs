@@ -14,8 +14,8 @@ use cubecl::prelude::*;
 use crate::kernel::primitives::key_cube::{BlockLists, KeyCube};
 use crate::kernel::primitives::query_cube::QueryCube;
 use crate::kernel::primitives::rows::{
-    add_shared, attends, chunk_dots, document_start_if, dot_shared, dot_slices, load_slice, offset3, store_slice,
-    zero_slice,
+    add_shared, attends, chunk_dots, document_end_if, document_start_if, dot_shared, dot_slices, load_slice, offset3,
+    store_slice, zero_slice,
 };
 use crate::kernel::primitives::staging::{stage_listed_rows, stage_rows};
 
@@ -156,7 +156,14 @@ pub fn attention_backward_key<F: Float, I: Int>(
     if !cube.exists {
         terminate!();
     }
-    let (b, hk, s0, s_end, n_rows) = (cube.b, cube.hk, cube.s0, cube.s_end, cube.n_rows);
+    let (b, hk, s0, s_end) = (cube.b, cube.hk, cube.s0, cube.s_end);
+    let mut n_rows = cube.n_rows;
+    if window {
+        // A window's rows are positions from `s0`, `g` heads each: none past the document of
+        // the cube's last key attends the cube.
+        let end = document_end_if::<I>(starts, b, s_end - 1, q.shape(1), documents);
+        n_rows = min(n_rows, (end - s0) * g);
+    }
     let unit = UNIT_POS as usize;
     let part = unit % parts;
     let s = s0 + unit / parts;

@@ -78,6 +78,29 @@ pub fn document_start_if<I: Int>(starts: &Tensor<I>, b: usize, t: usize, documen
     first
 }
 
+/// Where the queries that may attend key `s` of batch row `b` end: the first position after `s`
+/// whose document starts after `s`, or `t_len` (also without documents, `documents` zero, when
+/// `starts` is never read). A key cube walks its rows only up to there: the rest are later
+/// documents', which a dense layer (a window as long as the row) would otherwise walk to `T`.
+/// A binary search, since the starts of a row never decrease.
+#[cube]
+pub fn document_end_if<I: Int>(starts: &Tensor<I>, b: usize, s: usize, t_len: usize, documents: u32) -> usize {
+    let mut lo = t_len;
+    if documents != 0 {
+        lo = s + 1;
+        let mut hi = t_len;
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            if start_at::<I>(starts, b, mid) > s {
+                hi = mid;
+            } else {
+                lo = mid + 1;
+            }
+        }
+    }
+    lo
+}
+
 /// `starts[b, t]`: the start of the document holding position `t` of row `b`.
 #[cube]
 fn start_at<I: Int>(starts: &Tensor<I>, b: usize, t: usize) -> usize {
