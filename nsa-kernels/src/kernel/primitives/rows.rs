@@ -79,10 +79,10 @@ pub fn document_start_if<I: Int>(starts: &Tensor<I>, b: usize, t: usize, documen
 }
 
 /// Where the queries that may attend key `s` of batch row `b` end: the first position after `s`
-/// whose document starts after `s`, or `t_len` (also without documents, `documents` zero, when
-/// `starts` is never read). A key cube walks its rows only up to there: the rest are later
-/// documents', which a dense layer (a window as long as the row) would otherwise walk to `T`.
-/// A binary search, since the starts of a row never decrease.
+/// whose document starts after `s`, or `t_len` when none does. Without documents (`documents`
+/// zero) it is `t_len` and `starts` is never read. A key cube walks its rows only up to there:
+/// the rows after are later documents', which a dense layer (a window as long as the row) would
+/// otherwise walk to `T`. A binary search, since the starts of a row never decrease.
 #[cube]
 pub fn document_end_if<I: Int>(starts: &Tensor<I>, b: usize, s: usize, t_len: usize, documents: u32) -> usize {
     let mut lo = t_len;
