@@ -7,6 +7,7 @@ pub mod dashboard;
 pub mod data;
 pub mod evaluate;
 pub mod failures;
+pub mod files;
 pub mod generate;
 pub mod grads;
 pub mod host_times;

@@ -160,9 +160,7 @@ impl MetricsLog {
         if kept.len() == text.len() {
             return Ok(());
         }
-        let tmp = self.path.with_extension("jsonl.tmp");
-        std::fs::write(&tmp, kept).map_err(|e| err(&tmp, e))?;
-        std::fs::rename(&tmp, &self.path).map_err(|e| err(&self.path, e))?;
+        crate::files::replace(&self.path, &kept).map_err(|e| err(&self.path, e))?;
         self.file = Self::open_file(&self.path, true)?;
         Ok(())
     }

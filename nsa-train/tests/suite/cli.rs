@@ -1,6 +1,6 @@
 //! The `nsa` binary: configuration and input errors are one line, name the problem, exit non-zero.
 
-use crate::common;
+use crate::{cli_needle, common};
 
 use std::process::Command;
 
@@ -9,7 +9,7 @@ fn nsa(args: &[&str]) -> (bool, String) {
     (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
-fn assert_fails_with(args: &[&str], needle: &str) {
+pub(crate) fn assert_fails_with(args: &[&str], needle: &str) {
     let (ok, stderr) = nsa(args);
     assert!(!ok, "should fail: {args:?}");
     let last = stderr.trim_end().lines().last().unwrap_or_default();
@@ -84,6 +84,7 @@ fn train_then_generate_from_the_checkpoint() {
     assert_eq!(metrics.lines().filter(|l| l.contains("\"loss\"")).count(), 2);
     generates_from(&dir, &out);
     scores_held_out_text(&dir, &out);
+    cli_needle::asks_for_keys(&dir, &out);
     plots_the_run(&dir, &out);
     goes_on_at_a_longer_length(&dir, &cfg, &out);
 }
@@ -141,7 +142,7 @@ fn generates_from(dir: &std::path::Path, out: &str) {
     );
 }
 
-/// `nsa eval` and `nsa eval needle` of the checkpoint in `out`.
+/// `nsa eval` of the checkpoint in `out`.
 fn scores_held_out_text(dir: &std::path::Path, out: &str) {
     let out = out.to_string();
     // Held-out scores of the same checkpoint.
@@ -163,43 +164,11 @@ fn scores_held_out_text(dir: &std::path::Path, out: &str) {
     let short = dir.join("short.txt").display().to_string();
     assert_fails_with(&["eval", "--checkpoint", &out, "--data", &short], "fewer than one window");
     assert_fails_with(&["eval", "--checkpoint", &out, "--data", &corpus, "--batch-size", "0"], "at least 1");
-    // This model's 32 tokens hold no haystack: the needle alone is longer.
-    assert_fails_with(&["eval", "needle", "--checkpoint", &out, "--backend", "cpu"], "no room for filler");
-    assert_fails_with(&["eval", "needle", "--checkpoint", &out, "--depths", "50,120"], "percentages from 0 to 100");
-    // Run past the trained length, a haystack fits.
-    let report = dir.join("needle.json");
-    let report_arg = report.to_str().unwrap();
-    let args = ["eval", "needle", "--checkpoint", &out, "--context", "128", "--lengths", "100", "--depths", "50"];
-    let needle = |extra: &[&str]| {
-        Command::new(env!("CARGO_BIN_EXE_nsa"))
-            .args(args)
-            .args(["--trials", "1", "--backend", "cpu", "--json", report_arg])
-            .args(extra)
-            .output()
-            .unwrap()
-    };
-    let output = needle(&[]);
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-    let text = String::from_utf8_lossy(&output.stdout);
-    assert!(text.lines().any(|line| line.trim_start().starts_with("100 ")), "{text}");
-    let result: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
-    assert!(result["complete"] == true && result["cells"].as_array().unwrap().len() == 1, "{result}");
-    // Run again with --resume, its cell is kept rather than run again.
-    let output = needle(&["--resume"]);
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-    assert!(String::from_utf8_lossy(&output.stderr).contains("1/1: length 100 depth 50%"), "progress");
-    assert!(String::from_utf8_lossy(&output.stderr).contains("(kept)"), "the cell kept");
-    // Another context asks other questions of the model: its cells are not kept.
-    let other =
-        [&args[..4], &["--context", "256", "--lengths", "100", "--backend", "cpu", "--json", report_arg, "--resume"]]
-            .concat();
-    assert_fails_with(&other, "holds cells of");
-    needle_stopped_by_a_signal_goes_on(dir, &out);
 }
 
 /// Sends `child` SIGTERM `times` times at once, and gives back its stderr once it has exited
 /// with the status of a run stopped on a signal.
-fn stopped_by_sigterm(mut child: std::process::Child, times: usize) -> String {
+pub(crate) fn stopped_by_sigterm(mut child: std::process::Child, times: usize) -> String {
     for _ in 0..times {
         let killed = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
         assert!(killed.success());
@@ -209,41 +178,6 @@ fn stopped_by_sigterm(mut child: std::process::Child, times: usize) -> String {
     std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
     assert_eq!(status.code(), Some(i32::from(nsa_train::signals::PREEMPTED)), "{stderr}");
     stderr
-}
-
-/// `nsa eval needle` stopped by SIGTERM keeps the cells it ran and exits 75; `--resume` keeps
-/// them and runs the rest.
-fn needle_stopped_by_a_signal_goes_on(dir: &std::path::Path, out: &str) {
-    let report = dir.join("needle-stopped.json");
-    let cells = |path: &std::path::Path| -> (bool, usize) {
-        let text = std::fs::read_to_string(path).unwrap_or_default();
-        let report: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
-        (report["complete"] == true, report["cells"].as_array().map_or(0, |c| c.len()))
-    };
-    let args = ["eval", "needle", "--checkpoint", out, "--context", "128", "--lengths", "100,110,120"];
-    let args = [&args[..], &["--trials", "1", "--backend", "cpu", "--json", report.to_str().unwrap()]].concat();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_nsa"))
-        .args(&args)
-        .stderr(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let start = std::time::Instant::now();
-    while cells(&report).1 == 0 {
-        assert!(start.elapsed().as_secs() < 300, "no cell within 300 s");
-        assert!(child.try_wait().unwrap().is_none(), "the eval ended before the signal");
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
-    let stderr = stopped_by_sigterm(child, 1);
-    let (complete, ran) = cells(&report);
-    assert!(!complete && ran < 33, "stopped after {ran} of 33 cells:\n{stderr}");
-    assert!(stderr.contains("--resume"), "{stderr}");
-
-    let output = Command::new(env!("CARGO_BIN_EXE_nsa")).args(&args).arg("--resume").output().unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{stderr}");
-    assert_eq!(stderr.matches("(kept)").count(), ran, "{stderr}");
-    assert_eq!(cells(&report), (true, 33));
 }
 
 /// `nsa plot` of the run in `out`.

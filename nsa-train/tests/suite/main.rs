@@ -4,6 +4,7 @@
 //! which this binary starts (`common::in_own_process`).
 
 mod cli;
+mod cli_needle;
 mod common;
 mod data;
 mod eval;

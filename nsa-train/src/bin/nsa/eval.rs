@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use nsa_core::SparseAttentionBackend;
 use nsa_train::evaluate::{evaluate, EvalText, Evaluation};
+use nsa_train::files;
 use nsa_train::needle::{
     digit_share, heat_map, needle_in_a_haystack, table, NeedleCell, NeedleOptions, NeedleReport, ANSWER_TOKENS,
 };
@@ -260,10 +261,7 @@ fn kept_cells(path: &Path, this: &NeedleReport) -> Result<Vec<NeedleCell>, Strin
 /// Writes `report` to `path` whole or not at all: a stop while writing leaves the last one.
 fn write_report(path: &Path, report: &NeedleReport) -> Result<(), String> {
     let text = serde_json::to_string_pretty(report).expect("the report serialises");
-    let partial = path.with_extension("json.partial");
-    std::fs::write(&partial, text)
-        .and_then(|()| std::fs::rename(&partial, path))
-        .map_err(|e| format!("{}: {e}", path.display()))
+    files::replace(path, &text).map_err(|e| format!("{}: {e}", path.display()))
 }
 
 /// 1k, 4k, 16k and 64k where they fit `seq_len` with the answer, and the longest that does (the
