@@ -27,7 +27,7 @@ use crate::kernel::primitives::chunk_copies::GradientRows;
 use crate::kernel::primitives::fragments::{mma, row_fragments, store_tiles, zero_pairs, Pair, MMA_M, MMA_N};
 use crate::kernel::primitives::key_cube::{BlockLists, KeyCube};
 use crate::kernel::primitives::layout::{max_usize, VECTOR};
-use crate::kernel::primitives::rows::{offset3, RowStarts};
+use crate::kernel::primitives::rows::{document_end, offset3, RowStarts};
 use crate::kernel::primitives::staging::stage_vector_rows;
 use crate::kernel::primitives::walk::{walk_pipelined, ChunkCompute};
 use crate::tile_sizes::storage_stride;
@@ -75,6 +75,13 @@ pub fn attention_key_flash<F: Float, I: Int, N: Size, A: Size>(
     }
     let (b, hk, s0, s_end) = (cube.b, cube.hk, cube.s0, cube.s_end);
     let t_len = q.shape(1);
+    let mut n_rows = cube.n_rows;
+    if comptime!(window && documents) {
+        // A window's rows are positions from `s0`, `g` heads each: none past the document of
+        // the cube's last key attends the cube.
+        let end = document_end::<I>(starts, b, s_end - 1, t_len, documents);
+        n_rows = min(n_rows, (end - s0) * comptime!(g));
+    }
     let def = mma::<F>();
     let lane = UNIT_POS_X as usize;
     let plane = UNIT_POS_Y as usize;
@@ -188,13 +195,7 @@ pub fn attention_key_flash<F: Float, I: Int, N: Size, A: Size>(
         keys,
         base,
     };
-    walk_pipelined::<GradientRows<F, N>, KeyChunkGradients<F, I, N, A>>(
-        &mut rows,
-        &mut grads,
-        0usize,
-        cube.n_rows,
-        q_rows,
-    );
+    walk_pipelined::<GradientRows<F, N>, KeyChunkGradients<F, I, N, A>>(&mut rows, &mut grads, 0usize, n_rows, q_rows);
     let (key, real) = (grads.key, grads.real);
 
     let mut factor_k = Array::<f32>::new(2usize);

@@ -79,23 +79,46 @@ pub fn document_start_if<I: Int>(starts: &Tensor<I>, b: usize, t: usize, documen
 }
 
 /// Where the queries that may attend key `s` of batch row `b` end: the first position after `s`
-/// whose document starts after `s`, or `t_len` when none does. Without documents (`documents`
-/// zero) it is `t_len` and `starts` is never read. A key cube walks its rows only up to there:
-/// the rows after are later documents', which a dense layer (a window as long as the row) would
-/// otherwise walk to `T`. A binary search, since the starts of a row never decrease.
+/// whose document starts after `s`, or `t_len` without documents (`starts` is then never read).
+/// A key cube walks its rows only up to there: the rows after are later documents', which a
+/// dense layer (a window as long as the row) would otherwise walk to `T`.
+#[cube]
+pub fn document_end<I: Int>(
+    starts: &Tensor<I>,
+    b: usize,
+    s: usize,
+    t_len: usize,
+    #[comptime] documents: bool,
+) -> usize {
+    let mut end = t_len;
+    if documents {
+        end = search_document_end::<I>(starts, b, s, t_len);
+    }
+    end
+}
+
+/// [`document_end`] behind a run-time flag, for the portable kernels (see [`document_start_if`]).
 #[cube]
 pub fn document_end_if<I: Int>(starts: &Tensor<I>, b: usize, s: usize, t_len: usize, documents: u32) -> usize {
-    let mut lo = t_len;
+    let mut end = t_len;
     if documents != 0 {
-        lo = s + 1;
-        let mut hi = t_len;
-        while lo < hi {
-            let mid = (lo + hi) / 2;
-            if start_at::<I>(starts, b, mid) > s {
-                hi = mid;
-            } else {
-                lo = mid + 1;
-            }
+        end = search_document_end::<I>(starts, b, s, t_len);
+    }
+    end
+}
+
+/// The first position in `(s, t_len)` whose document starts after `s`, else `t_len`: a binary
+/// search, since the starts of a row never decrease.
+#[cube]
+fn search_document_end<I: Int>(starts: &Tensor<I>, b: usize, s: usize, t_len: usize) -> usize {
+    let mut lo = s + 1;
+    let mut hi = t_len;
+    while lo < hi {
+        let mid = (lo + hi) / 2;
+        if start_at::<I>(starts, b, mid) > s {
+            hi = mid;
+        } else {
+            lo = mid + 1;
         }
     }
     lo
