@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use nsa_core::AttentionKind;
 
 use crate::config::{BackendKind, Precision, RunConfig};
+use crate::data::corpus::Packing;
 
 /// What selects and overrides a run's configuration: shared by `nsa train`, `nsa bench-train`
 /// and `nsa-bench profile`.
@@ -42,6 +43,10 @@ pub struct RunArgs {
     /// attention, for comparisons.
     #[arg(long, value_parser = parse_attention)]
     pub attention: Option<AttentionKind>,
+    /// Overrides `data.pack`: `documents` (each document attends only itself) or `stream` (one
+    /// token stream cut into windows: a context as long as the window, across documents).
+    #[arg(long, value_enum)]
+    pub pack: Option<Packing>,
 }
 
 fn parse_attention(name: &str) -> Result<AttentionKind, String> {
@@ -88,6 +93,9 @@ impl RunArgs {
         }
         if let Some(kind) = self.attention {
             cfg.model.attention.attention = kind;
+        }
+        if let Some(pack) = self.pack {
+            cfg.data.pack = pack;
         }
     }
 }

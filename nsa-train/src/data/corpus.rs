@@ -22,7 +22,7 @@ pub fn is_validation(doc: &str, valid_permille: u32) -> bool {
 }
 
 /// How documents fill a split's windows ([`crate::config::DataConfig::pack`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum Packing {
     /// One stream of documents, each followed by the end-of-document id, cut into windows.

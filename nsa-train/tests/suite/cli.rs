@@ -89,8 +89,8 @@ fn train_then_generate_from_the_checkpoint() {
     goes_on_at_a_longer_length(&dir, &cfg, &out);
 }
 
-/// `nsa train --init` from the run in `out`, at twice its length: the run starts from its weights
-/// and keeps the flag in its config.
+/// `nsa train --init` from the run in `out`, at twice its length and packed as one stream: the
+/// run starts from its weights and keeps both flags in its config.
 fn goes_on_at_a_longer_length(dir: &std::path::Path, cfg: &std::path::Path, out: &str) {
     let longer = dir.join("run-64").display().to_string();
     let corpus = dir.join("corpus.txt");
@@ -110,10 +110,13 @@ fn goes_on_at_a_longer_length(dir: &std::path::Path, cfg: &std::path::Path, out:
         "2",
         "--init",
         out,
+        "--pack",
+        "stream",
     ]);
     assert!(ok && stderr.contains("weights from "), "{stderr}");
     let saved = std::fs::read_to_string(std::path::Path::new(&longer).join("config.toml")).unwrap();
     assert!(saved.contains(&format!("init = \"{out}\"")) && saved.contains("seq_len = 64\n"), "{saved}");
+    assert!(saved.contains("pack = \"stream\"\n"), "--pack is the run's: {saved}");
 }
 
 /// `nsa generate` from the checkpoint in `out`: a prompt, a prompt file, several samples.
@@ -272,6 +275,7 @@ fn bad_inputs_around_a_run_are_one_line_errors_and_lose_nothing() {
     // A resume keeps the run's batch and data.
     assert_fails_with(&["train", "--out", &run, "--resume", "--batch-size", "4"], "cannot change `train.batch_size`");
     assert_fails_with(&["train", "--out", &run, "--resume", "--data", &cfg], "cannot change `data.paths`");
+    assert_fails_with(&["train", "--out", &run, "--resume", "--pack", "stream"], "cannot change `data.pack`");
     let other = dir.join("other.toml");
     std::fs::write(&other, std::fs::read_to_string(&cfg).unwrap().replace("n_layers = 1", "n_layers = 2")).unwrap();
     assert_fails_with(
