@@ -76,11 +76,8 @@ pub fn attention_key_flash<F: Float, I: Int, N: Size, A: Size>(
     let (b, hk, s0, s_end) = (cube.b, cube.hk, cube.s0, cube.s_end);
     let t_len = q.shape(1);
     let mut n_rows = cube.n_rows;
-    if comptime!(window && documents) {
-        // A window's rows are positions from `s0`, `g` heads each: none past the document of
-        // the cube's last key attends the cube.
-        let end = document_end::<I>(starts, b, s_end - 1, t_len, documents);
-        n_rows = min(n_rows, (end - s0) * comptime!(g));
+    if window {
+        n_rows = cube.window_rows_before(document_end::<I>(starts, b, s_end - 1, t_len, documents));
     }
     let def = mma::<F>();
     let lane = UNIT_POS_X as usize;

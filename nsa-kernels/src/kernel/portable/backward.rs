@@ -159,10 +159,7 @@ pub fn attention_backward_key<F: Float, I: Int>(
     let (b, hk, s0, s_end) = (cube.b, cube.hk, cube.s0, cube.s_end);
     let mut n_rows = cube.n_rows;
     if window {
-        // A window's rows are positions from `s0`, `g` heads each: none past the document of
-        // the cube's last key attends the cube.
-        let end = document_end_if::<I>(starts, b, s_end - 1, q.shape(1), documents);
-        n_rows = min(n_rows, (end - s0) * g);
+        n_rows = cube.window_rows_before(document_end_if::<I>(starts, b, s_end - 1, q.shape(1), documents));
     }
     let unit = UNIT_POS as usize;
     let part = unit % parts;

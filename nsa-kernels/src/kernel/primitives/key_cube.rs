@@ -105,6 +105,14 @@ impl KeyCube {
         KeyCube { exists, b, hk, g, j, item, s0, s_end, n_rows, list_at }
     }
 
+    /// A window's walked rows (positions from `s0`, `g` heads each) that come before `end`, the
+    /// end of the document of the cube's last key ([`super::rows::document_end`]): no later row
+    /// attends the cube. `n_rows` itself where `end` is the row's length.
+    pub fn window_rows_before(&self, end: usize) -> usize {
+        let g = comptime!(self.g);
+        min(self.n_rows, (end - self.s0) * g)
+    }
+
     /// Query position of walked row `at`.
     pub fn query_of(&self, entries: &Tensor<u32>, at: usize, #[comptime] window: bool) -> usize {
         let g = comptime!(self.g);
